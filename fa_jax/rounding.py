@@ -1,0 +1,280 @@
+"""Bit-exact rounding of float32/float64 carriers to any :class:`~fa_jax.Format`.
+
+``round_to(x, fmt)`` returns, in ``x``'s own dtype (the *carrier*), the value of
+``fmt`` that ``x`` rounds to.  It works on the carrier's bits with integer
+operations only, so XLA can neither elide it (excess precision) nor flush the
+target's subnormals (``lax.reduce_precision`` and CPU float arithmetic do both;
+DESIGN §3).
+
+How it works.  For a non-negative float, the integer formed by its exponent and
+fraction bits (its *magnitude code*) grows monotonically with its value, and
+inside one binade consecutive codes are one carrier ulp apart.  Let ``x`` lie
+in binade ``E`` (``E = emin_c`` for carrier subnormals).  The target's quantum
+there is ``2**(max(E, emin) - man_bits)``, i.e. ``d = M_c - man_bits +
+max(0, emin - E)`` low bits of the code, where ``M_c`` is the carrier's
+mantissa width.  While ``d <= M_c`` the binade's start is a multiple of the
+quantum, so rounding the code to a multiple of ``2**d`` rounds the value, and a
+carry out of the fraction correctly bumps the exponent.  ``d > M_c`` happens
+only below ``S``, the smallest positive value of the format; there the result is
+0 or ``S``.  Rounding past ``max`` is then mapped to the format's overflow value.
+
+Semantics, shared with ml_dtypes' cast for float32 inputs (tests check every
+code and midpoint of every <=8-bit format, and exhaustive_rounding.py all 2**32
+float32 inputs for bfloat16 and float16):
+
+* ties go to even in ``"nearest_even"``; directed modes never overflow to inf in
+  the direction toward zero (they give ±max), as IEEE 754 requires;
+* ±inf stays ±inf for formats with infinities, becomes NaN for "fn"/"fnuz"
+  formats, and ±max with ``overflow="saturate"`` or ``specials="finite"``;
+* NaN becomes a quiet NaN (payload not kept, sign kept except for fnuz, whose
+  single NaN decodes as ml_dtypes decodes it); formats without NaN
+  (``specials="finite"``) map NaN to a zero whose sign bit is the NaN's sign bit
+  inverted — exactly what ml_dtypes does; note it is a silent NaN -> 0;
+* fnuz formats have no -0: negative values that round to zero give +0.
+
+For float64 inputs the result is the correctly rounded value (checked against
+an exact rational oracle).  ml_dtypes' own float64 -> bfloat16/float8/6/4 cast
+goes through float32 first and can double-round, so it is *not* the reference
+there.
+
+Stochastic rounding rounds ``x`` up (away from zero) with probability
+``(|x| - lo) / (hi - lo)`` for the neighbouring values ``lo <= |x| < hi``,
+using ``d`` uniform bits from ``key``; it is exactly unbiased for
+``|x| >= S``.  Below ``S`` the probability ``|x|/S`` is resolved to
+``M_c + 1`` bits (24 for float32, 53 for float64), a bias of at most
+``2**-(M_c+1) * S`` per element.
+
+The gradient is the identity (straight-through estimator): ``d round_to/dx =
+1`` everywhere, including at inf and NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax.formats import Format, get_format
+
+__all__ = ["round_to", "RoundingMode", "ROUNDING_MODES"]
+
+RoundingMode = Literal["nearest_even", "toward_zero", "up", "down", "stochastic"]
+ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "toward_zero", "up", "down", "stochastic")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Carrier:
+    """Bit layout of a carrier dtype (float32 or float64)."""
+
+    uint: type
+    man: int  # M_c, stored mantissa bits
+    bias: int
+
+    @property
+    def emin(self) -> int:
+        return 1 - self.bias
+
+    @property
+    def width(self) -> int:
+        return np.dtype(self.uint).itemsize * 8
+
+    @property
+    def sign_mask(self):
+        return self.uint(1 << (self.width - 1))
+
+    @property
+    def abs_mask(self):
+        return self.uint((1 << (self.width - 1)) - 1)
+
+    @property
+    def inf_bits(self):
+        return self.uint((2 * self.bias + 1) << self.man)
+
+    @property
+    def qnan_bits(self):
+        return self.uint(((2 * self.bias + 1) << self.man) | (1 << (self.man - 1)))
+
+
+_CARRIERS = {
+    np.dtype(np.float32): _Carrier(np.uint32, 23, 127),
+    np.dtype(np.float64): _Carrier(np.uint64, 52, 1023),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """The hashable part of a rounding: mode and the format's non-numeric fields."""
+
+    mode: str
+    subnormals: bool
+    specials: str
+    overflow: str
+
+
+def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Array:
+    """Round ``x`` to the nearest value of ``fmt`` (or per ``mode``), bit-exactly.
+
+    Args:
+      x: float32 or float64 array (the carrier; Python scalars become jnp
+        default floats).  The result has the same dtype and shape.
+      fmt: a :class:`Format`, a format name ("bf16", "e4m3fn", "e5m4", ...)
+        or a dtype.  Its exp_bits/man_bits/bias may be traced integers.
+      mode: "nearest_even" (default), "toward_zero", "up" (toward +inf),
+        "down" (toward -inf) or "stochastic".
+      key: a ``jax.random`` key, required by (and only by) "stochastic".
+        The same key gives the same bits.
+
+    Raises:
+      ValueError: unknown mode; missing or superfluous key; a format that does
+        not fit the carrier (a float64 carrier needs ``jax_enable_x64``).
+      TypeError: ``x`` is not float32/float64.
+    """
+    fmt = get_format(fmt)
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"round_to: mode must be one of {ROUNDING_MODES}, got {mode!r}")
+    if (mode == "stochastic") != (key is not None):
+        raise ValueError(
+            "round_to: mode='stochastic' needs key=jax.random.key(...); other modes take "
+            f"no key (got mode={mode!r}, key={'None' if key is None else 'a key'})"
+        )
+    x = jnp.asarray(x)
+    carrier = _carrier_of(x.dtype, fmt)
+    rbits = jax.random.bits(key, x.shape, carrier.uint) if key is not None else None
+    static = _Static(mode, fmt.subnormals, fmt.specials, fmt.overflow)
+    return _round_ste(static, x, fmt.exp_bits, fmt.man_bits, fmt.bias, rbits)
+
+
+def _carrier_of(dtype, fmt: Format) -> _Carrier:
+    dtype = np.dtype(dtype)
+    if dtype not in _CARRIERS:
+        raise TypeError(
+            f"round_to: expected a float32 or float64 array (the carrier), got {dtype.name}; "
+            "cast narrower inputs up first (exact), e.g. x.astype(jnp.float32)"
+        )
+    if fmt.is_concrete and not fmt.fits(dtype):
+        hint = ""
+        if dtype == np.float32 and fmt.fits(np.float64):
+            hint = (
+                "; pass a float64 array (enable it with "
+                "jax.config.update('jax_enable_x64', True))"
+            )
+        raise ValueError(
+            f"round_to: format {fmt.name!r} does not fit a {dtype.name} carrier "
+            f"(man_bits={fmt.man_bits}, emin={fmt.emin}, emax={fmt.emax}){hint}"
+        )
+    return _CARRIERS[dtype]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _round_ste(static, x, exp_bits, man_bits, bias, rbits):
+    return _round_bits(static, x, exp_bits, man_bits, bias, rbits)
+
+
+@_round_ste.defjvp
+def _round_ste_jvp(static, primals, tangents):
+    # Straight-through: the rounding is treated as the identity for gradients.
+    return _round_ste(static, *primals), tangents[0]
+
+
+def _pow2_bits(k, c: _Carrier):
+    """Carrier bits of 2**k (int32 k), 0 where 2**k is below the carrier's range."""
+    U = c.uint
+    normal = jnp.clip(k + c.bias, 0, 2 * c.bias).astype(U) << U(c.man)
+    sub_shift = k - c.emin + c.man  # position of the single bit of a subnormal
+    sub = U(1) << jnp.clip(sub_shift, 0, c.man - 1).astype(U)
+    return jnp.where(k >= c.emin, normal, jnp.where(sub_shift >= 0, sub, U(0)))
+
+
+def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
+    c = _CARRIERS[np.dtype(x.dtype)]
+    U, M = c.uint, c.man
+    one, zero = U(1), U(0)
+    mode, specials = static.mode, static.specials
+
+    bits = jax.lax.bitcast_convert_type(x, U)
+    neg = (bits & c.sign_mask) != 0
+    a = bits & c.abs_mask  # magnitude code
+
+    e, m, b = (jnp.asarray(v, jnp.int32) for v in (exp_bits, man_bits, bias))
+    emin = 1 - b
+    emax = (1 << e) - (2 if specials == "ieee" else 1) - b
+    s_exp = emin - m if static.subnormals else emin  # log2 of S, the smallest positive
+
+    # -- round the magnitude code to a multiple of 2**d ---------------------
+    Ef = (a >> U(M)).astype(jnp.int32)
+    E = jnp.maximum(Ef, 1) - c.bias  # binade of x (emin_c for carrier subnormals)
+    sig = jnp.where(Ef > 0, (a & U((1 << M) - 1)) | U(1 << M), a)  # with hidden bit
+    extra = jnp.maximum(emin - E, 0) if static.subnormals else 0
+    d = jnp.clip(M - m + extra, 0, M)  # d > M only below S: handled below
+    du = d.astype(U)
+    mask = (one << du) - one
+    if mode == "nearest_even":
+        # Parity of the quantum count comes from the significand: at d == M the
+        # kept bit is the hidden bit, not the exponent field's lowest bit.
+        inc = jnp.where(d > 0, (mask >> one) + ((sig >> du) & one), zero)
+    elif mode == "toward_zero":
+        inc = zero
+    elif mode == "up":
+        inc = jnp.where(neg, zero, mask)
+    elif mode == "down":
+        inc = jnp.where(neg, mask, zero)
+    else:  # stochastic
+        inc = rbits & mask
+    a_r = (a + inc) & ~mask
+
+    # -- below S the neighbours are 0 and S ----------------------------------
+    s_bits = _pow2_bits(s_exp, c)
+    if mode == "nearest_even":
+        away = a > _pow2_bits(s_exp - 1, c)  # |x| == S/2 ties to 0 (even)
+    elif mode == "toward_zero":
+        away = jnp.zeros_like(neg)
+    elif mode == "up":
+        away = ~neg & (a > 0)
+    elif mode == "down":
+        away = neg & (a > 0)
+    else:  # stochastic: P(away) = |x|/S, resolved to M+1 bits
+        sh = s_exp - E - 1  # >= -1 wherever a < s_bits
+        t = jnp.where(sh >= 0, sig >> jnp.clip(sh, 0, M + 1).astype(U), sig << one)
+        away = (rbits & U((1 << (M + 1)) - 1)) < t
+    a_r = jnp.where(a < s_bits, jnp.where(away, s_bits, zero), a_r)
+
+    # -- overflow, inf and NaN -------------------------------------------------
+    mu = m.astype(U)
+    max_frac = (one << mu) - (U(2) if specials == "fn" else one)
+    max_bits = ((emax + c.bias).astype(U) << U(M)) | (max_frac << (U(M) - mu))
+    nan_bits = c.qnan_bits
+    if static.overflow == "saturate":
+        toward_max = True
+    elif mode == "toward_zero":
+        toward_max = True
+    elif mode == "up":
+        toward_max = neg
+    elif mode == "down":
+        toward_max = ~neg
+    else:
+        toward_max = False
+    past_max = c.inf_bits if specials == "ieee" else nan_bits
+    mag = jnp.where(a_r > max_bits, jnp.where(toward_max, max_bits, past_max), a_r)
+
+    is_inf = a == c.inf_bits
+    is_nan = a > c.inf_bits
+    if static.overflow == "saturate":
+        inf_out = max_bits
+    else:
+        inf_out = c.inf_bits if specials == "ieee" else nan_bits
+    mag = jnp.where(is_inf, inf_out, mag)
+    out_neg = neg
+    if specials == "finite":  # no NaN to give: ml_dtypes returns -sign(NaN) * 0
+        mag = jnp.where(is_nan, zero, mag)
+        out_neg = jnp.where(is_nan, ~neg, neg)
+    else:
+        mag = jnp.where(is_nan, nan_bits, mag)
+    if specials == "fnuz":  # unsigned zero; the only NaN decodes with the sign set
+        out_neg = jnp.where(mag == 0, False, jnp.where(mag == nan_bits, True, neg))
+
+    out = jnp.where(out_neg, c.sign_mask, zero) | mag
+    return jax.lax.bitcast_convert_type(out, x.dtype)

@@ -1,0 +1,212 @@
+"""round_to against ml_dtypes/numpy casts, bit for bit, and its JAX transformation contracts.
+
+The exact-rational oracle for float64 carriers and directed modes lives in
+test_rounding_oracle.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fa_jax
+from fa_jax import BF16, E4M3FN, FP16, FP32, custom, registered_formats, round_to
+
+from conftest import x64_enabled
+
+WITH_DTYPE = [f for f in registered_formats() if f.dtype is not None and f.bits <= 16]
+round_jit = jax.jit(round_to, static_argnames="mode")
+
+
+def same_bits(got, want) -> np.ndarray:
+    """Elementwise: equal bits, or both NaN with the same sign (payloads are not kept)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    u = np.uint32 if got.dtype == np.float32 else np.uint64
+    nan_ok = np.isnan(got) & np.isnan(want) & (np.signbit(got) == np.signbit(want))
+    return (got.view(u) == want.view(u)) | nan_ok
+
+
+def assert_same_bits(got, want, x):
+    ok = same_bits(got, want)
+    if not ok.all():
+        i = np.flatnonzero(~ok)[:5]
+        raise AssertionError(
+            f"{(~ok).sum()} mismatches; x={np.asarray(x)[i]!r} want={np.asarray(want)[i]!r} "
+            f"got={np.asarray(got)[i]!r}"
+        )
+
+
+def ml_dtypes_cast(x: np.ndarray, fmt) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(fmt.dtype).astype(x.dtype)
+
+
+def every_code_and_midpoint(fmt) -> np.ndarray:
+    """Every value of fmt, every midpoint between neighbours, one float32 ulp either side
+    of each midpoint, and the overflow/underflow edges, with both signs."""
+    n = fmt.bits
+    codes = np.arange(2**n, dtype=np.uint8 if n <= 8 else np.uint16)
+    values = codes.view(fmt.dtype).astype(np.float32)
+    finite = np.unique(values[np.isfinite(values)])  # sorted
+    mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
+    assert (mids.astype(np.float64) == (finite[:-1].astype(np.float64) + finite[1:]) / 2).all()
+    up = np.nextafter(mids, np.float32(np.inf))
+    down = np.nextafter(mids, np.float32(-np.inf))
+    top = min(fmt.max + np.ldexp(1.0, fmt.emax - fmt.man_bits) / 2, 3.4e38)  # max + ulp/2
+    edges = np.array(
+        [top, np.nextafter(np.float32(top), np.float32(0)), np.nextafter(np.float32(top), np.float32(np.inf)),
+         2 * fmt.max, 3.4e38, np.inf, np.nan, 0.0, 1e-45, fmt.smallest_subnormal / 2,
+         fmt.smallest_subnormal * 0.75],
+        np.float32,
+    )
+    x = np.concatenate([values, mids, up, down, edges])
+    return np.concatenate([x, -x])
+
+
+@pytest.mark.parametrize("fmt", WITH_DTYPE, ids=lambda f: f.name)
+def test_every_code_and_midpoint_matches_ml_dtypes(fmt):
+    x = every_code_and_midpoint(fmt)
+    assert_same_bits(round_jit(x, fmt), ml_dtypes_cast(x, fmt), x)
+
+
+@pytest.mark.parametrize("fmt", [BF16, FP16], ids=lambda f: f.name)
+@given(words=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=256))
+def test_random_float32_bit_patterns_match_ml_dtypes(fmt, words):
+    x = np.array(words, np.uint32).view(np.float32)
+    assert_same_bits(round_jit(x, fmt), ml_dtypes_cast(x, fmt), x)
+
+
+@pytest.mark.parametrize("fmt", [FP16, FP32], ids=lambda f: f.name)
+def test_float64_carrier_matches_numpy_correctly_rounded_casts(fmt):
+    """numpy's float64 -> float32/float16 casts round correctly (subnormals included):
+    random doubles across the target's range, and the exact midpoints between
+    neighbouring target values together with one double ulp either side."""
+    rng = np.random.default_rng(0)
+    n = 20000
+    exps = rng.integers(fmt.emin - fmt.man_bits - 3, fmt.emax + 2, n)
+    randoms = rng.choice([-1.0, 1.0], n) * np.ldexp(1 + rng.random(n), exps)
+    lo = randoms.astype(fmt.dtype)
+    with np.errstate(over="ignore"):
+        hi = np.nextafter(lo, (np.inf * np.sign(randoms)).astype(fmt.dtype))
+    ok = np.isfinite(hi)
+    mids = (lo[ok].astype(np.float64) + hi[ok]) / 2  # exact in float64
+    x = np.concatenate([randoms, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                        [np.inf, -np.inf, np.nan, 0.0, -0.0]])
+    with np.errstate(over="ignore"):
+        want = x.astype(fmt.dtype).astype(np.float64)
+    with x64_enabled():
+        assert_same_bits(round_jit(x, fmt), want, x)
+
+
+def test_ml_dtypes_double_rounds_float64_but_round_to_does_not():
+    """ml_dtypes casts float64 -> float8 via float32; round_to rounds once (documented)."""
+    x = np.array([1 + 2.0**-4 + 2.0**-40])  # just above the 1 / 1.125 midpoint in e4m3fn
+    with x64_enabled():
+        assert float(round_to(x, E4M3FN)[0]) == 1.125
+    assert float(x.astype(ml_dtypes.float8_e4m3fn)[0]) == 1.0
+
+
+def test_saturating_overflow():
+    sat = custom(4, 3, specials="fn", overflow="saturate", name="e4m3fn_sat")
+    x = np.array([464.0, 464.01, 480, 1e6, np.inf, -np.inf, -1e6, np.nan, 300.0], np.float32)
+    want = np.array([448, 448, 448, 448, 448, -448, -448, np.nan, 288.0], np.float32)
+    assert_same_bits(round_to(x, sat), want, x)
+    ieee_sat = custom(5, 10, overflow="saturate")
+    assert_same_bits(round_to(np.float32([7e4, -np.inf]), ieee_sat), np.float32([65504, -65504]), None)
+
+
+def test_directed_modes_bracket_and_are_adjacent():
+    x = np.array([0.1, -0.1, 1 / 3, -2.5e-8, 70000.0, -70000.0, 1e-9], np.float32)
+    down = np.asarray(round_to(x, FP16, "down"))
+    up = np.asarray(round_to(x, FP16, "up"))
+    tz = np.asarray(round_to(x, FP16, "toward_zero"))
+    assert (down <= x).all() and (x <= up).all()
+    finite = np.isfinite(up)
+    above = np.nextafter(down.astype(np.float16), np.float16(np.inf)).astype(np.float32)
+    assert (above[finite] == up[finite]).all()
+    assert (tz == np.where(x > 0, down, up)).all()
+    # Overflow: toward zero gives max, away gives inf.
+    assert up[4] == np.inf and down[4] == 65504 and up[5] == -65504 and down[5] == -np.inf
+
+
+def test_subnormals_false_flushes_onto_zero_or_tiny():
+    ftz = custom(5, 10, subnormals=False)
+    t = FP16.tiny
+    x = np.array([t, t * 0.75, t / 2, t * 0.4999, -t / 2, t * (1 - 2**-11)], np.float32)
+    want = np.array([t, t, 0.0, 0.0, -0.0, t], np.float32)
+    assert_same_bits(round_to(x, ftz), want, x)
+    assert_same_bits(round_to(np.float32([t / 4]), ftz, "up"), np.float32([t]), None)
+
+
+def test_eager_jit_vmap_agree_bitwise():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((8, 64)) * np.exp2(rng.integers(-20, 20, (8, 64)))).astype(np.float32)
+    for fmt in (BF16, FP16, E4M3FN, custom(5, 4)):
+        eager = round_to(x, fmt)
+        jitted = jax.jit(round_to, static_argnames="mode")(x, fmt)
+        vmapped = jax.vmap(lambda r: round_to(r, fmt))(x)
+        assert_same_bits(jitted, eager, x)
+        assert_same_bits(vmapped, eager, x)
+
+
+def test_vmap_over_mantissa_width_equals_separate_calls():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-140, 120, 4096))).astype(np.float32)
+    widths = jnp.arange(1, 24)
+    batched = jax.jit(jax.vmap(lambda m: round_to(x, custom(8, m))))(widths)
+    for i, m in enumerate(range(1, 24)):
+        assert_same_bits(batched[i], round_to(x, custom(8, m)), x)
+
+
+def test_vmap_over_exponent_and_mantissa_widths():
+    x = np.linspace(-300, 300, 2001, dtype=np.float32) ** 3 * np.float32(1e-7)
+    pairs = [(e, m) for e in (2, 3, 4, 5, 8) for m in (0, 1, 2, 3, 7)]
+    es, ms = (jnp.array(v) for v in zip(*pairs))
+    batched = jax.vmap(lambda e, m: round_to(x, custom(e, m)))(es, ms)
+    for i, (e, m) in enumerate(pairs):
+        assert_same_bits(batched[i], round_to(x, custom(e, m)), x)
+
+
+def test_gradient_is_straight_through():
+    x = jnp.array([0.1, -3.7, 1e-30, 7e4, 0.0], jnp.float32)
+    for f in (lambda v: round_to(v, BF16), lambda v: round_to(v, FP16, "up")):
+        g = jax.grad(lambda v: jnp.sum(f(v) * jnp.arange(1.0, 6.0)))(x)
+        assert (np.asarray(g) == np.arange(1.0, 6.0)).all()
+        gj = jax.jit(jax.grad(lambda v: jnp.sum(f(v) ** 2)))(x)
+        assert_same_bits(gj, 2 * f(x), x)
+    _, tangent = jax.jvp(lambda v: round_to(v, E4M3FN), (x,), (jnp.ones_like(x),))
+    assert (np.asarray(tangent) == 1).all()
+
+
+def test_stochastic_is_reproducible_and_brackets():
+    x = np.linspace(-3, 3, 1001, dtype=np.float32)
+    key = jax.random.key(0)
+    a = round_to(x, BF16, "stochastic", key=key)
+    b = jax.jit(round_to, static_argnames="mode")(x, BF16, "stochastic", key=key)
+    assert_same_bits(b, a, x)
+    c = round_to(x, BF16, "stochastic", key=jax.random.key(1))
+    assert not same_bits(c, a).all()
+    lo, hi = round_to(x, BF16, "down"), round_to(x, BF16, "up")
+    assert ((a == lo) | (a == hi)).all()
+
+
+def test_error_messages():
+    x = jnp.ones(3, jnp.float32)
+    with pytest.raises(ValueError, match=r"mode must be one of .* got 'nearest'"):
+        round_to(x, BF16, "nearest")
+    with pytest.raises(ValueError, match="needs key="):
+        round_to(x, BF16, "stochastic")
+    with pytest.raises(ValueError, match="other modes take no key"):
+        round_to(x, BF16, key=jax.random.key(0))
+    with pytest.raises(TypeError, match="expected a float32 or float64 array .* got float16"):
+        round_to(x.astype(jnp.float16), BF16)
+    with pytest.raises(TypeError, match="got int32"):
+        round_to(jnp.arange(3), BF16)
+    with pytest.raises(ValueError, match=r"'float64' does not fit a float32 carrier .*jax_enable_x64"):
+        round_to(x, fa_jax.FP64)
+    with pytest.raises(ValueError, match="unknown format 'bf61'"):
+        round_to(x, "bf61")
