@@ -258,10 +258,12 @@ class Format:
     # -- carriers -----------------------------------------------------------
 
     def _fits(self, man_c: int, emin_c: int, emax_c: int) -> bool:
+        # Every binade's quantum, down to the lowest normal one (2**(emin - man_bits),
+        # also the subnormal spacing), must be a multiple of the carrier's smallest step.
         return (
             self.man_bits <= man_c
             and self.emax <= emax_c
-            and self.min_exponent >= emin_c - man_c
+            and self.emin - self.man_bits >= emin_c - man_c
         )
 
     def fits(self, dtype) -> bool:

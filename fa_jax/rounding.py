@@ -8,15 +8,16 @@ DESIGN §3).
 
 How it works.  For a non-negative float, the integer formed by its exponent and
 fraction bits (its *magnitude code*) grows monotonically with its value, and
-inside one binade consecutive codes are one carrier ulp apart.  Let ``x`` lie
-in binade ``E`` (``E = emin_c`` for carrier subnormals).  The target's quantum
-there is ``2**(max(E, emin) - man_bits)``, i.e. ``d = M_c - man_bits +
-max(0, emin - E)`` low bits of the code, where ``M_c`` is the carrier's
-mantissa width.  While ``d <= M_c`` the binade's start is a multiple of the
-quantum, so rounding the code to a multiple of ``2**d`` rounds the value, and a
-carry out of the fraction correctly bumps the exponent.  ``d > M_c`` happens
-only below ``S``, the smallest positive value of the format; there the result is
-0 or ``S``.  Rounding past ``max`` is then mapped to the format's overflow value.
+inside one carrier binade (or across all carrier subnormals) consecutive codes
+are one carrier ulp, ``2**(E_lin - M_c)``, apart.  Let ``x`` lie in binade
+``E = floor(log2 |x|)``.  The target's quantum there is
+``2**(max(E, emin) - man_bits)``, i.e. ``d = max(E, emin) - man_bits - E_lin +
+M_c`` low bits of the code.  While ``d <= M_c`` the binade's start is a
+multiple of the quantum, so rounding the code to a multiple of ``2**d`` rounds
+the value, and a carry out of the fraction correctly bumps the exponent.
+``d > M_c`` happens only below ``S``, the smallest positive value of the
+format; there the result is 0 or ``S``.  Rounding past ``max`` is then mapped to
+the format's overflow value.
 
 Semantics, shared with ml_dtypes' cast for float32 inputs (tests check every
 code and midpoint of every <=8-bit format, and exhaustive_rounding.py all 2**32
@@ -145,6 +146,9 @@ def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Ar
     carrier = _carrier_of(x.dtype, fmt)
     rbits = jax.random.bits(key, x.shape, carrier.uint) if key is not None else None
     static = _Static(mode, fmt.subnormals, fmt.specials, fmt.overflow)
+    if fmt.is_concrete:  # one compiled program; widths folded in as constants
+        widths = (int(fmt.exp_bits), int(fmt.man_bits), int(fmt.bias))
+        return _round_compiled(static, widths, x, rbits)
     return _round_ste(static, x, fmt.exp_bits, fmt.man_bits, fmt.bias, rbits)
 
 
@@ -172,6 +176,11 @@ def _carrier_of(dtype, fmt: Format) -> _Carrier:
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _round_ste(static, x, exp_bits, man_bits, bias, rbits):
     return _round_bits(static, x, exp_bits, man_bits, bias, rbits)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _round_compiled(static, widths, x, rbits):
+    return _round_ste(static, x, *widths, rbits)
 
 
 @_round_ste.defjvp
@@ -205,11 +214,17 @@ def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
     s_exp = emin - m if static.subnormals else emin  # log2 of S, the smallest positive
 
     # -- round the magnitude code to a multiple of 2**d ---------------------
+    # The code is linear in the value with step 2**(E_lin - M) inside a carrier
+    # binade, and across all carrier subnormals (E_lin = emin_c there).  The
+    # target's quantum follows the value's true binade E, which for a carrier
+    # subnormal lies below emin_c: it matters for formats with emin < emin_c.
     Ef = (a >> U(M)).astype(jnp.int32)
-    E = jnp.maximum(Ef, 1) - c.bias  # binade of x (emin_c for carrier subnormals)
+    E_lin = jnp.maximum(Ef, 1) - c.bias
+    top_bit = (c.width - 1) - jax.lax.clz(a).astype(jnp.int32)  # -1 for a == 0
+    E = jnp.where(Ef > 0, E_lin, c.emin - M + top_bit)  # floor(log2 |x|)
     sig = jnp.where(Ef > 0, (a & U((1 << M) - 1)) | U(1 << M), a)  # with hidden bit
-    extra = jnp.maximum(emin - E, 0) if static.subnormals else 0
-    d = jnp.clip(M - m + extra, 0, M)  # d > M only below S: handled below
+    q_exp = (jnp.maximum(E, emin) if static.subnormals else E) - m  # target quantum
+    d = jnp.clip(q_exp - (E_lin - M), 0, M)  # out of range only below S: handled below
     du = d.astype(U)
     mask = (one << du) - one
     if mode == "nearest_even":
@@ -237,15 +252,26 @@ def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
     elif mode == "down":
         away = neg & (a > 0)
     else:  # stochastic: P(away) = |x|/S, resolved to M+1 bits
-        sh = s_exp - E - 1  # >= -1 wherever a < s_bits
-        t = jnp.where(sh >= 0, sig >> jnp.clip(sh, 0, M + 1).astype(U), sig << one)
+        # |x|/S = sig / 2**k with k = s_exp - E_lin + M; the threshold t = |x|/S * 2**(M+1)
+        # needs a right shift by sh = k - (M+1), or a left shift when S is itself a
+        # carrier subnormal (sh < 0; t stays below 2**(M+1) since |x| < S).
+        sh = s_exp - E_lin - 1
+        t = jnp.where(
+            sh >= 0,
+            sig >> jnp.clip(sh, 0, M + 1).astype(U),
+            sig << jnp.clip(-sh, 0, M + 1).astype(U),
+        )
         away = (rbits & U((1 << (M + 1)) - 1)) < t
     a_r = jnp.where(a < s_bits, jnp.where(away, s_bits, zero), a_r)
 
     # -- overflow, inf and NaN -------------------------------------------------
     mu = m.astype(U)
     max_frac = (one << mu) - (U(2) if specials == "fn" else one)
-    max_bits = ((emax + c.bias).astype(U) << U(M)) | (max_frac << (U(M) - mu))
+    # max = 2**emax * (1 + max_frac / 2**m); its fraction sits at the target's quantum,
+    # which is finer than the carrier's ulp by M - m bits (fewer if max is a carrier
+    # subnormal, as in formats that live wholly below the carrier's normal range).
+    frac_shift = (M - m + jnp.minimum(emax - c.emin, 0)).astype(U)
+    max_bits = _pow2_bits(emax, c) + (max_frac << frac_shift)
     nan_bits = c.qnan_bits
     if static.overflow == "saturate":
         toward_max = True
