@@ -1,0 +1,276 @@
+"""Baseline (materialised) and tiled FlashAttention forward passes under a policy.
+
+Inputs are shaped ``(..., N, d)`` for Q and ``(..., M, d)``/``(..., M, d_v)`` for K
+and V, with equal leading (batch, head) dimensions.  Every arithmetic step goes
+through :mod:`fa_jax.ops` and rounds to the policy's stage format.
+
+Baseline (reference) attention::
+
+    S = fl_scores(fl_qk_acc(Q Kᵀ) · scale)          (masked entries: -inf)
+    P = safe softmax of S  (m, l in stats; P in p)  (fa_jax.softmax)
+    O = fl_out(fl_pv_acc(P V))
+
+Flash attention runs the online-softmax recurrence over key/value blocks of
+``Bc`` columns, in order.  Each query row's statistics (m_i, l_i) and
+accumulator o_i depend only on that row, so the ``Br``-row blocks of Q are
+numerically independent: the emulation processes them all at once, and ``Br``
+does not change the result.  The number of rescalings, which is what moves the
+numerics, is set by ``Bc`` (Golden et al. 2024 §4.3, Fig 6).
+
+Per key block j, with scores S_j (rows × Bc):
+
+``fa2`` (Dao 2023, Algorithm 1)::
+
+    m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new);  α = exp(m − m_new)
+    l = α l + rowsum P̃;          o = α o + fl_p(P̃) V_j
+    O = fl_out(o / l)  once at the end
+
+``fa1`` (Dao et al. 2022, Algorithm 1; block max m̃ and two rescale factors)::
+
+    m̃ = rowmax S_j;  P̃ = exp(S_j − m̃);  l̃ = rowsum P̃;  m_new = max(m, m̃)
+    α = exp(m − m_new);  β = exp(m̃ − m_new);  l_new = α l + β l̃
+    o = ((l α) o + β (fl_p(P̃) V_j)) / l_new       (kept normalised)
+
+``rowwise`` (the one-pass recurrence of seed 002, o' normalised every step)::
+
+    m_new, l_new, P̃ as fa2
+    o = ((l α) / l_new) o + fl_p(P̃ / l_new) V_j
+
+Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
+``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
+``m + log l`` is returned in the stats format.
+
+Masks: ``causal`` keeps key j for query i when j <= i (top-left aligned, as
+PyTorch's ``is_causal``); ``q_lengths``/``kv_lengths`` (broadcastable to the
+leading dimensions) keep rows i < q_len and keys j < kv_len.  Sequence lengths
+need not be multiples of the block sizes: K and V are padded to a multiple of
+``Bc`` and the padding is masked.  A fully masked row has output 0 and
+log-sum-exp -inf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fa_jax import ops
+from fa_jax._jit import jit_config
+from fa_jax.policy import Policy
+from fa_jax.rounding import round_to
+from fa_jax.softmax import normalise, online_update, rescale_factor, shifted_exp
+
+__all__ = ["Blocks", "blocks_from_sram", "reference_attention", "flash_attention", "VARIANTS"]
+
+VARIANTS = ("fa1", "fa2", "rowwise")
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Tile sizes: ``br`` query rows and ``bc`` key/value columns per tile."""
+
+    br: int
+    bc: int
+
+    def __post_init__(self):
+        for name in ("br", "bc"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Blocks.{name}: expected a positive integer, got {v!r}")
+
+
+def blocks_from_sram(sram_elems: int, d: int, *, swap: bool = False, square: bool = False) -> Blocks:
+    """FlashAttention-1's tile sizes for an SRAM of M elements (Dao et al. 2022, Alg. 1):
+    Bc = ceil(M / 4d), Br = min(Bc, d).
+
+    ``swap`` exchanges them (Golden et al. Fig 6a); ``square`` sets Br = Bc (Fig 6b).
+    """
+    for name, v in (("sram_elems", sram_elems), ("d", d)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"blocks_from_sram: {name} must be a positive integer, got {v!r}")
+    if swap and square:
+        raise ValueError("blocks_from_sram: choose swap or square, not both")
+    bc = math.ceil(sram_elems / (4 * d))
+    br = min(bc, d)
+    if swap:
+        br, bc = bc, br
+    if square:
+        br = bc
+    return Blocks(br, bc)
+
+
+def _prepare(q, k, v, policy: Policy, scale):
+    """Round Q, K, V to the input format; resolve the scale (rounded to the format
+    of the stage it multiplies, as a kernel holds it)."""
+    q, k, v = (ops.cast(ops.carrier(t), policy.inputs) for t in (q, k, v))
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"attention: expected q (..., N, d), k (..., M, d), v (..., M, d_v) of equal rank, "
+            f"got {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            f"attention: leading dimensions differ: q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"attention: expected q (..., N, d), k (..., M, d), v (..., M, d_v), "
+            f"got {q.shape}, {k.shape}, {v.shape}"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    stage = policy.inputs if policy.scale == "q" else policy.scores
+    scale = round_to(jnp.float64(scale), stage)
+    if policy.scale == "q":
+        q = ops.mul(q, scale, policy.inputs)
+    return q, k, v, scale
+
+
+def _scores(q, k_t, scale, policy: Policy):
+    """S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) (or fl_scores(Q' Kᵀ) with Q pre-scaled)."""
+    s = ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
+    if policy.scale == "scores":
+        return ops.mul(s, scale, policy.scores)
+    return ops.cast(s, policy.scores)
+
+
+def _mask(n, m, causal, q_lengths, kv_lengths, lead, col0=0):
+    """Boolean (..., n, m) mask of kept (query, key) pairs; keys start at column col0."""
+    i = jnp.arange(n)[:, None]
+    j = col0 + jnp.arange(m)[None, :]
+    keep = jnp.ones((n, m), bool) if not causal else j <= i
+    keep = jnp.broadcast_to(keep, (*lead, n, m))
+    if q_lengths is not None:
+        ql = jnp.broadcast_to(jnp.asarray(q_lengths), lead)[..., None, None]
+        keep = keep & (i < ql)
+    if kv_lengths is not None:
+        kl = jnp.broadcast_to(jnp.asarray(kv_lengths), lead)[..., None, None]
+        keep = keep & (j < kl)
+    return keep
+
+
+def _zero_masked_keys(v, kv_lengths, col0):
+    """V rows at or past kv_length set to 0, so that P = 0 there meets no inf/NaN padding."""
+    if kv_lengths is None:
+        return v
+    j = col0 + jnp.arange(v.shape[-2])
+    kl = jnp.broadcast_to(jnp.asarray(kv_lengths), v.shape[:-2])[..., None, None]
+    return jnp.where(j[:, None] < kl, v, 0.0)
+
+
+def _lse(m, l, policy: Policy):
+    """log-sum-exp m + log l in the stats format; -inf for fully masked rows."""
+    safe_l = jnp.where(l > 0, l, 1.0)
+    return jnp.where(l > 0, round_to(m + jnp.log(safe_l), policy.stats), -jnp.inf)
+
+
+@jit_config("policy", "causal", "return_lse")
+def reference_attention(q, k, v, policy: Policy, *, causal=False, q_lengths=None,
+                        kv_lengths=None, scale=None, return_lse=False):
+    """Baseline attention with the N×M score matrix materialised (module docstring).
+
+    Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
+    log-sum-exp (..., N) too if ``return_lse``.
+    """
+    q, k, v, scale = _prepare(q, k, v, policy, scale)
+    s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
+    keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2])
+    s = jnp.where(keep, s, -jnp.inf)
+    m = ops.cast(jnp.max(s, axis=-1, keepdims=True), policy.stats)
+    e = shifted_exp(s, m, policy)
+    l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
+    p = normalise(e, l, policy.p)
+    v = _zero_masked_keys(v, kv_lengths, 0)
+    o = ops.cast(ops.matmul(p, v, policy.pv_acc, accumulation=policy.accumulation), policy.out)
+    if return_lse:
+        return o, _lse(m[..., 0], l[..., 0], policy)
+    return o
+
+
+def flash_attention(q, k, v, policy: Policy, blocks: Blocks, *, variant: str = "fa2",
+                    causal=False, q_lengths=None, kv_lengths=None, scale=None):
+    """Tiled FlashAttention forward (module docstring).
+
+    Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
+    (..., N) in ``policy.stats``, both as float64 carrier arrays.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"flash_attention: variant must be one of {VARIANTS}, got {variant!r}")
+    if not isinstance(blocks, Blocks):
+        raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
+    return _flash(q, k, v, policy=policy, blocks=blocks, variant=variant, causal=causal,
+                  q_lengths=q_lengths, kv_lengths=kv_lengths, scale=scale)
+
+
+@jit_config("policy", "blocks", "variant", "causal")
+def _flash(q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale):
+    q, k, v, scale = _prepare(q, k, v, policy, scale)
+    lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    bc = blocks.bc
+    n_blocks = -(-mk // bc)
+    pad = n_blocks * bc - mk
+    k = jnp.pad(k, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
+    v = jnp.pad(v, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
+    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
+    k_blocks = jnp.moveaxis(k.reshape(*lead, n_blocks, bc, k.shape[-1]), -3, 0)
+    v_blocks = jnp.moveaxis(v.reshape(*lead, n_blocks, bc, dv), -3, 0)
+    col0s = jnp.arange(n_blocks) * bc
+    update = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}[variant]
+
+    def step(carry, xs):
+        k_j, v_j, col0 = xs
+        v_j = _zero_masked_keys(v_j, kv_len, col0)
+        s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
+        keep = _mask(n, bc, causal, q_lengths, kv_len, lead, col0)
+        s = jnp.where(keep, s, -jnp.inf)
+        return update(carry, s, v_j, policy), None
+
+    init = (jnp.full((*lead, n), -jnp.inf), jnp.zeros((*lead, n)), jnp.zeros((*lead, n, dv)))
+    (m, l, o), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, col0s))
+    if variant == "fa2":
+        out = normalise(o, l[..., None], policy.out)
+    else:
+        out = ops.cast(o, policy.out)
+    return out, _lse(m, l, policy)
+
+
+def _pv(p, v_j, policy: Policy):
+    return ops.matmul(p, v_j, policy.pv_acc, accumulation=policy.accumulation)
+
+
+def _fa2_step(carry, s, v_j, policy: Policy):
+    m, l, o = carry
+    m_new, l_new, e, alpha = online_update(m, l, s, policy)
+    pv = _pv(ops.cast(e, policy.p), v_j, policy)
+    o = ops.add(ops.mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
+    return m_new, l_new, o
+
+
+def _fa1_step(carry, s, v_j, policy: Policy):
+    m, l, o = carry
+    m_blk = ops.cast(jnp.max(s, axis=-1), policy.stats)
+    e = shifted_exp(s, m_blk[..., None], policy)
+    l_blk = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
+    m_new = ops.maximum(m, m_blk, policy.stats)
+    alpha = rescale_factor(m, m_new, policy)
+    beta = rescale_factor(m_blk, m_new, policy)
+    l_alpha = ops.mul(l, alpha, policy.stats)
+    l_new = ops.add(l_alpha, ops.mul(beta, l_blk, policy.stats), policy.stats)
+    pv = _pv(ops.cast(e, policy.p), v_j, policy)
+    num = ops.add(
+        ops.mul(l_alpha[..., None], o, policy.o_acc),
+        ops.mul(beta[..., None], pv, policy.o_acc),
+        policy.o_acc,
+    )
+    return m_new, l_new, normalise(num, l_new[..., None], policy.o_acc)
+
+
+def _rowwise_step(carry, s, v_j, policy: Policy):
+    m, l, o = carry
+    m_new, l_new, e, alpha = online_update(m, l, s, policy)
+    ratio = normalise(ops.mul(l, alpha, policy.stats), l_new, policy.o_acc)
+    pv = _pv(normalise(e, l_new[..., None], policy.p), v_j, policy)
+    o = ops.add(ops.mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
+    return m_new, l_new, o

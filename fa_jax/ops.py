@@ -1,0 +1,245 @@
+"""The emulated op layer: every attention algorithm computes through these functions.
+
+Each op takes float64 *carrier* arrays holding values of some formats, and
+returns ``fl_fmt(exact result)``: the exact result rounded once to ``fmt``
+(round to nearest, ties to even).
+
+How each op achieves a single correct rounding from a float64 computation:
+
+* ``mul``: the product of two values with at most 26 significand bits each (any
+  format up to FP32) is exact in float64, so rounding it is correct.
+* ``add``/``sub``: float64 addition of values of different magnitudes can
+  round, and a float64 result sitting on a midpoint of ``fmt`` would then be
+  rounded a second time the wrong way.  TwoSum (Knuth) gives the exact error
+  ``e`` of ``s = a + b``; ``s`` is moved to the odd neighbour toward ``e``
+  (round-to-odd) and then rounded to ``fmt``, which is correct whenever
+  float64 has at least two more bits than ``fmt`` (Boldo & Melquiond 2008,
+  "Emulation of FMA and correctly rounded sums: proved algorithms using
+  rounding to odd").
+* ``div``: the float64 quotient ``q`` rounds correctly to ``fmt`` unless ``q``
+  is exactly a midpoint of ``fmt``; then ``q * b`` is exact and the sign of
+  ``a - q b`` says which way the true quotient lies.
+* ``exp``: float64 ``exp`` (XLA's, within ~1 ulp of float64) rounded to
+  ``fmt``.  Correctly rounded unless ``exp(x)`` lies within that error of a
+  rounding boundary of ``fmt`` (never observed; exp of a nonzero
+  representable number is never exactly a midpoint).
+* ``maximum``: exact.
+
+Operands must be values of formats with at most 26 significand bits (FP32 or
+narrower) unless ``fmt`` is FP64, in which case the op is plain float64
+arithmetic (the golden policy).  Everything needs ``jax_enable_x64``.
+
+Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
+model.  ``matmul`` passes ``precision=HIGHEST`` and
+``preferred_element_type=float64`` explicitly, so no TF32 or bf16 passes
+happen on GPU/TPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
+from fa_jax.formats import Format, get_format
+from fa_jax.rounding import round_to
+
+__all__ = ["carrier", "cast", "add", "sub", "mul", "div", "exp", "maximum", "sum", "matmul"]
+
+_F64 = np.dtype(np.float64)
+_X64_HINT = (
+    "fa_jax's emulated ops compute in float64 carriers: enable float64 with "
+    "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1) before creating arrays"
+)
+
+
+def require_x64() -> None:
+    """Raise a RuntimeError that says how to enable float64 if it is off."""
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError(_X64_HINT)
+
+
+def carrier(x) -> jax.Array:
+    """``x`` as a float64 carrier array, exactly (subnormals included).
+
+    XLA on CPU flushes float32 and bfloat16 subnormals in its float64 conversion;
+    those are rebuilt from their bits (|x| = code * 2**-149 for float32).
+    """
+    require_x64()
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"carrier: expected a floating-point array, got {x.dtype}")
+    if x.dtype == jnp.float64:
+        return x
+    if jnp.finfo(x.dtype).bits > 32 or jnp.finfo(x.dtype).nexp > 8:
+        raise TypeError(f"carrier: expected a float of at most 32 bits or float64, got {x.dtype}")
+    x = _float32_exactly(x)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    code = (bits & np.uint32(0x7FFFFFFF)).astype(jnp.float64)  # exact: < 2**31
+    sub = jnp.where(bits >> 31 != 0, -code, code) * np.float64(2.0**-149)
+    return jnp.where((bits & np.uint32(0x7F800000)) == 0, sub, x.astype(jnp.float64))
+
+
+def _float32_exactly(x):
+    """A float32 view of a float of <= 32 bits and <= 8 exponent bits, exactly."""
+    if x.dtype == jnp.float32:
+        return x
+    if x.dtype == jnp.bfloat16:  # bfloat16 is the top half of a float32
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << np.uint32(16)
+        return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return x.astype(jnp.float32)  # float16 and float8: their subnormals are float32 normals
+
+
+def _check(*xs) -> None:
+    require_x64()
+    for x in xs:
+        if jnp.asarray(x).dtype != _F64:
+            raise TypeError(
+                f"fa_jax.ops: expected float64 carrier arrays (use ops.carrier), got {jnp.asarray(x).dtype}"
+            )
+
+
+def _is_fp64(fmt: Format):
+    """FP64 rounds nothing in a float64 carrier (a bool, or a traced bool)."""
+    if fmt.is_concrete:
+        return fmt.man_bits == 52 and fmt.exp_bits == 11 and fmt.specials == "ieee"
+    return (fmt.man_bits == 52) & (fmt.exp_bits == 11)
+
+
+def cast(x, fmt) -> jax.Array:
+    """Round a carrier array to ``fmt`` (a stage's storage format)."""
+    _check(x)
+    return round_to(x, get_format(fmt))
+
+
+def _round_to_odd_then(s, e, fmt: Format):
+    """Correctly round the exact value ``s + e`` (|e| <= ulp(s)/2) to ``fmt``."""
+    bits = jax.lax.bitcast_convert_type(s, jnp.uint64)
+    inexact_even = (e != 0) & ((bits & np.uint64(1)) == 0) & jnp.isfinite(s)
+    grow = (e > 0) == (s > 0)  # moving toward e grows |s|
+    odd = jnp.where(inexact_even, jnp.where(grow, bits + np.uint64(1), bits - np.uint64(1)), bits)
+    s_odd = jax.lax.bitcast_convert_type(odd, jnp.float64)
+    return round_to(jnp.where(_is_fp64(fmt), s, s_odd), fmt)
+
+
+def _two_sum(a, b):
+    """s = fl(a + b) and its exact error e = (a + b) - s (Knuth's TwoSum)."""
+    s = a + b
+    bp = s - a
+    ap = s - bp
+    return s, (a - ap) + (b - bp)
+
+
+def add(a, b, fmt) -> jax.Array:
+    """fl_fmt(a + b), correctly rounded."""
+    _check(a, b)
+    fmt = get_format(fmt)
+    a, b = jnp.broadcast_arrays(a, b)
+    s, e = _two_sum(a, b)
+    return _round_to_odd_then(s, e, fmt)
+
+
+def sub(a, b, fmt) -> jax.Array:
+    """fl_fmt(a - b), correctly rounded."""
+    return add(a, -jnp.asarray(b), fmt)
+
+
+def mul(a, b, fmt) -> jax.Array:
+    """fl_fmt(a * b); exact product for operands of <= 26 significand bits."""
+    _check(a, b)
+    return round_to(a * b, get_format(fmt))
+
+
+def div(a, b, fmt) -> jax.Array:
+    """fl_fmt(a / b), correctly rounded (a midpoint quotient is resolved exactly)."""
+    _check(a, b)
+    fmt = get_format(fmt)
+    # XLA rewrites a / broadcast(b) as a * broadcast(1/b) (inexact), for scalar and
+    # row-broadcast divisors alike; full-shape operands behind a barrier divide exactly.
+    a, b = jax.lax.optimization_barrier(jnp.broadcast_arrays(a, b))
+    q = a / b
+    nearest = round_to(q, fmt)
+    lo, hi = round_to(q, fmt, "down"), round_to(q, fmt, "up")
+    midpoint = (lo != hi) & (q - lo == hi - q) & ~_is_fp64(fmt)
+    # A midpoint of fmt has <= man_bits + 2 <= 26 significand bits, so q * b is exact
+    # and the residual's sign is right.
+    residual = (a - q * b) * jnp.sign(b)  # sign of (a/b - q)
+    fixed = jnp.where(residual > 0, hi, jnp.where(residual < 0, lo, nearest))
+    return jnp.where(midpoint, fixed, nearest)
+
+
+def exp(x, fmt) -> jax.Array:
+    """fl_fmt(exp(x)) from float64 exp (see the module docstring)."""
+    _check(x)
+    return round_to(jnp.exp(x), get_format(fmt))
+
+
+def maximum(a, b, fmt) -> jax.Array:
+    """fl_fmt(max(a, b)) (exact when a and b are values of fmt)."""
+    _check(a, b)
+    return round_to(jnp.maximum(a, b), get_format(fmt))
+
+
+def _sequential(terms, fmt: Format):
+    """acc_k = fl(acc_{k-1} + terms[k]) over the leading axis, from acc_0 = 0."""
+    def step(acc, t):
+        return add(acc, t, fmt), None
+
+    acc, _ = jax.lax.scan(step, jnp.zeros(terms.shape[1:], terms.dtype), terms)
+    return acc
+
+
+def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> jax.Array:
+    """fl_fmt(sum of x along ``axis``) under an accumulation model."""
+    _check(x)
+    fmt, model = get_format(fmt), get_accumulation(accumulation)
+    x = jnp.moveaxis(x, axis, 0)
+    if model.kind == "exact":
+        return round_to(jnp.sum(x, axis=0), fmt)
+    if model.kind == "chunked":
+        x = _chunk_sums(x, model.chunk)
+    return _sequential(x, fmt)
+
+
+def _chunk_sums(x, k: int):
+    """Exact-in-float64 sums of consecutive chunks of k along the leading axis."""
+    n = x.shape[0]
+    pad = -n % k
+    x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+    return jnp.sum(x.reshape((n + pad) // k, k, *x.shape[1:]), axis=1)
+
+
+def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
+    """fl_fmt(a @ b) for a (..., n, k) and b (..., k, m) under an accumulation model.
+
+    "exact" rounds the float64 dot once; "sequential" rounds after each of the k
+    fused multiply-adds in index order; "chunked(c)" takes exact float64 dots of
+    c consecutive terms and adds them sequentially.
+    """
+    _check(a, b)
+    fmt, model = get_format(fmt), get_accumulation(accumulation)
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"matmul: contraction sizes differ: a is {a.shape}, b is {b.shape}"
+        )
+    dot = lambda x, y: jnp.matmul(  # noqa: E731
+        x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float64
+    )
+    if model.kind == "exact":
+        return round_to(dot(a, b), fmt)
+    k = a.shape[-1]
+    c = 1 if model.kind == "sequential" else model.chunk
+    pad = -k % c
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)])
+    q = (k + pad) // c
+    a_chunks = jnp.moveaxis(a.reshape(*a.shape[:-1], q, c), -2, 0)  # (q, ..., n, c)
+    b_chunks = jnp.moveaxis(b.reshape(*b.shape[:-2], q, c, b.shape[-1]), -3, 0)  # (q, ..., c, m)
+    out_shape = (*jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+
+    def step(acc, ab):
+        return add(acc, dot(*ab), fmt), None
+
+    acc, _ = jax.lax.scan(step, jnp.zeros(out_shape, jnp.float64), (a_chunks, b_chunks))
+    return acc

@@ -1,0 +1,138 @@
+"""Safe (3-pass), online (2-pass) and naive softmax under a precision policy.
+
+Notation follows Milakov & Gimelshein 2018 (arXiv 1805.02867) and seed 002:
+x are the scores, m the running maximum, d the running sum of exponentials.
+Every operation rounds through :mod:`fa_jax.ops` to the policy's format for
+its stage; ``fl_s`` below means "rounded to stage s":
+
+safe (Algorithm 3 of Milakov & Gimelshein)::
+
+    m   = max_j x_j                                   (exact; stored in stats)
+    e_j = fl_exp(exp(fl_exp(x_j - m)))
+    d   = Σ_j e_j                                     (stats, accumulation model)
+    y_j = fl_p(e_j / d)
+
+online (their Algorithm 3 with blocks B_1..B_K of ``block`` entries;
+``block=1`` is the original recurrence m_j, d'_j)::
+
+    m_k     = max(m_{k-1}, max_{j∈B_k} x_j)
+    α_k     = fl_exp(exp(fl_exp(m_{k-1} - m_k)))      (0 for k = 1; 1 if m_k = m_{k-1})
+    s_k     = Σ_{j∈B_k} fl_exp(exp(fl_exp(x_j - m_k)))  (stats, accumulation model)
+    d_k     = fl_stats(fl_stats(d_{k-1} α_k) + s_k)
+    y_j     = fl_p(fl_exp(exp(fl_exp(x_j - m_K))) / d_K)
+
+naive: ``y_j = fl_p(fl_exp(exp(x_j)) / Σ_j fl_exp(exp(x_j)))`` — no shift, so it
+overflows once ``x_j`` exceeds log(max) of the exp format (88.7 for FP32, 11.1
+for FP16).
+
+Masked entries are ``-inf`` scores.  A row whose entries are all ``-inf`` has
+m = -inf and d = 0; its output is defined as 0 (not NaN).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fa_jax import ops
+from fa_jax._jit import jit_config
+from fa_jax.policy import Policy
+
+__all__ = [
+    "safe_softmax",
+    "online_softmax",
+    "naive_softmax",
+    "shifted_exp",
+    "rescale_factor",
+    "online_update",
+    "normalise",
+]
+
+
+def _finite_or_zero(m):
+    """A shift that keeps exp(x - m) defined for fully masked rows (m = -inf)."""
+    return jnp.where(jnp.isfinite(m), m, 0.0)
+
+
+def shifted_exp(x, m, policy: Policy):
+    """fl_exp(exp(fl_exp(x - m))), 0 where x = -inf (masked), also when m = -inf."""
+    return ops.exp(ops.sub(x, _finite_or_zero(m), policy.exp), policy.exp)
+
+
+def rescale_factor(m_old, m_new, policy: Policy):
+    """α = fl_exp(exp(fl_exp(m_old - m_new))): 0 when m_old = -inf, exactly 1 when unchanged."""
+    return shifted_exp(m_old, m_new, policy)
+
+
+def online_update(m, d, x_block, policy: Policy, *, axis: int = -1):
+    """One step of the (blocked) online recurrence.
+
+    Args:
+      m, d: running max and sum, shape of x_block without ``axis``.
+      x_block: the next block of scores.
+    Returns:
+      (m_new, d_new, e, α): e = shifted_exp(x_block, m_new) is returned for flash
+      attention, which multiplies it into V.
+    """
+    m_new = ops.maximum(m, jnp.max(x_block, axis=axis), policy.stats)
+    alpha = rescale_factor(m, m_new, policy)
+    e = shifted_exp(x_block, jnp.expand_dims(m_new, axis), policy)
+    s = ops.sum(e, policy.stats, axis=axis, accumulation=policy.accumulation)
+    d_new = ops.add(ops.mul(d, alpha, policy.stats), s, policy.stats)
+    return m_new, d_new, e, alpha
+
+
+def normalise(num, den, fmt):
+    """fl_fmt(num / den), defined as 0 where den = 0 (fully masked rows)."""
+    safe_den = jnp.where(den == 0, 1.0, den)
+    return jnp.where(den == 0, 0.0, ops.div(num, safe_den, fmt))
+
+
+def _prepare(x, policy: Policy, axis: int):
+    x = ops.cast(ops.carrier(x), policy.scores)
+    return jnp.moveaxis(x, axis, -1)
+
+
+@jit_config("policy", "axis")
+def safe_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
+    """Three-pass softmax with max subtraction (module docstring)."""
+    x = _prepare(x, policy, axis)
+    m = ops.cast(jnp.max(x, axis=-1, keepdims=True), policy.stats)
+    e = shifted_exp(x, m, policy)
+    d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
+    return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)
+
+
+def online_softmax(x, policy: Policy, *, block: int = 1, axis: int = -1) -> jax.Array:
+    """Two-pass online softmax: one pass for (m, d) in blocks of ``block``, one for y."""
+    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+        raise ValueError(f"online_softmax: block must be a positive integer, got {block!r}")
+    return _online_softmax(x, policy=policy, block=block, axis=axis)
+
+
+@jit_config("policy", "block", "axis")
+def _online_softmax(x, *, policy: Policy, block: int, axis: int) -> jax.Array:
+    x = _prepare(x, policy, axis)
+    n = x.shape[-1]
+    pad = -n % block
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)], constant_values=-jnp.inf)
+    blocks = jnp.moveaxis(padded.reshape(*x.shape[:-1], (n + pad) // block, block), -2, 0)
+
+    def step(carry, x_block):
+        m, d = carry
+        m, d, _, _ = online_update(m, d, x_block, policy)
+        return (m, d), None
+
+    init = (jnp.full(x.shape[:-1], -jnp.inf), jnp.zeros(x.shape[:-1]))
+    (m, d), _ = jax.lax.scan(step, init, blocks)
+    e = shifted_exp(x, m[..., None], policy)
+    return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)
+
+
+@jit_config("policy", "axis")
+def naive_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
+    """Softmax without max subtraction; shows overflow (module docstring)."""
+    x = _prepare(x, policy, axis)
+    e = ops.exp(x, policy.exp)
+    d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
+    return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)

@@ -1,0 +1,189 @@
+"""Reference and flash attention: golden agreement, masks vs numpy, padding, jit, the
+flash-attention repo's 2x acceptance rule."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fa_jax import BF16, FP16
+from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram, flash_attention, reference_attention
+from fa_jax.policy import fa2_kernel, golden, paper_uniform, torch_math
+from fa_jax.rounding import round_to
+
+from conftest import x64_enabled
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with x64_enabled():
+        yield
+
+
+def numpy_attention(q, k, v, *, causal=False, q_lengths=None, kv_lengths=None):
+    """Plain float64 attention with masks; fully masked rows give 0."""
+    n, m = q.shape[-2], k.shape[-2]
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    keep = np.ones(s.shape, bool)
+    i, j = np.arange(n)[:, None], np.arange(m)[None, :]
+    if causal:
+        keep &= j <= i
+    if q_lengths is not None:
+        keep &= i < np.asarray(q_lengths)[..., None, None]
+    if kv_lengths is not None:
+        keep &= j < np.asarray(kv_lengths)[..., None, None]
+    s = np.where(keep, s, -np.inf)
+    mx = np.max(s, -1, keepdims=True)
+    e = np.where(keep, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0)
+    l = e.sum(-1, keepdims=True)
+    p = np.where(l > 0, e / np.where(l > 0, l, 1), 0)
+    return p @ np.where(np.isfinite(v), v, 0) if kv_lengths is None else p @ v
+
+
+def qkv(seed, lead=(2,), n=37, m=37, d=16, dv=None, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((*lead, n, d)) * scale, rng.standard_normal((*lead, m, d)) * scale,
+            rng.standard_normal((*lead, m, dv or d)))
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bc", [1, 16, 64])
+def test_golden_flash_equals_reference(variant, bc):
+    q, k, v = qkv(0)
+    ref = np.asarray(reference_attention(q, k, v, golden()))
+    out, lse = flash_attention(q, k, v, golden(), Blocks(8, bc), variant=variant)
+    assert rel_err(out, ref) < 1e-12
+    s = q @ np.swapaxes(k, -1, -2) / 4.0
+    want_lse = np.log(np.sum(np.exp(s - s.max(-1, keepdims=True)), -1)) + s.max(-1)
+    assert np.max(np.abs(np.asarray(lse) - want_lse)) < 1e-12
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal", [False, True])
+@given(seed=st.integers(0, 2**31), q_lengths=st.lists(st.integers(0, 20), min_size=3, max_size=3),
+       kv_lengths=st.lists(st.integers(0, 20), min_size=3, max_size=3))
+@settings(max_examples=10)
+def test_masks_agree_with_numpy_float64(variant, causal, seed, q_lengths, kv_lengths):
+    q, k, v = qkv(seed, lead=(3,), n=20, m=20)
+    ql, kl = np.array(q_lengths), np.array(kv_lengths)
+    want = numpy_attention(q, k, v, causal=causal, q_lengths=ql, kv_lengths=kl)
+    ref = reference_attention(q, k, v, golden(), causal=causal, q_lengths=ql, kv_lengths=kl)
+    out, _ = flash_attention(q, k, v, golden(), Blocks(4, 8), variant=variant, causal=causal,
+                             q_lengths=ql, kv_lengths=kl)
+    for got in (ref, out):
+        got = np.asarray(got)
+        assert not np.isnan(got).any()
+        assert np.max(np.abs(got - want)) <= 1e-12 * max(1.0, np.max(np.abs(want)))
+
+
+def test_fully_masked_rows_are_zero_with_lse_minus_inf():
+    q, k, v = qkv(1, lead=(2,), n=6, m=6)
+    kl = np.array([0, 6])
+    for variant in VARIANTS:
+        out, lse = flash_attention(q, k, v, paper_uniform(BF16), Blocks(2, 4), variant=variant,
+                                   kv_lengths=kl)
+        assert (np.asarray(out[0]) == 0).all() and np.isneginf(np.asarray(lse[0])).all()
+        assert np.isfinite(np.asarray(out[1])).all()
+    ref = reference_attention(q, k, v, paper_uniform(BF16), kv_lengths=kl)
+    assert (np.asarray(ref[0]) == 0).all()
+
+
+@pytest.mark.parametrize(
+    "variant, policy",
+    [(v, paper_uniform(BF16)) for v in VARIANTS] + [("fa2", fa2_kernel(FP16))],
+    ids=lambda x: x if isinstance(x, str) else x.name,
+)
+def test_padded_equals_unpadded_bitwise(variant, policy):
+    """Garbage (even NaN) past the lengths changes nothing, bit for bit."""
+    q, k, v = qkv(2, lead=(1,), n=21, m=21)
+    pad = lambda x: np.concatenate([x, np.full((1, 11, x.shape[-1]), np.nan)], axis=-2)  # noqa: E731
+    blocks = Blocks(4, 8)
+    small, _ = flash_attention(q, k, v, policy, blocks, variant=variant)
+    big, _ = flash_attention(pad(q), pad(k), pad(v), policy, blocks, variant=variant,
+                             q_lengths=np.array([21]), kv_lengths=np.array([21]))
+    np.testing.assert_array_equal(np.asarray(big)[:, :21], np.asarray(small))
+    ref_small = reference_attention(q, k, v, policy)
+    ref_big = reference_attention(pad(q), pad(k), pad(v), policy, q_lengths=np.array([21]),
+                                  kv_lengths=np.array([21]))
+    np.testing.assert_array_equal(np.asarray(ref_big)[:, :21], np.asarray(ref_small))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_jit_equals_eager_bitwise(variant):
+    """Op-by-op execution (jax.disable_jit: no fusion, no excess precision) gives the
+    same bits as the compiled program."""
+    q, k, v = qkv(3, lead=(1,), n=5, m=7, d=4)
+    pol, blocks = paper_uniform(BF16, accumulation="chunked(2)"), Blocks(2, 4)
+    jitted, jlse = flash_attention(q, k, v, pol, blocks, variant=variant, causal=True)
+    with jax.disable_jit():
+        eager, lse = flash_attention(q, k, v, pol, blocks, variant=variant, causal=True)
+        r = reference_attention(q, k, v, pol, causal=True)
+    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(eager))
+    np.testing.assert_array_equal(np.asarray(jlse), np.asarray(lse))
+    rj = reference_attention(q, k, v, pol, causal=True)
+    np.testing.assert_array_equal(np.asarray(rj), np.asarray(r))
+
+
+def test_block_rows_do_not_change_the_result():
+    """Rows are independent: Br is numerically irrelevant, Bc is not."""
+    q, k, v = qkv(4, n=40, m=40)
+    pol = paper_uniform(BF16)
+    a, _ = flash_attention(q, k, v, pol, Blocks(1, 8))
+    b, _ = flash_attention(q, k, v, pol, Blocks(40, 8))
+    c, _ = flash_attention(q, k, v, pol, Blocks(1, 16))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(c))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fa2_kernel_bf16_within_2x_of_torch_math(variant, seed):
+    """flash-attention's acceptance rule: error vs an exact reference at most 2x that of
+    the same-precision PyTorch reference; both measured against golden on the same
+    BF16-rounded inputs."""
+    q, k, v = (np.asarray(round_to(jnp.asarray(t), BF16)) for t in qkv(seed, lead=(2, 2), n=128, m=128, d=64))
+    gold = np.asarray(reference_attention(q, k, v, golden()))
+    base = rel_err(reference_attention(q, k, v, torch_math(BF16)), gold)
+    flash, _ = flash_attention(q, k, v, fa2_kernel(BF16), Blocks(64, 32), variant=variant)
+    assert rel_err(flash, gold) <= 2 * base, (rel_err(flash, gold), base)
+
+
+def test_blocks_from_sram_follows_fa1():
+    # M = 100K elements, d = 64: Bc = ceil(100000 / 256) = 391, Br = min(391, 64) = 64.
+    assert blocks_from_sram(100_000, 64) == Blocks(64, 391)
+    assert blocks_from_sram(100_000, 64, swap=True) == Blocks(391, 64)
+    assert blocks_from_sram(100_000, 64, square=True) == Blocks(391, 391)
+    assert blocks_from_sram(1024, 64) == Blocks(4, 4)
+
+
+def test_errors():
+    q, k, v = qkv(5)
+    with pytest.raises(ValueError, match="Blocks.bc: expected a positive integer, got 0"):
+        Blocks(4, 0)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        flash_attention(q, k, v, golden(), Blocks(4, 4), variant="fa3")
+    with pytest.raises(TypeError, match="expected blocks=Blocks"):
+        flash_attention(q, k, v, golden(), (4, 4))
+    with pytest.raises(ValueError, match="leading dimensions differ"):
+        reference_attention(q, k[:1], v[:1], golden())
+    with pytest.raises(ValueError, match="choose swap or square"):
+        blocks_from_sram(1000, 16, swap=True, square=True)
+
+
+def test_golden_needs_x64():
+    q, k, v = qkv(6)
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        with pytest.raises(RuntimeError, match="jax_enable_x64"):
+            reference_attention(q, k, v, golden())
+    finally:
+        jax.config.update("jax_enable_x64", previous)
