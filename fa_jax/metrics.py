@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax.formats import Format, get_format
+from fa_jax.widening import widen
 
 __all__ = [
     "max_abs_diff",
@@ -75,32 +76,11 @@ def _compute_dtype(*dtypes) -> np.dtype:
 
     Floats narrower than float32 (bfloat16, float16, float8/6/4) widen to float32
     first, exactly; JAX refuses to promote float8 implicitly."""
-    def widen(d):
+    def at_least_f32(d):
         d = np.dtype(d)
         return np.dtype(np.float32) if jnp.issubdtype(d, jnp.floating) and d.itemsize < 4 else d
 
-    return np.dtype(jnp.result_type(*(widen(d) for d in dtypes), jnp.float32))
-
-
-def _widen(x: jax.Array, dtype) -> jax.Array:
-    """``x.astype(dtype)``, but exact for float32 subnormals going to float64.
-
-    XLA on CPU flushes float32 subnormals to zero in the float32 -> float64
-    convert (jax 0.10.2); they are rebuilt from their bits here instead:
-    ``k * 2**-149`` is normal in float64.
-    """
-    dtype = np.dtype(dtype)
-    if x.dtype != np.float32 or dtype != np.float64:
-        return x.astype(dtype)
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    k = bits & jnp.uint32(0x7FFFFF)
-    sub = ((bits & jnp.uint32(0x7F800000)) == 0) & (k != 0)
-    e = 31 - jax.lax.clz(k).astype(jnp.int64)  # k = 2**e * (1 + f), e in 0..22
-    frac = (k.astype(jnp.uint64) << (52 - e).astype(jnp.uint64)) & jnp.uint64((1 << 52) - 1)
-    rebuilt = ((e - 149 + 1023).astype(jnp.uint64) << jnp.uint64(52)) | frac
-    rebuilt = rebuilt | ((bits >> jnp.uint32(31)).astype(jnp.uint64) << jnp.uint64(63))
-    return jnp.where(sub, jax.lax.bitcast_convert_type(rebuilt, jnp.float64),
-                     x.astype(dtype))
+    return np.dtype(jnp.result_type(*(at_least_f32(d) for d in dtypes), jnp.float32))
 
 
 def _pair(a, b, fn: str) -> tuple[jax.Array, jax.Array]:
@@ -114,7 +94,7 @@ def _pair(a, b, fn: str) -> tuple[jax.Array, jax.Array]:
     if a.size == 0:
         raise ValueError(f"{fn}: expected non-empty arrays, got shape {a.shape}")
     dt = _compute_dtype(a.dtype, b.dtype)
-    return _widen(a.reshape(-1), dt), _widen(b.reshape(-1), dt)
+    return widen(a.reshape(-1), dt), widen(b.reshape(-1), dt)
 
 
 def _abs_diff(a, b, fn: str) -> jax.Array:
@@ -354,7 +334,7 @@ def ulp_distance(a, b, fmt) -> jax.Array:
             f"ulp_distance: format {fmt.name!r} (or a float64 input) needs a float64 "
             "carrier; enable it with jax.config.update('jax_enable_x64', True)"
         )
-    return _ulp_distance(_widen(a, carrier), _widen(b, carrier), fmt)
+    return _ulp_distance(widen(a, carrier), widen(b, carrier), fmt)
 
 
 @functools.partial(jax.jit, static_argnames="fmt")
@@ -397,7 +377,7 @@ def wasserstein_1d(a, b) -> jax.Array:
             f"wasserstein_1d: expected non-empty samples, got shapes {a.shape} and {b.shape}"
         )
     dt = _compute_dtype(a.dtype, b.dtype)
-    return _wasserstein_sorted(_widen(a.reshape(-1), dt), _widen(b.reshape(-1), dt))
+    return _wasserstein_sorted(widen(a.reshape(-1), dt), widen(b.reshape(-1), dt))
 
 
 @jax.jit

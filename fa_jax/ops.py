@@ -44,6 +44,7 @@ import numpy as np
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import round_to
+from fa_jax.widening import widen
 
 __all__ = ["carrier", "cast", "add", "sub", "mul", "div", "exp", "maximum", "sum", "matmul"]
 
@@ -61,34 +62,12 @@ def require_x64() -> None:
 
 
 def carrier(x) -> jax.Array:
-    """``x`` as a float64 carrier array, exactly (subnormals included).
-
-    XLA on CPU flushes float32 and bfloat16 subnormals in its float64 conversion;
-    those are rebuilt from their bits (|x| = code * 2**-149 for float32).
-    """
+    """``x`` as a float64 carrier array, exactly (subnormals included; see widening)."""
     require_x64()
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"carrier: expected a floating-point array, got {x.dtype}")
-    if x.dtype == jnp.float64:
-        return x
-    if jnp.finfo(x.dtype).bits > 32 or jnp.finfo(x.dtype).nexp > 8:
-        raise TypeError(f"carrier: expected a float of at most 32 bits or float64, got {x.dtype}")
-    x = _float32_exactly(x)
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    code = (bits & np.uint32(0x7FFFFFFF)).astype(jnp.float64)  # exact: < 2**31
-    sub = jnp.where(bits >> 31 != 0, -code, code) * np.float64(2.0**-149)
-    return jnp.where((bits & np.uint32(0x7F800000)) == 0, sub, x.astype(jnp.float64))
-
-
-def _float32_exactly(x):
-    """A float32 view of a float of <= 32 bits and <= 8 exponent bits, exactly."""
-    if x.dtype == jnp.float32:
-        return x
-    if x.dtype == jnp.bfloat16:  # bfloat16 is the top half of a float32
-        bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << np.uint32(16)
-        return jax.lax.bitcast_convert_type(bits, jnp.float32)
-    return x.astype(jnp.float32)  # float16 and float8: their subnormals are float32 normals
+    return widen(x, jnp.float64)
 
 
 def _check(*xs) -> None:
