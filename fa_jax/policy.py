@@ -19,7 +19,7 @@ and where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale
 or ``"q"`` (Q is pre-scaled: fl(Q · scale), as some kernels do).
 
 A Policy is a pytree whose leaves are its formats' widths, so policies can be
-vmapped over formats.
+vmapped over formats.  Presets live in :mod:`fa_jax.policies`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import dataclasses
 import jax
 
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
-from fa_jax.formats import FP32, FP64, Format, get_format
+from fa_jax.formats import Format, get_format
 
-__all__ = ["Policy", "STAGES", "paper_uniform", "fa2_kernel", "torch_math", "golden", "PRESETS", "get_policy"]
+__all__ = ["Policy", "STAGES"]
 
 STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "o_acc", "out")
 _SCALES = ("scores", "q")
@@ -87,54 +87,3 @@ class Policy:
         lines = [f"policy {self.name}: accumulation {self.accumulation}, scale on {self.scale}"]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in STAGES]
         return "\n".join(lines)
-
-
-def paper_uniform(fmt, *, accumulation=EXACT) -> Policy:
-    """Every stage in ``fmt``: the paper's re-implementation (Golden et al. 2024 §3),
-    where one precision is chosen for the whole computation."""
-    f = get_format(fmt)
-    return Policy(*(f,) * len(STAGES), accumulation=accumulation, name=f"paper_uniform({f.name})")
-
-
-def fa2_kernel(fmt, *, accumulation=EXACT) -> Policy:
-    """A FlashAttention-2 kernel: Q, K, V and P in ``fmt``; scores, m, l, exp and all
-    accumulators FP32; the output rounded once to ``fmt`` (Dao 2023 §3.1)."""
-    f = get_format(fmt)
-    return Policy(
-        inputs=f, qk_acc=FP32, scores=FP32, stats=FP32, exp=FP32, p=f, pv_acc=FP32,
-        o_acc=FP32, out=f, accumulation=accumulation, name=f"fa2_kernel({f.name})",
-    )
-
-
-def torch_math(fmt, *, accumulation=EXACT) -> Policy:
-    """PyTorch's unfused attention (the SDPA math path): matmuls accumulate in FP32
-    and store in ``fmt``, so the scores and P are ``fmt``; softmax's internals (max,
-    exp, sum) are FP32."""
-    f = get_format(fmt)
-    return Policy(
-        inputs=f, qk_acc=FP32, scores=f, stats=FP32, exp=FP32, p=f, pv_acc=FP32,
-        o_acc=FP32, out=f, accumulation=accumulation, name=f"torch_math({f.name})",
-    )
-
-
-def golden() -> Policy:
-    """FP64 everywhere: the reference the others are measured against."""
-    return Policy(*(FP64,) * len(STAGES), accumulation=EXACT, name="golden")
-
-
-PRESETS = {
-    "paper_uniform": paper_uniform,
-    "fa2_kernel": fa2_kernel,
-    "torch_math": torch_math,
-}
-
-
-def get_policy(name: str, fmt=None, **kwargs) -> Policy:
-    """A preset by name: "golden", or "paper_uniform" / "fa2_kernel" / "torch_math" with a format."""
-    if name == "golden":
-        return golden()
-    if name not in PRESETS:
-        raise ValueError(f"unknown policy {name!r}: expected 'golden' or one of {sorted(PRESETS)}")
-    if fmt is None:
-        raise ValueError(f"policy {name!r} needs a format, e.g. get_policy({name!r}, 'bf16')")
-    return PRESETS[name](fmt, **kwargs)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fa_jax import BF16, FP16
 from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram, flash_attention, reference_attention
-from fa_jax.policy import fa2_kernel, golden, paper_uniform, torch_math
+from fa_jax.policies import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
 
 from conftest import x64_enabled
@@ -187,3 +187,19 @@ def test_golden_needs_x64():
             reference_attention(q, k, v, golden())
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+def test_vmap_over_policy_mantissa_widths_equals_separate_calls():
+    """One compiled program for several formats (the sweep engine relies on it)."""
+    from fa_jax import custom
+
+    q, k, v = qkv(7, n=20, m=20, d=8)
+    widths = jnp.array([3, 6])
+    flash = jax.jit(jax.vmap(
+        lambda m: flash_attention(q, k, v, paper_uniform(custom(8, m)), Blocks(4, 8))[0]))(widths)
+    ref = jax.vmap(lambda m: reference_attention(q, k, v, paper_uniform(custom(5, m))))(widths)
+    for i, m in enumerate((3, 6)):
+        want_flash, _ = flash_attention(q, k, v, paper_uniform(custom(8, m)), Blocks(4, 8))
+        np.testing.assert_array_equal(np.asarray(flash[i]), np.asarray(want_flash))
+        np.testing.assert_array_equal(np.asarray(ref[i]),
+                                      np.asarray(reference_attention(q, k, v, paper_uniform(custom(5, m)))))

@@ -1,0 +1,63 @@
+"""Policy and presets: stage formats, pytree behaviour, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fa_jax import BF16, FP16, FP32, FP64, STAGES, Policy, custom, round_to
+from fa_jax.accumulation import SEQUENTIAL, chunked
+from fa_jax.policies import fa2_kernel, get_policy, golden, paper_uniform, torch_math
+
+
+def test_presets_name_the_documented_stage_formats():
+    u = paper_uniform("bf16")
+    assert all(getattr(u, s) is BF16 for s in STAGES)
+    k = fa2_kernel(BF16)
+    assert (k.inputs, k.p, k.out) == (BF16, BF16, BF16)
+    assert all(getattr(k, s) is FP32 for s in ("qk_acc", "scores", "stats", "exp", "pv_acc", "o_acc"))
+    t = torch_math(FP16)
+    assert (t.scores, t.p, t.out, t.stats, t.exp, t.qk_acc) == (FP16, FP16, FP16, FP32, FP32, FP32)
+    assert all(getattr(golden(), s) is FP64 for s in STAGES)
+
+
+def test_get_policy_and_replace():
+    assert get_policy("paper_uniform", "fp16") == paper_uniform(FP16)
+    assert get_policy("golden") == golden()
+    p = fa2_kernel(BF16).replace(p=FP16, accumulation="sequential")
+    assert p.p is FP16 and p.accumulation == SEQUENTIAL and p.inputs is BF16
+    assert paper_uniform(BF16, accumulation=chunked(8)).accumulation == chunked(8)
+    with pytest.raises(ValueError, match="unknown policy 'fa3'"):
+        get_policy("fa3", "bf16")
+    with pytest.raises(ValueError, match="needs a format"):
+        get_policy("fa2_kernel")
+    with pytest.raises(ValueError, match=r"unknown fields \['qk'\]"):
+        golden().replace(qk=FP16)
+    with pytest.raises(ValueError, match="Policy.scale: expected one of"):
+        golden().replace(scale="k")
+    with pytest.raises(ValueError, match="unknown format"):
+        paper_uniform("bf61")
+
+
+def test_policies_are_hashable_pytrees():
+    assert hash(fa2_kernel(BF16)) == hash(fa2_kernel("bfloat16"))
+    leaves = jax.tree_util.tree_leaves(paper_uniform(BF16))
+    assert leaves == [8, 7, 127] * len(STAGES)
+
+
+def test_vmap_over_policy_formats():
+    """A policy whose formats are traced: one program for several mantissa widths."""
+    x = jnp.linspace(-2.0, 2.0, 101, dtype=jnp.float32)
+
+    def apply(m):
+        pol = paper_uniform(custom(8, m))
+        return round_to(x, pol.scores)
+
+    batched = jax.vmap(apply)(jnp.arange(2, 6))
+    for i, m in enumerate(range(2, 6)):
+        np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(round_to(x, custom(8, m))))
+
+
+def test_describe_lists_every_stage():
+    text = torch_math(BF16).describe()
+    assert all(s in text for s in STAGES) and "torch_math(bfloat16)" in text
