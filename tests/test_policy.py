@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fa_jax import BF16, FP16, FP32, FP64, STAGES, Policy, custom, round_to
+from fa_jax import BF16, FP16, FP32, FP64, STAGES, custom, round_to
 from fa_jax.accumulation import SEQUENTIAL, chunked
 from fa_jax.policies import fa2_kernel, get_policy, golden, paper_uniform, torch_math
 
