@@ -1,14 +1,19 @@
 """Accumulation models: how a sum or dot product rounds on its way to the accumulator.
 
-``EXACT``        accumulate in float64 and round once to the accumulator format (an
-                 ideal fused dot; float64 summation is exact for short sums of
-                 products of <= 16-bit values and within n * 2**-53 * sum|x|
-                 otherwise).
+``EXACT``        sum exactly and round once to the accumulator format (an ideal
+                 fused dot).  ``ops.sum`` carries TwoSum error terms, so its
+                 result is the exact sum rounded once (to within ~n * 2**-106
+                 relative).  ``ops.matmul`` accumulates the (exact) products in
+                 an XLA float64 dot: it can differ from the exactly rounded sum
+                 only when that dot's own error (<= k * 2**-53 * Σ|a_i b_i|)
+                 straddles a rounding boundary of the accumulator format.
 ``SEQUENTIAL``   round to the accumulator format after every addition, in index
                  order, starting from 0: ``acc_k = fl(acc_{k-1} + a_k b_k)`` with
                  the product exact (a scalar FMA loop).
 ``chunked(k)``   exact within consecutive chunks of ``k`` terms, then sequential
-                 across chunks (a tensor-core MMA of depth ``k``; 16 by default).
+                 across chunks: acc = fl(acc + chunk) (a tensor-core MMA of depth
+                 ``k``; 16 by default).  The same float64 caveat applies to
+                 matmul's chunk dots.
 """
 
 from __future__ import annotations

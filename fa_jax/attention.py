@@ -60,7 +60,14 @@ from fa_jax import ops
 from fa_jax._jit import jit_config
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
-from fa_jax.softmax import normalise, online_update, rescale_factor, shifted_exp
+from fa_jax.softmax import (
+    cast_scores,
+    normalise,
+    online_update,
+    rescale_factor,
+    running_max,
+    shifted_exp,
+)
 
 __all__ = ["Blocks", "blocks_from_sram", "reference_attention", "flash_attention", "VARIANTS"]
 
@@ -178,7 +185,7 @@ def reference_attention(q, k, v, policy: Policy, *, causal=False, q_lengths=None
     s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
     keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2])
     s = jnp.where(keep, s, -jnp.inf)
-    m = ops.cast(jnp.max(s, axis=-1, keepdims=True), policy.stats)
+    m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(s, m, policy)
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
     p = normalise(e, l, policy.p)
@@ -250,10 +257,10 @@ def _fa2_step(carry, s, v_j, policy: Policy):
 
 def _fa1_step(carry, s, v_j, policy: Policy):
     m, l, o = carry
-    m_blk = ops.cast(jnp.max(s, axis=-1), policy.stats)
+    m_blk = cast_scores(jnp.max(s, axis=-1), policy.stats)
     e = shifted_exp(s, m_blk[..., None], policy)
     l_blk = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
-    m_new = ops.maximum(m, m_blk, policy.stats)
+    m_new = running_max(m, m_blk, policy.stats)
     alpha = rescale_factor(m, m_new, policy)
     beta = rescale_factor(m_blk, m_new, policy)
     l_alpha = ops.mul(l, alpha, policy.stats)

@@ -30,7 +30,7 @@ narrower) unless ``fmt`` is FP64, in which case the op is plain float64
 arithmetic (the golden policy).  Everything needs ``jax_enable_x64``.
 
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
-model.  ``matmul`` passes ``precision=HIGHEST`` and
+model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
 ``preferred_element_type=float64`` explicitly, so no TF32 or bf16 passes
 happen on GPU/TPU.
 """
@@ -93,9 +93,14 @@ def cast(x, fmt) -> jax.Array:
 
 
 def _round_to_odd_then(s, e, fmt: Format):
-    """Correctly round the exact value ``s + e`` (|e| <= ulp(s)/2) to ``fmt``."""
+    """Correctly round the value ``s + e`` (a float64 pair) to ``fmt``: renormalise so
+    that s = fl(s + e) and e is the exact remainder, move an inexact s to its odd
+    neighbour toward e (round-to-odd), then round to nearest."""
+    finite = jnp.isfinite(s)
+    s_n, e_n = _two_sum(s, jnp.where(finite, e, 0.0))
+    s, e = jnp.where(finite, s_n, s), jnp.where(finite, e_n, 0.0)
     bits = jax.lax.bitcast_convert_type(s, jnp.uint64)
-    inexact_even = (e != 0) & ((bits & np.uint64(1)) == 0) & jnp.isfinite(s)
+    inexact_even = (e != 0) & ((bits & np.uint64(1)) == 0) & finite
     grow = (e > 0) == (s > 0)  # moving toward e grows |s|
     odd = jnp.where(inexact_even, jnp.where(grow, bits + np.uint64(1), bits - np.uint64(1)), bits)
     s_odd = jax.lax.bitcast_convert_type(odd, jnp.float64)
@@ -169,24 +174,49 @@ def _sequential(terms, fmt: Format):
     return acc
 
 
+def _sum_and_error(x, axis: int = 0):
+    """(s, e) with s + e = Σ x along ``axis`` to within about n * 2**-106 * Σ|x|:
+    a variadic reduction whose combiner is TwoSum, so no partial sum's rounding
+    error is lost whatever order XLA reduces in."""
+    def combine(left, right):
+        (s1, e1), (s2, e2) = left, right
+        s, err = _two_sum(s1, s2)
+        return s, (e1 + e2) + err
+
+    zero = np.float64(0.0)
+    return jax.lax.reduce((x, jnp.zeros_like(x)), (zero, zero), combine, (axis,))
+
+
 def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> jax.Array:
-    """fl_fmt(sum of x along ``axis``) under an accumulation model."""
+    """fl_fmt(Σ x along ``axis``) under an accumulation model.
+
+    "exact" and the chunks of "chunked(k)" are summed with their error terms
+    (:func:`_sum_and_error`) and rounded through round-to-odd, so a float64 sum
+    that lands on a midpoint of ``fmt`` does not round the wrong way.
+    """
     _check(x)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     x = jnp.moveaxis(x, axis, 0)
     if model.kind == "exact":
-        return round_to(jnp.sum(x, axis=0), fmt)
+        return _round_to_odd_then(*_sum_and_error(x), fmt)
     if model.kind == "chunked":
-        x = _chunk_sums(x, model.chunk)
+        n, k = x.shape[0], model.chunk
+        pad = -n % k
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        chunks = _sum_and_error(x.reshape((n + pad) // k, k, *x.shape[1:]), axis=1)
+        return _sequential_pairs(*chunks, fmt)
     return _sequential(x, fmt)
 
 
-def _chunk_sums(x, k: int):
-    """Exact-in-float64 sums of consecutive chunks of k along the leading axis."""
-    n = x.shape[0]
-    pad = -n % k
-    x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-    return jnp.sum(x.reshape((n + pad) // k, k, *x.shape[1:]), axis=1)
+def _sequential_pairs(s, e, fmt: Format):
+    """acc_k = fl(acc_{k-1} + (s_k + e_k)) over the leading axis, from acc_0 = 0."""
+    def step(acc, term):
+        s_k, e_k = term
+        total, err = _two_sum(acc, s_k)
+        return _round_to_odd_then(total, err + e_k, fmt), None
+
+    acc, _ = jax.lax.scan(step, jnp.zeros(s.shape[1:], s.dtype), (s, e))
+    return acc
 
 
 def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:

@@ -25,7 +25,9 @@ naive: ``y_j = fl_p(fl_exp(exp(x_j)) / Σ_j fl_exp(exp(x_j)))`` — no shift, so
 overflows once ``x_j`` exceeds log(max) of the exp format (88.7 for FP32, 11.1
 for FP16).
 
-Masked entries are ``-inf`` scores.  A row whose entries are all ``-inf`` has
+Masked entries are ``-inf`` scores; ``-inf`` is a mask, not a value, so it is
+never rounded (formats without infinities would turn it into NaN).  A row
+whose entries are all ``-inf`` has
 m = -inf and d = 0; its output is defined as 0 (not NaN).
 """
 
@@ -42,6 +44,8 @@ __all__ = [
     "safe_softmax",
     "online_softmax",
     "naive_softmax",
+    "cast_scores",
+    "running_max",
     "shifted_exp",
     "rescale_factor",
     "online_update",
@@ -49,14 +53,29 @@ __all__ = [
 ]
 
 
-def _finite_or_zero(m):
-    """A shift that keeps exp(x - m) defined for fully masked rows (m = -inf)."""
-    return jnp.where(jnp.isfinite(m), m, 0.0)
+def cast_scores(x, fmt):
+    """fl_fmt(x), keeping -inf (a masked entry, not a value) as -inf.
+
+    Rounding -inf to a format without infinities (e4m3fn, the fnuz formats)
+    would give NaN; a mask must survive every format.
+    """
+    return jnp.where(x == -jnp.inf, -jnp.inf, ops.cast(jnp.where(x == -jnp.inf, 0.0, x), fmt))
+
+
+def running_max(m, block_max, fmt):
+    """fl_fmt(max(m, block_max)), exact for values of fmt; -inf while all is masked."""
+    return cast_scores(jnp.maximum(m, block_max), fmt)
 
 
 def shifted_exp(x, m, policy: Policy):
-    """fl_exp(exp(fl_exp(x - m))), 0 where x = -inf (masked), also when m = -inf."""
-    return ops.exp(ops.sub(x, _finite_or_zero(m), policy.exp), policy.exp)
+    """fl_exp(exp(fl_exp(x - m))); exactly 0 where x = -inf (masked), whatever m is.
+
+    Masked entries never reach the rounding, so formats without infinities work.
+    """
+    masked = x == -jnp.inf
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked so far: any shift will do
+    x = jnp.where(masked, m, x)
+    return jnp.where(masked, 0.0, ops.exp(ops.sub(x, m, policy.exp), policy.exp))
 
 
 def rescale_factor(m_old, m_new, policy: Policy):
@@ -74,7 +93,7 @@ def online_update(m, d, x_block, policy: Policy, *, axis: int = -1):
       (m_new, d_new, e, α): e = shifted_exp(x_block, m_new) is returned for flash
       attention, which multiplies it into V.
     """
-    m_new = ops.maximum(m, jnp.max(x_block, axis=axis), policy.stats)
+    m_new = running_max(m, jnp.max(x_block, axis=axis), policy.stats)
     alpha = rescale_factor(m, m_new, policy)
     e = shifted_exp(x_block, jnp.expand_dims(m_new, axis), policy)
     s = ops.sum(e, policy.stats, axis=axis, accumulation=policy.accumulation)
@@ -89,7 +108,7 @@ def normalise(num, den, fmt):
 
 
 def _prepare(x, policy: Policy, axis: int):
-    x = ops.cast(ops.carrier(x), policy.scores)
+    x = cast_scores(ops.carrier(x), policy.scores)
     return jnp.moveaxis(x, axis, -1)
 
 
@@ -97,7 +116,7 @@ def _prepare(x, policy: Policy, axis: int):
 def safe_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
     """Three-pass softmax with max subtraction (module docstring)."""
     x = _prepare(x, policy, axis)
-    m = ops.cast(jnp.max(x, axis=-1, keepdims=True), policy.stats)
+    m = cast_scores(jnp.max(x, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(x, m, policy)
     d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
     return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)

@@ -203,3 +203,18 @@ def test_vmap_over_policy_mantissa_widths_equals_separate_calls():
         np.testing.assert_array_equal(np.asarray(flash[i]), np.asarray(want_flash))
         np.testing.assert_array_equal(np.asarray(ref[i]),
                                       np.asarray(reference_attention(q, k, v, paper_uniform(custom(5, m)))))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_formats_without_infinities_mask_cleanly(variant):
+    """-inf is a mask, never rounded: e4m3fn/fnuz (no inf) must not produce NaN."""
+    from fa_jax import E4M3FN, E4M3FNUZ
+
+    q, k, v = qkv(8, lead=(2,), n=12, m=12, d=8)
+    for fmt in (E4M3FN, E4M3FNUZ):
+        pol = paper_uniform(fmt)
+        out, _ = flash_attention(q, k, v, pol, Blocks(4, 4), variant=variant, causal=True,
+                                 kv_lengths=np.array([12, 5]))
+        ref = reference_attention(q, k, v, pol, causal=True, kv_lengths=np.array([12, 5]))
+        assert np.isfinite(np.asarray(out)).all() and np.isfinite(np.asarray(ref)).all()
+        assert rel_err(out, numpy_attention(q, k, v, causal=True, kv_lengths=np.array([12, 5]))) < 0.5

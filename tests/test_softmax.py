@@ -1,0 +1,314 @@
+"""fa_jax.softmax: bit-exact against the numpy op-by-op simulation, the online-vs-safe
+error bounds of fa_jax.bounds, golden agreement, overflow and masking, jit vs eager.
+
+The simulation (tests/softmax_sim.py) computes every op exactly and rounds it once,
+independently of fa_jax.ops; fa_jax must reproduce it bit for bit.
+
+Compile time dominates here (about 0.6 s per (policy, block, shape)), so every test
+uses one of two fixed shapes, (ROWS, WIDTH) and (ROWS, LONG): a row of n < width
+scores is padded with -inf (masked) entries at its end, which change no bit of the
+result: the running max, the chunk partition of the sums and the blocks of the
+online recurrence are the same up to n, masked entries add exact zeros, and a
+block of masked entries rescales by exp(0) = 1 and adds 0.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
+
+from fa_jax import BF16, E4M3FN, FP16, FP32, custom
+from fa_jax import bounds as B
+from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked
+from fa_jax.policies import golden, paper_uniform
+from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
+
+import softmax_sim as sim
+from conftest import x64_enabled
+
+ROWS, WIDTH, LONG = 4, 300, 4096
+BLOCKS = [1, 7, 64]
+SIM_FORMATS = [BF16, FP16, E4M3FN]
+MODELS = [EXACT, SEQUENTIAL, chunked(8)]
+E8M4 = custom(8, 4)
+BOUND_FORMATS = [BF16, FP16, FP32, E8M4]
+KINDS = ("uniform", "normal", "ascending", "descending", "ties", "outlier")
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with x64_enabled():
+        yield
+
+
+def _examples(fraction):
+    """A share of the loaded hypothesis profile's max_examples (60 in "ci")."""
+    return max(5, int(settings.default.max_examples * fraction))
+
+
+def make_rows(seed, kind, n, spread, loc, fmt, rows=ROWS):
+    """``rows`` rows of n scores in [loc, loc + spread] (each row its own spread,
+    between 0.3 and 1 times ``spread``), rounded to fmt: [rows, n] float64."""
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        Z = rng.uniform(size=(rows, n))
+    elif kind == "normal":
+        Z = np.clip(0.5 + rng.standard_normal((rows, n)) / 6, 0.0, 1.0)
+    elif kind == "ascending":  # the running max changes in every block
+        Z = np.sort(rng.uniform(size=(rows, n)), axis=1)
+    elif kind == "descending":
+        Z = -np.sort(-rng.uniform(size=(rows, n)), axis=1)
+    elif kind == "ties":  # repeated values, repeated maxima
+        Z = rng.integers(0, 4, size=(rows, n)) / 3.0
+    elif kind == "outlier":  # one large score among small ones
+        Z = rng.uniform(0, 0.05, size=(rows, n))
+        Z[np.arange(rows), rng.integers(0, n, size=rows)] = 1.0
+    else:
+        raise ValueError(kind)
+    spreads = spread * rng.uniform(0.3, 1.0, size=(rows, 1))
+    return sim.rnd(loc + spreads * Z, fmt)
+
+
+def pad(X, width):
+    """X [rows, n] padded with -inf (masked) entries to [rows, width]."""
+    return np.concatenate([X, np.full((X.shape[0], width - X.shape[1]), -np.inf)], axis=1)
+
+
+def log_uniform(lo, hi):
+    return st.floats(math.log(lo), math.log(hi)).map(math.exp)
+
+
+def _rows_strategy(n, spread=log_uniform(0.1, 30.0)):
+    """Keyword arguments of make_rows (less the format)."""
+    return st.fixed_dictionaries({
+        "seed": st.integers(0, 2**32 - 1),
+        "kind": st.sampled_from(KINDS),
+        "n": n,
+        "spread": spread,
+        "loc": st.floats(-20.0, 20.0),
+    })
+
+
+# -- (a) bit for bit against the simulation --------------------------------------------
+
+
+@pytest.mark.parametrize("model", MODELS, ids=str)
+@pytest.mark.parametrize("fmt", SIM_FORMATS, ids=lambda f: f.name)
+@settings(max_examples=_examples(1 / 3), deadline=None)
+@given(params=_rows_strategy(st.integers(1, WIDTH)))
+def test_bit_exact_against_simulation(fmt, model, params):
+    """paper_uniform(fmt, accumulation=model): safe_softmax and online_softmax(block)
+    equal the simulated op sequences bit for bit, and padding gives exact zeros."""
+    if not fmt.has_inf:
+        # -inf padding cannot be stored in a format without infinities (see
+        # test_masked_entries_in_a_format_without_infinities): full rows only.
+        params = dict(params, n=WIDTH)
+    X = make_rows(fmt=fmt, **params)
+    n = X.shape[1]
+    policy = paper_uniform(fmt, accumulation=model)
+    Xp = pad(X, WIDTH)
+    runs = [("safe", safe_softmax(Xp, policy), lambda: sim.safe_softmax(X, fmt, model))]
+    runs += [(f"online block={b}", online_softmax(Xp, policy, block=b),
+              lambda b=b: sim.online_softmax(X, fmt, model, b)) for b in BLOCKS]
+    for name, got, want in runs:
+        got = np.asarray(got, np.float64)
+        where = f"{name}, {policy.name}, {model}, n={n}"
+        np.testing.assert_array_equal(got[:, n:], 0.0, err_msg=f"padding: {where}")
+        np.testing.assert_array_equal(got[:, :n], want(), err_msg=where)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=str)
+def test_bit_exact_with_masked_entries(model):
+    """-inf scores anywhere (leading, interleaved, whole blocks, whole rows) against
+    the simulation, which treats them literally (x - m = -inf, exp = 0)."""
+    rng = np.random.default_rng(7)
+    X = make_rows(1, "uniform", WIDTH, 12.0, -3.0, BF16)
+    X[0, :] = -np.inf  # fully masked
+    X[1, :150] = -np.inf  # leading: the first blocks have m = -inf
+    X[2, rng.uniform(size=WIDTH) < 0.5] = -np.inf  # interleaved
+    X[3, 64:200] = -np.inf  # whole blocks in the middle
+    policy = paper_uniform(BF16, accumulation=model)
+    np.testing.assert_array_equal(np.asarray(safe_softmax(X, policy)),
+                                  sim.safe_softmax(X, BF16, model))
+    for b in BLOCKS:
+        np.testing.assert_array_equal(np.asarray(online_softmax(X, policy, block=b)),
+                                      sim.online_softmax(X, BF16, model, b), err_msg=f"block={b}")
+
+
+def test_masked_entries_in_a_format_without_infinities():
+    """Masked entries are -inf scores (fa_jax.softmax's docstring) in every policy.
+    E4M3FN has no infinities: casting the scores to it turns -inf into NaN, and
+    the whole row becomes NaN unless the mask survives the cast."""
+    X = make_rows(5, "uniform", WIDTH, 2.0, -2.0, E4M3FN)  # naive: sums <= 150 < 448
+    X[:, WIDTH // 2:] = -np.inf
+    X[0, :] = -np.inf
+    policy = paper_uniform(E4M3FN)
+    outs = {"safe": safe_softmax(X, policy), "naive": naive_softmax(X, policy)}
+    outs.update({f"online block={b}": online_softmax(X, policy, block=b) for b in BLOCKS})
+    for name, y in outs.items():
+        y = np.asarray(y)
+        assert not np.isnan(y).any(), f"{name}: NaN in {np.isnan(y).sum()} of {y.size}"
+        np.testing.assert_array_equal(y[:, WIDTH // 2:], 0.0, err_msg=name)
+        np.testing.assert_array_equal(y[0], 0.0, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(outs["safe"])[1:, :WIDTH // 2],
+                                  sim.safe_softmax(X[1:, :WIDTH // 2], E4M3FN, EXACT))
+
+
+def test_sums_are_exact_at_a_midpoint():
+    """Exact and chunked sums that float64 does not hold exactly.
+
+    e = [1] * 257 + [fl(exp(-80))]: the exact sum 257 + 2**-115.4 rounds to 258 in
+    bf16, but 257 + 2**-115.4 is 257 in float64, a midpoint that ties to 256.  The
+    EXACT model promises the exact sum rounded once, and chunked(8) promises
+    fl(acc + exact chunk sum) = fl(256 + (1 + 2**-115.4)) = 258 for the last chunk.
+    """
+    X = np.zeros((ROWS, WIDTH))
+    X[:, 257] = -80.0
+    X[:, 258:] = -np.inf
+    for model in (EXACT, chunked(8)):
+        policy = paper_uniform(BF16, accumulation=model)
+        want = sim.safe_softmax(X[:, :258], BF16, model)
+        assert want[0, 0] == sim.rnd(1 / 258, BF16)
+        got = np.asarray(safe_softmax(X, policy))[:, :258]
+        np.testing.assert_array_equal(got, want, err_msg=f"{model}: 1/d with d = 256, not 258")
+
+
+# -- (b) online vs safe within the bounds ---------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", BOUND_FORMATS, ids=lambda f: f.name)
+@settings(deadline=None)
+@given(
+    params=_rows_strategy(
+        n=st.one_of(st.integers(1, 64), st.integers(1, LONG), st.just(LONG)),
+        # Mostly spreads below 9.5, where fp16's bound is finite (see below).
+        spread=st.one_of(log_uniform(0.05, 9.5), log_uniform(0.05, 40.0)),
+    ),
+    block=st.sampled_from(BLOCKS),
+)
+def test_online_matches_safe_within_bounds(fmt, params, block):
+    """|online - exact| <= online_softmax_bound * exact and |safe - exact| <=
+    softmax_bound * exact elementwise, so |online - safe| <= (sum of both) * exact;
+    exact is the float64 softmax of the rounded scores."""
+    X = make_rows(fmt=fmt, **params)
+    n = X.shape[1]
+    policy = paper_uniform(fmt)
+    Xp = pad(X, LONG)
+    safe = np.asarray(safe_softmax(Xp, policy))
+    online = np.asarray(online_softmax(Xp, policy, block=block))
+    np.testing.assert_array_equal(safe[:, n:], 0.0)
+    np.testing.assert_array_equal(online[:, n:], 0.0)
+    safe, online = safe[:, :n], online[:, :n]
+    exact = sim.exact_softmax(X)
+    # The float64 reference is within ~1e-14 relative of the true softmax; allow it.
+    slack = 1e-12
+    checked = 0
+    for i in range(X.shape[0]):
+        R = float(X[i].max() - X[i].min())
+        b_safe = B.softmax_bound(n, R, fmt, accumulation=policy.accumulation)
+        b_online = B.online_softmax_bound(n, R, fmt, block=block,
+                                          accumulation=policy.accumulation)
+        # An infinite bound means the format's range admits no relative bound: an
+        # exp(x - m) may underflow (fp16 for R > 9.69: the probability can become 0,
+        # a relative error of 1) or a sum overflow.  Nothing to check then.
+        if math.isinf(b_safe) or math.isinf(b_online):
+            event("row skipped: infinite bound")
+            continue
+        event("row checked")
+        checked += 1
+        e_safe = np.abs(safe[i] - exact[i]) / exact[i]
+        e_online = np.abs(online[i] - exact[i]) / exact[i]
+        e_diff = np.abs(online[i] - safe[i]) / exact[i]
+        where = f"{fmt.name} n={n} R={R} block={block} row {i}"
+        assert e_safe.max() <= b_safe + slack, f"safe {where}: {e_safe.max()} > {b_safe}"
+        assert e_online.max() <= b_online + slack, (
+            f"online {where}: {e_online.max()} > {b_online}")
+        assert e_diff.max() <= b_safe + b_online + 2 * slack, f"online - safe {where}"
+    assume(checked > 0)  # every row had an infinite bound (fp16, wide range)
+
+
+def test_bounds_are_finite_for_a_fair_share_of_fp16_rows():
+    """The fp16 draws above are checked, not skipped, for spreads below 9.5."""
+    for n in (1, 64, 1024):
+        for block in BLOCKS:
+            assert math.isfinite(B.online_softmax_bound(n, 9.5, FP16, block=block))
+    for block in BLOCKS[1:]:  # block 1 at n = 4096: (1 + u)^(3n) n may overflow fp16
+        assert math.isfinite(B.online_softmax_bound(LONG, 9.5, FP16, block=block))
+    assert math.isfinite(B.softmax_bound(LONG, 9.5, FP16))
+    assert math.isinf(B.softmax_bound(4, 9.7, FP16))
+
+
+# -- (c) golden, overflow, masking ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_golden_online_equals_safe(seed):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((ROWS, WIDTH)) * np.array([[0.1], [1.0], [10.0], [30.0]])
+    policy = golden()
+    safe = np.asarray(safe_softmax(X, policy))
+    np.testing.assert_allclose(safe, sim.exact_softmax(X), rtol=1e-13, atol=0)
+    for b in BLOCKS:
+        np.testing.assert_allclose(np.asarray(online_softmax(X, policy, block=b)), safe,
+                                   rtol=1e-13, atol=0, err_msg=f"block={b}")
+
+
+def test_naive_overflows_in_fp16_and_safe_does_not():
+    """exp(x) overflows fp16 (max 65504, log = 11.09) once x > 11.1."""
+    X = np.full((ROWS, WIDTH), -np.inf)
+    X[:, :5] = np.linspace(-2.0, 0.0, 5)
+    X[:, 5] = [11.0, 11.125, 12.0, 30.0]  # 11.1 is 11.1015625 in fp16 and also overflows
+    policy = paper_uniform(FP16)
+    naive = np.asarray(naive_softmax(X, policy))
+    safe = np.asarray(safe_softmax(X, policy))
+    assert np.isfinite(naive[0]).all()  # exp(11) = 59874 fits
+    for i in (1, 2, 3):
+        assert not np.isfinite(naive[i]).all(), f"row {i}: {X[i, 5]}"
+    assert np.isfinite(safe).all()
+    np.testing.assert_allclose(safe.sum(axis=1), 1.0, rtol=1e-2)
+    assert (safe[:, 5] > 0.9).all() and (safe[:, 6:] == 0).all()
+    x = np.full((ROWS, WIDTH), -np.inf)
+    x[:, 0] = 11.1  # rounds to fp16 11.1015625 > log(65504)
+    assert not np.isfinite(np.asarray(naive_softmax(x, policy))[:, 0]).any()
+    assert (np.asarray(safe_softmax(x, policy))[:, 0] == 1.0).all()
+
+
+@pytest.mark.parametrize("policy", [golden(), paper_uniform(BF16)], ids=lambda p: p.name)
+def test_fully_masked_rows_give_zero(policy):
+    X = np.full((ROWS, WIDTH), -np.inf)
+    X[1, 3] = 0.5  # one unmasked score: probability 1
+    X[2, :10] = np.arange(10.0) / 4
+    outs = {"safe": safe_softmax(X, policy), "naive": naive_softmax(X, policy)}
+    outs.update({f"online block={b}": online_softmax(X, policy, block=b) for b in BLOCKS})
+    for name, y in outs.items():
+        y = np.asarray(y)
+        assert not np.isnan(y).any(), name
+        np.testing.assert_array_equal(y[0], 0.0, err_msg=name)
+        np.testing.assert_array_equal(y[3], 0.0, err_msg=name)
+        assert y[1, 3] == 1.0 and (np.delete(y[1], 3) == 0).all(), name
+        assert (y[2, 10:] == 0).all() and (y[2, :10] > 0).all(), name
+
+
+# -- (d) jit vs eager -----------------------------------------------------------------------
+
+
+def test_jit_equals_eager():
+    """The default (jitted per configuration) results equal op-by-op eager ones."""
+    X = make_rows(3, "normal", WIDTH, 20.0, -5.0, BF16)
+    policy = paper_uniform(BF16)
+    # Eager mode compiles every primitive for its shapes (seconds): one shape, and
+    # a block size with few blocks (5, so the rescaling runs).  These jitted
+    # configurations are compiled by the tests above already.
+    calls = {
+        "safe": lambda: safe_softmax(X, policy),
+        "online block=64": lambda: online_softmax(X, policy, block=64),
+        "naive": lambda: naive_softmax(X, policy),
+    }
+    for name, call in calls.items():
+        jitted = np.asarray(call())
+        with jax.disable_jit():
+            eager = np.asarray(call())
+        np.testing.assert_array_equal(eager, jitted, err_msg=name)
