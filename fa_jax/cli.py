@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from fa_jax.formats import get_format, registered_formats
@@ -88,6 +89,9 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"fa-jax {args.command}: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `fa-jax formats | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
