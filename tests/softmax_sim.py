@@ -318,3 +318,25 @@ def exact_softmax(X):
     z = np.exp(X - X.max(axis=-1, keepdims=True))
     den = np.array([math.fsum(r) for r in z.reshape(-1, z.shape[-1]).tolist()])
     return z / den.reshape(z.shape[:-1] + (1,))
+
+
+def row_shapes(rng, kind: str, rows: int, n: int):
+    """[rows, n] values in [0, 1] whose order exercises the recurrence: "uniform",
+    "normal" (clipped), "ascending" (the running max changes in every block),
+    "descending", "ties" (repeated values and maxima), "outlier" (one large
+    score among small ones)."""
+    if kind == "uniform":
+        return rng.uniform(size=(rows, n))
+    if kind == "normal":
+        return np.clip(0.5 + rng.standard_normal((rows, n)) / 6, 0.0, 1.0)
+    if kind == "ascending":
+        return np.sort(rng.uniform(size=(rows, n)), axis=1)
+    if kind == "descending":
+        return -np.sort(-rng.uniform(size=(rows, n)), axis=1)
+    if kind == "ties":
+        return rng.integers(0, 4, size=(rows, n)) / 3.0
+    if kind == "outlier":
+        Z = rng.uniform(0, 0.05, size=(rows, n))
+        Z[np.arange(rows), rng.integers(0, n, size=rows)] = 1.0
+        return Z
+    raise ValueError(f"row_shapes: unknown kind {kind!r}")

@@ -42,19 +42,7 @@ def max_rel_err(Y, X):
 def make_rows(rng, fmt, n, R, kind, rows):
     """Rows of n scores with spread about R, rounded to fmt.  [rows, n]."""
     lo = rng.uniform(-30, 30, size=(rows, 1))
-    if kind == "uniform":
-        Z = rng.uniform(size=(rows, n))
-    elif kind == "ascending":  # the running max changes in every block
-        Z = np.sort(rng.uniform(size=(rows, n)), axis=1)
-    elif kind == "descending":
-        Z = -np.sort(-rng.uniform(size=(rows, n)), axis=1)
-    elif kind == "ties":
-        Z = rng.integers(0, 4, size=(rows, n)) / 3.0
-    elif kind == "outlier":  # one large score among small ones
-        Z = rng.uniform(0, 0.05, size=(rows, n))
-        Z[np.arange(rows), rng.integers(0, n, size=rows)] = 1.0
-    else:
-        raise ValueError(kind)
+    Z = sim.row_shapes(rng, kind, rows, n)
     return rnd(lo + R * Z, fmt)
 
 

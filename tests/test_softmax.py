@@ -53,21 +53,7 @@ def make_rows(seed, kind, n, spread, loc, fmt, rows=ROWS):
     """``rows`` rows of n scores in [loc, loc + spread] (each row its own spread,
     between 0.3 and 1 times ``spread``), rounded to fmt: [rows, n] float64."""
     rng = np.random.default_rng(seed)
-    if kind == "uniform":
-        Z = rng.uniform(size=(rows, n))
-    elif kind == "normal":
-        Z = np.clip(0.5 + rng.standard_normal((rows, n)) / 6, 0.0, 1.0)
-    elif kind == "ascending":  # the running max changes in every block
-        Z = np.sort(rng.uniform(size=(rows, n)), axis=1)
-    elif kind == "descending":
-        Z = -np.sort(-rng.uniform(size=(rows, n)), axis=1)
-    elif kind == "ties":  # repeated values, repeated maxima
-        Z = rng.integers(0, 4, size=(rows, n)) / 3.0
-    elif kind == "outlier":  # one large score among small ones
-        Z = rng.uniform(0, 0.05, size=(rows, n))
-        Z[np.arange(rows), rng.integers(0, n, size=rows)] = 1.0
-    else:
-        raise ValueError(kind)
+    Z = sim.row_shapes(rng, kind, rows, n)
     spreads = spread * rng.uniform(0.3, 1.0, size=(rows, 1))
     return sim.rnd(loc + spreads * Z, fmt)
 
