@@ -415,14 +415,8 @@ def online_softmax_bound_first_order(n: int, x_range: float, u: UnitOrFormat, *,
     the roundings of one block sum (block of ``min(block, n)`` terms).
     ``block >= n`` gives :func:`softmax_bound_first_order`.
     """
-    fn = "online_softmax_bound_first_order"
-    n = _check_int(n, "n", fn, 1)
-    block = _check_int(block, "block", fn, 1)
-    R = _check_x_range(x_range, fn)
-    uu, _ = _resolve_u(u, fn)
-    eta = _resolve_eta(exp_error, uu, fn)
-    K, b = _blocks(n, block)
-    r_b = summation_roundings(b, accumulation)
+    R, uu, _, eta, K, r_b = _online_args(
+        "online_softmax_bound_first_order", n, x_range, u, block, accumulation, exp_error)
     return _first_order(uu, R, eta, K, r_b)
 
 
@@ -467,12 +461,17 @@ def online_softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
     Returns:
       The bound, a float (possibly ``inf``).
     """
-    fn = "online_softmax_bound"
+    R, uu, fmt, eta, K, r_b = _online_args(
+        "online_softmax_bound", n, x_range, u, block, accumulation, exp_error)
+    return _rigorous(n, R, uu, eta, K, r_b, fmt)
+
+
+def _online_args(fn, n, x_range, u, block, accumulation, exp_error):
+    """Checked arguments of the online bounds: (R, u, format or None, eta, K, r_b)."""
     n = _check_int(n, "n", fn, 1)
     block = _check_int(block, "block", fn, 1)
     R = _check_x_range(x_range, fn)
     uu, fmt = _resolve_u(u, fn)
     eta = _resolve_eta(exp_error, uu, fn)
     K, b = _blocks(n, block)
-    r_b = summation_roundings(b, accumulation)
-    return _rigorous(n, R, uu, eta, K, r_b, fmt)
+    return R, uu, fmt, eta, K, summation_roundings(b, accumulation)
