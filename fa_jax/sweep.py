@@ -1,0 +1,571 @@
+"""Parameter sweeps: a :class:`Grid` of configurations -> tidy CSV of deviations.
+
+A configuration is (policy preset, format, sequence length, blocks, variant,
+seed).  For each one the sweep computes
+
+* ``flash``    ``flash_attention`` under the policy,
+* ``baseline`` ``reference_attention`` under the same policy,
+* ``golden``   ``reference_attention`` under :func:`~fa_jax.policies.golden`,
+
+all on the *same* inputs: Q, K, V drawn in float64 and rounded to the policy's
+input format (every preset's ``inputs`` stage is the swept format), so golden
+sees exactly the values the emulated runs see.  Rows of ``results.csv`` are
+tidy: one per (configuration, comparison, metric), comparisons
+``flash_vs_golden``, ``baseline_vs_golden``, ``flash_vs_baseline`` and metrics
+``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff``, ``rmse`` (from
+:mod:`fa_jax.metrics`); ``value`` is ``repr(float)``, so it round-trips exactly.
+
+Inputs
+------
+For each (seed, seq_len) the inputs come from
+``numpy.random.default_rng([seed, seq_len])`` (a SeedSequence of both), drawn
+independently of every other length, in the order q, k, v, each of shape
+``(batch, heads, seq_len, d)``:
+
+``"normal"``    N(0, 1);
+``"uniform"``   U(-1, 1);
+``"outliers"``  N(0, 1) + N(0, 10²)·Bernoulli(0.001), FlashAttention-3 §4.3
+                (per tensor: the normal part, then the Bernoulli mask, then
+                the outlier values).
+
+See :func:`make_inputs`.  The softmax scale is the default ``1/sqrt(d)``.
+
+Execution strategy
+------------------
+Configurations are grouped by their *static signature*: policy preset, format
+kind ``(subnormals, specials, overflow)`` (static pytree data of
+:class:`~fa_jax.formats.Format`), variant and resolved :class:`Blocks`.  The
+formats of one kind differ only in their pytree leaves (exp_bits, man_bits,
+bias), so one jitted program vmaps over a flat batch axis of
+(format × seq_len × seed) with the widths as traced integers.  Sequence lengths
+are padded to the grid's largest and masked with ``q_lengths``/``kv_lengths``
+(bitwise equal to unpadded runs; ``tests/test_sweep.py`` checks the sweep's
+numbers against direct unpadded calls).  Three programs per signature family:
+
+* golden per format kind (reused by every policy, variant and blocks),
+* baseline per (policy, format kind) (reused by every variant and blocks),
+* flash per (policy, format kind, variant, blocks): one *group*.
+
+Metrics are computed per configuration on the unpadded slice by calling the
+public metric functions eagerly: fusing them under one ``jax.jit`` changed the
+last bit of ``rmse`` in a test, and the CSV must be reproducible by direct calls.
+
+Measured on this 2-core CPU (jax 0.10.2; paper_uniform, formats bf16 and fp16,
+seeds (0, 1), d=64, fa2, blocks Br=Bc=32 and Br=32/Bc=64 — 2 groups, 12
+configurations per group; wall time of a whole fresh-process sweep, import and
+compiles included)::
+
+    seq_lens (64, 128, 256):    padded  8.3 s   per-length 19.9 s
+    seq_lens (128, 256, 512):   padded  8.1 s   per-length 19.3 s
+    seq_lens (256, 512, 1024):  padded  9.1 s   per-length 21.3 s
+
+Compilation dominates at these sizes: per-length runs compile golden, baseline
+and flash once per length (3× the programs), while the extra work on padding
+is small next to a compile.  The sweep therefore pads (``PAD_SEQ_LENS``; the
+per-length path is kept behind it for grids where the padded quadratic work
+would dominate, e.g. very long sequences with widely spread lengths).
+
+Multi-device: the flat configuration axis is sharded over ``jax.devices()``
+with a 1-D :class:`jax.sharding.Mesh` (axis ``"cfg"``) and
+``NamedSharding(mesh, PartitionSpec("cfg"))``; it is padded (repeating the last
+configuration) to a multiple of the device count.  Every configuration is
+computed by one device, so results equal a single-device run bitwise.
+
+Files in ``out_dir``: ``results.csv``, rewritten atomically (temp file in
+``out_dir``, flush, ``os.fsync``, ``os.replace``) after every group, and
+``metadata.json`` (versions, backend, devices, the grid, start time).  Resume:
+configurations whose rows are all present in an existing ``results.csv`` are
+skipped (rows of other configurations already in the file are kept; partial
+configurations are recomputed), so re-running after an interruption completes
+the file without duplicates.
+
+``run_sweep`` enables ``jax_enable_x64`` while it runs (float64 carriers are
+required) and restores the previous setting when it returns.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from fa_jax import metrics
+from fa_jax.attention import (
+    VARIANTS,
+    Blocks,
+    blocks_from_sram,
+    flash_attention,
+    reference_attention,
+)
+from fa_jax.formats import Format, custom, get_format
+from fa_jax.policies import PRESETS, golden
+from fa_jax.rounding import round_to
+
+__all__ = [
+    "COLUMNS",
+    "COMPARISONS",
+    "DISTRIBUTIONS",
+    "METRICS",
+    "Grid",
+    "SramBlocks",
+    "make_inputs",
+    "run_sweep",
+]
+
+DISTRIBUTIONS = ("normal", "uniform", "outliers")
+COMPARISONS = ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
+METRICS = ("max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse")
+KEY_COLUMNS = ("policy", "format", "exp_bits", "man_bits", "seq_len", "blocks", "br", "bc",
+               "variant", "seed", "distribution", "batch", "heads", "d", "causal")
+COLUMNS = KEY_COLUMNS + ("comparison", "metric", "value")
+PAD_SEQ_LENS = True  # module docstring: measured faster on the grids we run
+_OUTLIER_P = 0.001
+_OUTLIER_STD = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SramBlocks:
+    """Tile sizes from an SRAM size in elements: :func:`blocks_from_sram` at the grid's d."""
+
+    sram_elems: int
+    swap: bool = False
+    square: bool = False
+
+    def __post_init__(self):
+        v = self.sram_elems
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"SramBlocks.sram_elems: expected a positive integer, got {v!r}")
+        if self.swap and self.square:
+            raise ValueError("SramBlocks: expected swap or square, not both")
+
+    def resolve(self, d: int) -> Blocks:
+        return blocks_from_sram(self.sram_elems, d, swap=self.swap, square=self.square)
+
+    def label(self) -> str:
+        return f"sram{self.sram_elems}" + ("_swap" if self.swap else "") + (
+            "_square" if self.square else "")
+
+
+BlockSpec = Blocks | SramBlocks
+
+
+def _block_label(b: BlockSpec) -> str:
+    return b.label() if isinstance(b, SramBlocks) else f"{b.br}x{b.bc}"
+
+
+def _resolve_format(spec) -> Format:
+    if isinstance(spec, tuple):
+        if len(spec) != 2:
+            raise ValueError(f"Grid.formats: expected (exp_bits, man_bits), got {spec!r}")
+        return custom(*spec)
+    return get_format(spec)
+
+
+def _positive_ints(name, values, *, allow_zero=False):
+    lo = 0 if allow_zero else 1
+    for v in values:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+            what = "non-negative" if allow_zero else "positive"
+            raise ValueError(f"Grid.{name}: expected {what} integers, got {v!r} in {values!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The configurations of a sweep: the product of every tuple field.
+
+    ``formats``: names ("bf16", "e5m4", ...), :class:`Format` objects or
+    ``(exp_bits, man_bits)`` tuples.  ``blocks``: :class:`Blocks` or
+    :class:`SramBlocks`.  ``policies``: preset names of
+    :data:`fa_jax.policies.PRESETS`.  ``distribution``: one of
+    :data:`DISTRIBUTIONS` (module docstring).
+    """
+
+    formats: tuple
+    seq_lens: tuple
+    blocks: tuple
+    variants: tuple = ("fa2",)
+    policies: tuple = ("paper_uniform",)
+    seeds: tuple = (0,)
+    batch: int = 1
+    heads: int = 1
+    d: int = 64
+    distribution: str = "normal"
+    causal: bool = False
+
+    def __post_init__(self):
+        for name in ("formats", "seq_lens", "blocks", "variants", "policies", "seeds"):
+            v = getattr(self, name)
+            if isinstance(v, (str, bytes, Blocks, SramBlocks)) or not hasattr(v, "__iter__"):
+                raise TypeError(f"Grid.{name}: expected a tuple, got {v!r}")
+            v = tuple(v)
+            if not v:
+                raise ValueError(f"Grid.{name}: expected a non-empty tuple, got ()")
+            object.__setattr__(self, name, v)
+        for name in ("batch", "heads", "d"):
+            _positive_ints(name, (getattr(self, name),))
+        _positive_ints("seq_lens", self.seq_lens)
+        _positive_ints("seeds", self.seeds, allow_zero=True)
+        fmts = tuple(_resolve_format(f) for f in self.formats)
+        names = [f.name for f in fmts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Grid.formats: expected distinct format names, got {names}")
+        for p in self.policies:
+            if p not in PRESETS:
+                raise ValueError(f"Grid.policies: expected names in {sorted(PRESETS)}, got {p!r}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"Grid.variants: expected names in {VARIANTS}, got {v!r}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"Grid.distribution: expected one of {DISTRIBUTIONS}, got {self.distribution!r}")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"Grid.causal: expected a bool, got {self.causal!r}")
+        n_max = max(self.seq_lens)
+        labels = []
+        for b in self.blocks:
+            if not isinstance(b, (Blocks, SramBlocks)):
+                raise TypeError(f"Grid.blocks: expected Blocks or SramBlocks, got {b!r}")
+            r = b.resolve(self.d) if isinstance(b, SramBlocks) else b
+            if max(r.br, r.bc) > n_max:
+                raise ValueError(
+                    f"Grid.blocks: {b!r} gives br={r.br}, bc={r.bc}; expected both <= the "
+                    f"largest seq_len {n_max}")
+            labels.append(_block_label(b))
+        for name, vals in (("seq_lens", self.seq_lens), ("seeds", self.seeds),
+                           ("blocks", labels), ("variants", self.variants),
+                           ("policies", self.policies)):
+            if len(set(vals)) != len(vals):
+                raise ValueError(f"Grid.{name}: expected distinct entries, got {vals!r}")
+
+    # -- resolved views ------------------------------------------------------
+
+    def resolved_formats(self) -> tuple[Format, ...]:
+        return tuple(_resolve_format(f) for f in self.formats)
+
+    def resolved_blocks(self) -> tuple[tuple[str, Blocks], ...]:
+        """(label, Blocks) per blocks entry, in grid order."""
+        return tuple((_block_label(b), b.resolve(self.d) if isinstance(b, SramBlocks) else b)
+                     for b in self.blocks)
+
+    def to_json(self) -> dict:
+        def fmt(f: Format):
+            return {"name": f.name, "exp_bits": f.exp_bits, "man_bits": f.man_bits,
+                    "bias": f.bias, "subnormals": f.subnormals, "specials": f.specials,
+                    "overflow": f.overflow}
+
+        def blk(b):
+            if isinstance(b, SramBlocks):
+                r = b.resolve(self.d)
+                return {"sram_elems": b.sram_elems, "swap": b.swap, "square": b.square,
+                        "br": r.br, "bc": r.bc}
+            return {"br": b.br, "bc": b.bc}
+
+        return {"formats": [fmt(f) for f in self.resolved_formats()],
+                "seq_lens": list(self.seq_lens), "blocks": [blk(b) for b in self.blocks],
+                "variants": list(self.variants), "policies": list(self.policies),
+                "seeds": list(self.seeds), "batch": self.batch, "heads": self.heads,
+                "d": self.d, "distribution": self.distribution, "causal": self.causal}
+
+
+# -- inputs -------------------------------------------------------------------
+
+
+def make_inputs(seed: int, seq_len: int, *, batch=1, heads=1, d=64, distribution="normal"):
+    """Raw float64 numpy (q, k, v), each (batch, heads, seq_len, d), from
+    ``numpy.random.default_rng([seed, seq_len])`` (module docstring)."""
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"make_inputs: distribution must be one of {DISTRIBUTIONS}, "
+                         f"got {distribution!r}")
+    rng = np.random.default_rng([seed, seq_len])
+    shape = (batch, heads, seq_len, d)
+
+    def one():
+        if distribution == "uniform":
+            return rng.uniform(-1.0, 1.0, shape)
+        x = rng.standard_normal(shape)
+        if distribution == "outliers":
+            mask = rng.random(shape) < _OUTLIER_P
+            x = x + mask * rng.normal(0.0, _OUTLIER_STD, shape)
+        return x
+
+    return tuple(one() for _ in range(3))
+
+
+# -- compiled programs ----------------------------------------------------------
+
+_Kind = tuple  # (subnormals, specials, overflow)
+
+
+def _kind(f: Format) -> _Kind:
+    return (f.subnormals, f.specials, f.overflow)
+
+
+def _fmt(widths, kind: _Kind) -> Format:
+    e, m, b = widths
+    return Format("sweep", e, m, bias=b, subnormals=kind[0], specials=kind[1], overflow=kind[2])
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "causal"))
+def _golden_program(q, k, v, widths, lengths, *, kind, causal):
+    def one(q, k, v, w, n):
+        f = _fmt(w, kind)
+        q, k, v = (round_to(t, f) for t in (q, k, v))
+        return reference_attention(q, k, v, golden(), causal=causal, q_lengths=n, kv_lengths=n)
+
+    return jax.vmap(one)(q, k, v, widths, lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("preset", "kind", "causal"))
+def _baseline_program(q, k, v, widths, lengths, *, preset, kind, causal):
+    def one(q, k, v, w, n):
+        pol = PRESETS[preset](_fmt(w, kind))
+        return reference_attention(q, k, v, pol, causal=causal, q_lengths=n, kv_lengths=n)
+
+    return jax.vmap(one)(q, k, v, widths, lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("preset", "kind", "variant", "blocks", "causal"))
+def _flash_program(q, k, v, widths, lengths, *, preset, kind, variant, blocks, causal):
+    def one(q, k, v, w, n):
+        pol = PRESETS[preset](_fmt(w, kind))
+        return flash_attention(q, k, v, pol, blocks, variant=variant, causal=causal,
+                               q_lengths=n, kv_lengths=n)[0]
+
+    return jax.vmap(one)(q, k, v, widths, lengths)
+
+
+def _metric_values(a, b):
+    """The public metric functions, called as a user would (not fused under one
+    jit: fusing changes rmse's last bit), so direct calls reproduce the CSV."""
+    return [getattr(metrics, m)(a, b) for m in METRICS]
+
+
+# -- the batch of one format kind -----------------------------------------------
+
+
+class _KindBatch:
+    """The flat (format × seq_len × seed) axis of one format kind, its inputs
+    (padded to the largest length, or one batch per length), and caches of golden
+    and baseline outputs."""
+
+    def __init__(self, grid: Grid, fmts, pad: bool):
+        self.grid, self.fmts = grid, fmts
+        lens = sorted(grid.seq_lens)
+        self.chunks = [tuple(lens)] if pad else [(n,) for n in lens]
+        self._inputs = {}
+        self._golden = {}
+        self._baseline = {}
+
+    def entries(self, chunk):
+        return [(f, n, s) for f in self.fmts for n in chunk for s in self.grid.seeds]
+
+    def inputs(self, chunk):
+        if chunk not in self._inputs:
+            g, entries = self.grid, self.entries(chunk)
+            n_max = max(chunk)
+            raw = {}
+            for _, n, s in entries:
+                if (s, n) not in raw:
+                    qkv = make_inputs(s, n, batch=g.batch, heads=g.heads, d=g.d,
+                                      distribution=g.distribution)
+                    pad = [(0, 0), (0, 0), (0, n_max - n), (0, 0)]
+                    raw[(s, n)] = [np.pad(t, pad) for t in qkv]
+            q, k, v = (np.stack([raw[(s, n)][i] for _, n, s in entries]) for i in range(3))
+            widths = tuple(np.array([getattr(f, a) for f, _, _ in entries], np.int32)
+                           for a in ("exp_bits", "man_bits", "bias"))
+            lengths = np.array([n for _, n, _ in entries], np.int32)
+            self._inputs[chunk] = _shard((q, k, v, widths, lengths), len(entries))
+        return self._inputs[chunk]
+
+    def golden(self, chunk, kind):
+        if chunk not in self._golden:
+            self._golden[chunk] = _host(_golden_program(*self.inputs(chunk), kind=kind,
+                                                         causal=self.grid.causal))
+        return self._golden[chunk]
+
+    def baseline(self, chunk, preset, kind):
+        key = (chunk, preset)
+        if key not in self._baseline:
+            self._baseline[key] = _host(_baseline_program(
+                *self.inputs(chunk), preset=preset, kind=kind, causal=self.grid.causal))
+        return self._baseline[key]
+
+
+def _shard(args, n):
+    """Pad the leading (configuration) axis to a multiple of the device count and
+    shard it over a 1-D mesh; a no-op on one device."""
+    devices = jax.devices()
+    if len(devices) == 1:
+        return args
+    extra = -n % len(devices)
+
+    def pad(x):
+        x = np.asarray(x)
+        if extra:
+            x = np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
+        return x
+
+    mesh = jax.sharding.Mesh(np.array(devices), ("cfg",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("cfg"))
+    return jax.device_put(jax.tree_util.tree_map(pad, args), sharding)
+
+
+def _host(x):
+    return np.asarray(jax.device_get(x))
+
+
+# -- files --------------------------------------------------------------------
+
+
+def _atomic_write(path: pathlib.Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_csv(path, rows):
+    def write(fh):
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+    _atomic_write(path, write)
+
+
+def _read_existing(path: pathlib.Path):
+    """Rows of complete configurations (as str dicts) and their keys."""
+    if not path.exists():
+        return [], set()
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    want = {(c, m) for c in COMPARISONS for m in METRICS}
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault(tuple(r[c] for c in KEY_COLUMNS), {})[(r["comparison"], r["metric"])] = r
+    done = {k for k, got in by_key.items() if set(got) == want}
+    kept = [r for r in rows if tuple(r[c] for c in KEY_COLUMNS) in done]
+    return kept, done
+
+
+def _metadata(grid: Grid) -> dict:
+    import jaxlib
+    import ml_dtypes
+
+    import fa_jax
+
+    devices = jax.devices()
+    return {
+        "fa_jax": fa_jax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+        "ml_dtypes": ml_dtypes.__version__, "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind, "device_count": len(devices),
+        "grid": grid.to_json(),
+        "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    }
+
+
+# -- the sweep -----------------------------------------------------------------
+
+
+def _key(grid, preset, f, n, label, blocks, variant, seed):
+    vals = {"policy": preset, "format": f.name, "exp_bits": f.exp_bits,
+            "man_bits": f.man_bits, "seq_len": n, "blocks": label, "br": blocks.br,
+            "bc": blocks.bc, "variant": variant, "seed": seed,
+            "distribution": grid.distribution, "batch": grid.batch, "heads": grid.heads,
+            "d": grid.d, "causal": grid.causal}
+    return {c: str(vals[c]) for c in KEY_COLUMNS}
+
+
+def run_sweep(grid: Grid, out_dir, *, quiet: bool = False) -> pathlib.Path:
+    """Run every configuration of ``grid`` not already in ``out_dir/results.csv``
+    (module docstring); returns the CSV's path."""
+    return _run(grid, out_dir, quiet=quiet, pad=PAD_SEQ_LENS)
+
+
+def _run(grid: Grid, out_dir, *, quiet: bool, pad: bool) -> pathlib.Path:
+    if not isinstance(grid, Grid):
+        raise TypeError(f"run_sweep: expected a Grid, got {grid!r}")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return _sweep(grid, out_dir, quiet=quiet, pad=pad)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool) -> pathlib.Path:
+    start = time.monotonic()
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "results.csv"
+    meta = _metadata(grid)
+    _atomic_write(out / "metadata.json", lambda fh: json.dump(meta, fh, indent=2))
+    rows, done = _read_existing(csv_path)
+
+    kinds: dict = {}
+    for f in grid.resolved_formats():
+        kinds.setdefault(_kind(f), []).append(f)
+    by_blocks: dict = {}
+    for label, b in grid.resolved_blocks():
+        by_blocks.setdefault(b, []).append(label)
+    groups = [(kind, preset, variant, b) for kind in kinds for preset in grid.policies
+              for variant in grid.variants for b in by_blocks]
+    batches = {kind: _KindBatch(grid, fmts, pad) for kind, fmts in kinds.items()}
+    progress = not quiet and sys.stderr.isatty()
+
+    for i, (kind, preset, variant, blocks) in enumerate(groups):
+        kb = batches[kind]
+        new_rows = []
+        for chunk in kb.chunks:
+            entries = kb.entries(chunk)
+            keys = [[_key(grid, preset, f, n, lab, blocks, variant, s) for lab in by_blocks[blocks]]
+                    for f, n, s in entries]
+            if all(tuple(k.values()) in done for ks in keys for k in ks):
+                continue
+            gold = kb.golden(chunk, kind)
+            base = kb.baseline(chunk, preset, kind)
+            flash = _host(_flash_program(*kb.inputs(chunk), preset=preset, kind=kind,
+                                         variant=variant, blocks=blocks, causal=grid.causal))
+            for j, ((f, n, s), ks) in enumerate(zip(entries, keys)):
+                outs = {name: a[j, :, :, :n] for name, a in
+                        (("flash", flash), ("baseline", base), ("golden", gold))}
+                vals = {}
+                for comp in COMPARISONS:
+                    a, b = comp.split("_vs_")
+                    vals[comp] = _host(_metric_values(outs[a], outs[b]))
+                for k in ks:
+                    if tuple(k.values()) in done:
+                        continue
+                    done.add(tuple(k.values()))
+                    for comp in COMPARISONS:
+                        for m, val in zip(METRICS, vals[comp]):
+                            new_rows.append({**k, "comparison": comp, "metric": m,
+                                             "value": repr(float(val))})
+        if new_rows:
+            rows.extend(new_rows)
+            _write_csv(csv_path, rows)
+        if progress:
+            print(f"\rfa_jax.sweep: {i + 1}/{len(groups)} groups, "
+                  f"{time.monotonic() - start:.1f} s", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    if not csv_path.exists():
+        _write_csv(csv_path, rows)
+    return csv_path

@@ -1,0 +1,269 @@
+"""fa_jax.sweep: grid validation, inputs, bitwise agreement with direct calls,
+atomic/resumable CSV output, multi-device sharding."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fa_jax import metrics
+from fa_jax.attention import Blocks, flash_attention, reference_attention
+from fa_jax.formats import custom, get_format
+from fa_jax.policies import golden, paper_uniform
+from fa_jax.rounding import round_to
+from fa_jax.sweep import (
+    COLUMNS,
+    COMPARISONS,
+    METRICS,
+    Grid,
+    SramBlocks,
+    make_inputs,
+    run_sweep,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# SramBlocks(128) at d=8: Bc = ceil(128 / 32) = 4, Br = min(4, 8) = 4.
+GRID_SRC = (
+    "Grid(formats=('bf16', (5, 4)), seq_lens=(16, 24), blocks=(Blocks(8, 8), SramBlocks(128)),"
+    " variants=('fa2', 'fa1'), seeds=(0, 1), d=8)"
+)
+# A sub-grid for the multi-device run: 8 configurations over 3 devices (padded to 9).
+SMALL_SRC = GRID_SRC.replace(" SramBlocks(128)", "").replace("('fa2', 'fa1')", "('fa1',)")
+GRID = eval(GRID_SRC)  # the same text runs in the subprocesses below
+
+
+def read_rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def as_set(rows):
+    return {tuple(r[c] for c in COLUMNS) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def sweep_csv(tmp_path_factory):
+    return run_sweep(GRID, tmp_path_factory.mktemp("sweep"), quiet=True)
+
+
+# -- validation -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"formats": ()}, "Grid.formats"),
+        ({"seq_lens": ()}, "Grid.seq_lens"),
+        ({"seq_lens": (0, 16)}, "Grid.seq_lens"),
+        ({"seq_lens": (16, -1)}, "Grid.seq_lens"),
+        ({"d": 0}, "Grid.d"),
+        ({"batch": -2}, "Grid.batch"),
+        ({"heads": 0}, "Grid.heads"),
+        ({"seeds": (-1,)}, "Grid.seeds"),
+        ({"formats": ("bf17",)}, "bf17"),
+        ({"formats": ((8,),)}, "Grid.formats"),
+        ({"policies": ("golden_ish",)}, "Grid.policies"),
+        ({"variants": ("fa3",)}, "Grid.variants"),
+        ({"distribution": "cauchy"}, "Grid.distribution"),
+        ({"blocks": (Blocks(32, 8),)}, "Grid.blocks"),
+        ({"blocks": (Blocks(8, 32),)}, "Grid.blocks"),
+        ({"blocks": (SramBlocks(4096),)}, "Grid.blocks"),
+        ({"blocks": ()}, "Grid.blocks"),
+        ({"formats": ("bf16", "bfloat16")}, "Grid.formats"),
+    ],
+)
+def test_grid_validation_names_field(changes, field):
+    kwargs = {"formats": ("bf16",), "seq_lens": (16, 24), "blocks": (Blocks(8, 8),), "d": 8}
+    kwargs.update(changes)
+    with pytest.raises(ValueError, match=field):
+        Grid(**kwargs)
+
+
+@pytest.mark.parametrize("changes, field", [({"blocks": ((8, 8),)}, "Grid.blocks"),
+                                            ({"seeds": 3}, "Grid.seeds"),
+                                            ({"variants": "fa2"}, "Grid.variants")])
+def test_grid_type_errors(changes, field):
+    kwargs = {"formats": ("bf16",), "seq_lens": (16,), "blocks": (Blocks(8, 8),), "d": 8}
+    kwargs.update(changes)
+    with pytest.raises(TypeError, match=field):
+        Grid(**kwargs)
+
+
+def test_grid_block_error_names_value_and_expectation():
+    with pytest.raises(ValueError, match=r"bc=32.*largest seq_len 24"):
+        Grid(formats=("bf16",), seq_lens=(16, 24), blocks=(Blocks(8, 32),), d=8)
+
+
+def test_sram_blocks_resolve_and_validate():
+    assert SramBlocks(128).resolve(8) == Blocks(4, 4)
+    assert SramBlocks(1024).resolve(8) == Blocks(8, 32)
+    assert SramBlocks(1024, swap=True).resolve(8) == Blocks(32, 8)
+    assert SramBlocks(1024, square=True).resolve(8) == Blocks(32, 32)
+    with pytest.raises(ValueError, match="sram_elems"):
+        SramBlocks(0)
+    with pytest.raises(ValueError, match="swap or square"):
+        SramBlocks(64, swap=True, square=True)
+
+
+def test_grid_accepts_format_kinds():
+    g = Grid(formats=("bf16", get_format("e4m3fn"), (5, 4)), seq_lens=[16], blocks=[Blocks(4, 4)])
+    assert [f.name for f in g.resolved_formats()] == ["bfloat16", "float8_e4m3fn", "e5m4"]
+    assert isinstance(g.seq_lens, tuple)
+    json.dumps(g.to_json())
+
+
+# -- inputs ---------------------------------------------------------------------
+
+
+def test_inputs_deterministic_and_independent_per_length():
+    a = make_inputs(3, 16, d=8)
+    b = make_inputs(3, 16, d=8)
+    c = make_inputs(3, 24, d=8)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert a[0].shape == (1, 1, 16, 8) and a[0].dtype == np.float64
+    assert not np.array_equal(a[0], c[0][..., :16, :])
+
+
+def test_input_distributions():
+    (u, _, _) = make_inputs(0, 256, d=64, distribution="uniform")
+    assert u.min() >= -1 and u.max() < 1 and u.min() < -0.9
+    (n, _, _) = make_inputs(0, 256, batch=4, heads=4, d=64)
+    (o, _, _) = make_inputs(0, 256, batch=4, heads=4, d=64, distribution="outliers")
+    assert abs(n.std() - 1) < 0.02
+    frac = np.mean(np.abs(o) > 6)  # ~0.1% outliers, ~0.05% of them below 6
+    assert 0.0004 < frac < 0.002
+
+
+# -- results ----------------------------------------------------------------------
+
+
+def test_csv_complete_and_duplicate_free(sweep_csv):
+    rows = read_rows(sweep_csv)
+    assert tuple(rows[0]) == COLUMNS
+    n_cfg = 2 * 2 * 2 * 2 * 2  # formats × seq_lens × blocks × variants × seeds
+    assert len(rows) == n_cfg * len(COMPARISONS) * len(METRICS)
+    assert len(as_set(rows)) == len(rows)
+    assert {r["blocks"] for r in rows} == {"8x8", "sram128"}
+    assert {(r["format"], r["exp_bits"], r["man_bits"]) for r in rows} == {
+        ("bfloat16", "8", "7"), ("e5m4", "5", "4")}
+    meta = json.loads((sweep_csv.parent / "metadata.json").read_text())
+    assert meta["grid"]["seq_lens"] == [16, 24] and meta["device_count"] >= 1
+    for k in ("fa_jax", "jax", "jaxlib", "ml_dtypes", "backend", "device_kind", "start_time"):
+        assert k in meta
+    # Sanity: FP64 golden vs low precision deviates, but only a little.
+    vals = [float(r["value"]) for r in rows if r["metric"] == "max_abs_diff"]
+    assert all(0 <= v < 0.5 for v in vals)
+
+
+@pytest.mark.parametrize(
+    "fmt, n, blocks_label, blocks, variant, seed",
+    [("bf16", 24, "8x8", Blocks(8, 8), "fa2", 1),
+     ((5, 4), 16, "sram128", Blocks(4, 4), "fa1", 0)],
+)
+def test_sweep_equals_direct_calls_bitwise(x64, sweep_csv, fmt, n, blocks_label, blocks, variant, seed):
+    f = custom(*fmt) if isinstance(fmt, tuple) else get_format(fmt)
+    pol = paper_uniform(f)
+    q, k, v = make_inputs(seed, n, d=8)
+    flash = flash_attention(q, k, v, pol, blocks, variant=variant)[0]
+    base = reference_attention(q, k, v, pol)
+    gold = reference_attention(*(round_to(t, f) for t in (q, k, v)), golden())
+    outs = {"flash": flash, "baseline": base, "golden": gold}
+    want = {}
+    for comp in COMPARISONS:
+        a, b = comp.split("_vs_")
+        for m in METRICS:
+            want[(comp, m)] = float(getattr(metrics, m)(outs[a], outs[b]))
+    got = {(r["comparison"], r["metric"]): float(r["value"]) for r in read_rows(sweep_csv)
+           if (r["format"], r["seq_len"], r["blocks"], r["variant"], r["seed"])
+           == (f.name, str(n), blocks_label, variant, str(seed))}
+    assert got == want  # bitwise: repr round-trips
+    assert got[("flash_vs_golden", "max_abs_diff")] > 0
+
+
+def test_causal_sweep_equals_direct_call(x64, tmp_path):
+    g = Grid(formats=("fp16",), seq_lens=(16, 24), blocks=(Blocks(8, 8),), seeds=(2,), d=8,
+             causal=True, distribution="outliers", policies=("fa2_kernel",))
+    rows = read_rows(run_sweep(g, tmp_path, quiet=True))
+    assert len(rows) == 2 * len(COMPARISONS) * len(METRICS)
+    from fa_jax.policies import fa2_kernel
+
+    q, k, v = make_inputs(2, 16, d=8, distribution="outliers")
+    flash = flash_attention(q, k, v, fa2_kernel("fp16"), Blocks(8, 8), causal=True)[0]
+    gold = reference_attention(*(round_to(t, "fp16") for t in (q, k, v)), golden(), causal=True)
+    got = {r["metric"]: float(r["value"]) for r in rows
+           if r["seq_len"] == "16" and r["comparison"] == "flash_vs_golden"}
+    assert got == {m: float(getattr(metrics, m)(flash, gold)) for m in METRICS}
+
+
+def test_rerun_skips_everything(sweep_csv, tmp_path):
+    import shutil
+
+    shutil.copy(sweep_csv, tmp_path / "results.csv")
+    before = (tmp_path / "results.csv").read_bytes()
+    run_sweep(GRID, tmp_path, quiet=True)
+    assert (tmp_path / "results.csv").read_bytes() == before
+
+
+# -- subprocesses: kill + resume, multiple devices -----------------------------------
+
+
+def _script(out_dir, grid_src=GRID_SRC):
+    return (
+        "import jax\n"
+        "from fa_jax.attention import Blocks\n"
+        "from fa_jax.sweep import Grid, SramBlocks, run_sweep\n"
+        f"run_sweep({grid_src}, {str(out_dir)!r})\n"
+        "print(len(jax.devices()))\n"
+    )
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def test_killed_sweep_resumes_to_the_same_rows(sweep_csv, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", _script(out)], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    csv_path = out / "results.csv"
+    deadline = time.monotonic() + 120
+    while not csv_path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = read_rows(csv_path)
+    full = read_rows(sweep_csv)
+    assert 0 < len(partial) < len(full), "the kill should land after the first group"
+    assert as_set(partial) <= as_set(full)
+    leftovers = [p for p in out.iterdir() if p.name not in ("results.csv", "metadata.json")]
+    assert leftovers == [] or all(p.name.endswith(".tmp") for p in leftovers)
+    done = subprocess.run([sys.executable, "-c", _script(out)], env=_env(), capture_output=True,
+                          text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress line when stderr is not a TTY
+    resumed = read_rows(csv_path)
+    assert len(resumed) == len(full) == len(as_set(resumed))
+    assert as_set(resumed) == as_set(full)
+
+
+def test_three_devices_equal_single_device(sweep_csv, tmp_path):
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"
+    done = subprocess.run([sys.executable, "-c", _script(tmp_path, SMALL_SRC)],
+                          env=_env(XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "3"
+    sharded = as_set(read_rows(tmp_path / "results.csv"))
+    assert len(sharded) == 8 * len(COMPARISONS) * len(METRICS)
+    assert sharded <= as_set(read_rows(sweep_csv))
