@@ -34,14 +34,18 @@ def cmd_round(args) -> int:
     import jax
     import numpy as np
 
-    jax.config.update("jax_enable_x64", True)  # parse and round from float64, exactly
     from fa_jax.encoding import encode, fields
     from fa_jax.rounding import round_to
 
     fmt = get_format(args.format)
     key = jax.random.key(args.seed) if args.mode == "stochastic" else None
     x = float(args.value)
-    r = float(round_to(np.float64(x), fmt, args.mode, key=key))
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)  # parse and round from float64, exactly
+    try:
+        r = float(round_to(np.float64(x), fmt, args.mode, key=key))
+    finally:
+        jax.config.update("jax_enable_x64", previous)
     code = encode(r, fmt)
     s, e, m = fields(code, fmt)
     hexw = (fmt.bits + 3) // 4

@@ -34,3 +34,14 @@ def x64_enabled():
 def x64():
     with x64_enabled():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _x64_setting_does_not_leak():
+    """Fail a test that leaves jax_enable_x64 changed: later tests would silently run
+    under the other precision (CLI code once did this)."""
+    before = jax.config.jax_enable_x64
+    yield
+    after = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", before)
+    assert after == before, f"jax_enable_x64 left changed ({before} -> {after})"

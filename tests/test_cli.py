@@ -43,3 +43,11 @@ def test_console_script_survives_a_closed_pipe():
         f"{sys.executable} -m fa_jax.cli formats | head -1", shell=True, capture_output=True, text=True
     )
     assert proc.stdout.startswith("name") and "Traceback" not in proc.stderr
+
+
+def test_round_leaves_the_x64_setting_alone(capsys):
+    import jax
+
+    before = jax.config.jax_enable_x64
+    main(["round", "0.1", "-f", "fp16"])
+    assert jax.config.jax_enable_x64 == before

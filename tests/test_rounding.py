@@ -204,7 +204,7 @@ def test_error_messages():
         round_to(x, BF16, key=jax.random.key(0))
     with pytest.raises(TypeError, match="expected a float32 or float64 array .* got float16"):
         round_to(x.astype(jnp.float16), BF16)
-    with pytest.raises(TypeError, match="got int32"):
+    with pytest.raises(TypeError, match="got int(32|64)"):
         round_to(jnp.arange(3), BF16)
     with pytest.raises(ValueError, match=r"'float64' does not fit a float32 carrier .*jax_enable_x64"):
         round_to(x, fa_jax.FP64)
