@@ -1,0 +1,294 @@
+"""fa_jax's sweep engine beside a plain numpy + ml_dtypes per-configuration loop.
+
+Times the same grid two ways, in one run:
+
+(a) ``fa_jax.sweep.run_sweep(Grid(...), <fresh temp dir>, quiet=True)``: flash
+    (``flash_attention``), baseline (``reference_attention`` under the same
+    policy) and golden (``reference_attention`` under ``golden()``) for every
+    configuration, and the four metrics of the three comparisons, written to a
+    CSV.  The wall time *includes* every XLA compile (fresh process state, fresh
+    output directory, no resume); it excludes only ``import fa_jax`` (printed
+    separately).
+
+(b) The obvious numpy emulation a researcher would write without fa_jax: a
+    Python loop over configurations; every op result computed in numpy float32
+    (float64 for golden) and rounded to the format with
+    ``.astype(<ml_dtypes/numpy dtype>).astype(np.float32)``.  paper_uniform
+    policy (every stage in the format):
+
+    * flash (FA2): loop over KV blocks of ``Bc`` columns, running max ``m``,
+      running sum ``l``, unnormalised accumulator ``o``, rescale by
+      ``alpha = exp(m_old - m_new)``, divide by ``l`` at the end;
+    * baseline: the N x N scores materialised, safe softmax, P @ V;
+    * golden: the same materialised attention in float64 with no rounding;
+    * max/mean/std abs diff and RMSE (float64 numpy) for flash_vs_golden,
+      baseline_vs_golden and flash_vs_baseline.
+
+    Inputs are the sweep's own (``fa_jax.sweep.make_inputs``, same seeds); both
+    sides draw them inside their timed region (the sweep internally, the loop
+    per (format, seq_len, seed)).
+
+    To do no more work than the sweep, the loop computes golden and baseline
+    once per (format, seq_len, seed) and reuses them for every block
+    configuration, as the sweep does (``--numpy-recompute`` recomputes them per
+    configuration, the fully naive loop).  All query rows are processed at once
+    (no Python loop over Br row tiles: FA2 row tiles are independent, and the
+    sweep does not tile rows either), which is generous to numpy.  Results are
+    not bit-identical to fa_jax (numpy float32 matmuls, float32 -> format double
+    rounding), but the work per configuration is the same; a short agreement
+    check against the sweep's CSV is printed.
+
+Grids (``--full`` is the issue's grid; very expensive on a small CPU)::
+
+    default: formats bf16, fp16; seq_lens 128..1024; blocks 32x64, 64x32,
+             64x128; seeds 0, 1, 2; d = 64  (72 configurations)
+    --full:  formats bf16, fp16, float8_e5m2, float8_e4m3fn; seq_lens
+             128..16384; blocks 32x64, 64x32, 64x128, 128x64, 32x128, 128x32;
+             seeds 0, 1, 2; d = 64  (576 configurations)
+
+``--max-numpy-configs K`` times the numpy loop on a subset of about K
+configurations, stratified by sequence length, and extrapolates linearly (per
+sequence length: mean shared golden+baseline time x number of (format, seed)
+units, plus mean flash+metrics time x number of configurations); the output
+says so.
+
+    python experiments/bench_sweep.py
+    python experiments/bench_sweep.py --full --max-numpy-configs 48
+
+Goal (issue): the sweep >= 30x faster than the numpy loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import pathlib
+import tempfile
+import time
+
+_t_import = time.perf_counter()
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fa_jax import Blocks  # noqa: E402
+from fa_jax.sweep import COMPARISONS, METRICS, Grid, make_inputs, run_sweep  # noqa: E402
+
+_t_import = time.perf_counter() - _t_import
+
+DTYPES = {
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+}
+DEFAULT = dict(formats=("bfloat16", "float16"), seq_lens=(128, 256, 512, 1024),
+               blocks=((32, 64), (64, 32), (64, 128)))
+FULL = dict(formats=("bfloat16", "float16", "float8_e5m2", "float8_e4m3fn"),
+            seq_lens=tuple(2 ** i for i in range(7, 15)),
+            blocks=((32, 64), (64, 32), (64, 128), (128, 64), (32, 128), (128, 32)))
+
+
+# -- the numpy + ml_dtypes peer ------------------------------------------------------
+
+
+def rounder(dtype):
+    def c(x):
+        return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
+    return c
+
+
+def np_golden(q, k, v, scale):
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    p = e / e.sum(-1, keepdims=True)
+    return p @ v
+
+
+def np_baseline(q, k, v, scale, c):
+    s = c(c(q @ np.swapaxes(k, -1, -2)) * scale)
+    m = c(s.max(-1, keepdims=True))
+    e = c(np.exp(c(s - m)))
+    l = c(e.sum(-1, keepdims=True, dtype=np.float64))
+    p = c(e / l)
+    return c(p @ v)
+
+
+def np_flash_fa2(q, k, v, scale, c, bc):
+    mk = k.shape[-2]
+    m = np.full(q.shape[:-1], -np.inf, np.float32)
+    l = np.zeros(q.shape[:-1], np.float32)
+    o = np.zeros(q.shape[:-1] + (v.shape[-1],), np.float32)
+    for j0 in range(0, mk, bc):
+        kj, vj = k[..., j0:j0 + bc, :], v[..., j0:j0 + bc, :]
+        s = c(c(q @ np.swapaxes(kj, -1, -2)) * scale)
+        m_new = c(np.maximum(m, s.max(-1)))
+        # alpha = exp(m_old - m_new); 0 on the first block (m_old = -inf, which
+        # formats without infinities cannot hold)
+        alpha = c(np.exp(c(m - m_new))) if j0 else np.zeros_like(m)
+        e = c(np.exp(c(s - m_new[..., None])))
+        l = c(c(l * alpha) + c(e.sum(-1, dtype=np.float64)))
+        pv = c(c(e) @ vj)
+        o = c(c(o * alpha[..., None]) + pv)
+        m = m_new
+    return c(o / l[..., None])
+
+
+def np_metrics(a, b):
+    d = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return (float(d.max()), float(d.mean()), float(d.std()), float(np.sqrt(np.mean(d * d))))
+
+
+def numpy_configs(grid: Grid):
+    """(format, seq_len, seed, label, Blocks), grouped so that each (format,
+    seq_len, seed) unit is contiguous."""
+    out = []
+    for f in grid.resolved_formats():
+        for n in grid.seq_lens:
+            for s in grid.seeds:
+                for label, b in grid.resolved_blocks():
+                    out.append((f.name, n, s, label, b))
+    return out
+
+
+def run_numpy(grid: Grid, configs, *, recompute: bool):
+    """Run ``configs``; returns (results dict, per-unit shared times, per-config times)."""
+    results = {}
+    shared_t: dict = {}  # (fmt, n, seed) -> golden+baseline+inputs seconds
+    flash_t: dict = {}   # config -> flash+metrics seconds (+ shared if recompute)
+    cache = {}
+    for fname, n, seed, label, b in configs:
+        unit = (fname, n, seed)
+        c = rounder(DTYPES[fname])
+        if recompute or unit not in cache:
+            t0 = time.perf_counter()
+            q, k, v = make_inputs(seed, n, batch=grid.batch, heads=grid.heads, d=grid.d,
+                                  distribution=grid.distribution)
+            q64, k64, v64 = (t.astype(DTYPES[fname]).astype(np.float64) for t in (q, k, v))
+            q, k, v = (t.astype(np.float32) for t in (q64, k64, v64))
+            scale = np.float32(c(np.float32(1.0 / math.sqrt(grid.d))))
+            gold = np_golden(q64, k64, v64, 1.0 / math.sqrt(grid.d))
+            base = np_baseline(q, k, v, scale, c)
+            cache = {unit: (q, k, v, scale, gold, base)}  # one unit alive at a time
+            if not recompute:
+                shared_t[unit] = time.perf_counter() - t0
+            t_shared = time.perf_counter() - t0
+        else:
+            t_shared = 0.0
+        t0 = time.perf_counter()
+        q, k, v, scale, gold, base = cache[unit]
+        flash = np_flash_fa2(q, k, v, scale, c, b.bc)
+        outs = {"flash": flash, "baseline": base, "golden": gold}
+        for comp in COMPARISONS:
+            a, r = comp.split("_vs_")
+            for m, val in zip(METRICS, np_metrics(outs[a], outs[r])):
+                results[(fname, n, seed, label, comp, m)] = val
+        flash_t[(fname, n, seed, label)] = time.perf_counter() - t0 + (t_shared if recompute else 0.0)
+    return results, shared_t, flash_t
+
+
+def pick_subset(configs, k: int):
+    """About k configurations, stratified by seq_len, whole (format, seed) units first."""
+    by_n: dict = {}
+    for cfg in configs:
+        by_n.setdefault(cfg[1], []).append(cfg)
+    per_n = max(1, math.ceil(k / len(by_n)))
+    return [cfg for n in by_n for cfg in by_n[n][:per_n]]
+
+
+def extrapolate(configs, shared_t, flash_t, recompute: bool) -> float:
+    total = 0.0
+    for n in sorted({cfg[1] for cfg in configs}):
+        cfgs = [cfg for cfg in configs if cfg[1] == n]
+        units = {cfg[:3] for cfg in cfgs}
+        ft = [t for key, t in flash_t.items() if key[1] == n]
+        total += np.mean(ft) * len(cfgs)
+        if not recompute:
+            st = [t for key, t in shared_t.items() if key[1] == n]
+            total += np.mean(st) * len(units)
+    return float(total)
+
+
+# -- main -------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--full", action="store_true", help="the issue's 4x8x6x3 grid")
+    ap.add_argument("--max-numpy-configs", type=int, default=None, metavar="K",
+                    help="time the numpy loop on ~K configurations (stratified by seq_len) "
+                         "and extrapolate linearly")
+    ap.add_argument("--numpy-recompute", action="store_true",
+                    help="numpy loop recomputes golden and baseline per configuration")
+    ap.add_argument("--skip-sweep", action="store_true", help="time the numpy loop only")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    spec = FULL if args.full else DEFAULT
+    grid = Grid(formats=spec["formats"], seq_lens=spec["seq_lens"],
+                blocks=tuple(Blocks(br, bc) for br, bc in spec["blocks"]),
+                variants=("fa2",), policies=("paper_uniform",), seeds=(0, 1, 2),
+                batch=args.batch, heads=args.heads, d=64)
+    configs = numpy_configs(grid)
+    print(f"grid: {'full (issue)' if args.full else 'default (reduced)'}; formats "
+          f"{list(spec['formats'])}; seq_lens {list(grid.seq_lens)}; blocks "
+          f"{[lab for lab, _ in grid.resolved_blocks()]}; seeds {list(grid.seeds)}; "
+          f"batch {grid.batch}, heads {grid.heads}, d {grid.d}; paper_uniform, fa2; "
+          f"{len(configs)} configurations")
+    print(f"import numpy, ml_dtypes, fa_jax (jax): {_t_import:.2f} s (not in either time)")
+
+    t_sweep = None
+    csv_path = None
+    tmp = tempfile.TemporaryDirectory(prefix="bench_sweep_")
+    if not args.skip_sweep:
+        t0 = time.perf_counter()
+        csv_path = run_sweep(grid, pathlib.Path(tmp.name) / "sweep", quiet=True)
+        t_sweep = time.perf_counter() - t0
+        print(f"fa_jax sweep (fresh out_dir, XLA compiles included): {t_sweep:.2f} s")
+
+    if args.max_numpy_configs is not None and args.max_numpy_configs < len(configs):
+        subset = pick_subset(configs, args.max_numpy_configs)
+    else:
+        subset = configs
+    t0 = time.perf_counter()
+    results, shared_t, flash_t = run_numpy(grid, subset, recompute=args.numpy_recompute)
+    t_timed = time.perf_counter() - t0
+    mode = ("golden+baseline recomputed per configuration" if args.numpy_recompute
+            else "golden+baseline once per (format, seq_len, seed), as the sweep")
+    if subset is configs:
+        t_np = t_timed
+        print(f"numpy+ml_dtypes loop ({mode}): {t_np:.2f} s, measured on all "
+              f"{len(configs)} configurations")
+        np_label = f"{t_np:.2f} s"
+    else:
+        t_np = extrapolate(configs, shared_t, flash_t, args.numpy_recompute)
+        print(f"numpy+ml_dtypes loop ({mode}): {t_timed:.2f} s measured on {len(subset)} of "
+              f"{len(configs)} configurations ({len(subset) // len(grid.seq_lens)} per seq_len); "
+              f"EXTRAPOLATED linearly per configuration (per seq_len) to all: {t_np:.2f} s")
+        np_label = f"{t_np:.2f} s (extrapolated from {len(subset)} configs)"
+
+    if csv_path is not None:
+        # agreement check: same metrics, different (non-bit-exact) arithmetic
+        ratios = {comp: [] for comp in COMPARISONS}
+        with open(csv_path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row["metric"] != "rmse":
+                    continue
+                key = (row["format"], int(row["seq_len"]), int(row["seed"]), row["blocks"],
+                       row["comparison"], row["metric"])
+                if key in results and float(row["value"]) > 0:
+                    ratios[row["comparison"]].append(results[key] / float(row["value"]))
+        parts = [f"{comp} median {np.median(r):.3f} (range {np.min(r):.3f}..{np.max(r):.3f})"
+                 for comp, r in ratios.items() if r]
+        print("agreement, numpy rmse / fa_jax rmse over the numpy-computed configurations: "
+              + "; ".join(parts))
+        print(f"fa_jax sweep: {t_sweep:.2f} s; numpy+ml_dtypes loop: {np_label}; "
+              f"speedup: {t_np / t_sweep:.2f} x (goal >= 30 x)")
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
