@@ -61,9 +61,12 @@ compiles included)::
 
 Compilation dominates at these sizes: per-length runs compile golden, baseline
 and flash once per length (3× the programs), while the extra work on padding
-is small next to a compile.  The sweep therefore pads (``PAD_SEQ_LENS``; the
-per-length path is kept behind it for grids where the padded quadratic work
-would dominate, e.g. very long sequences with widely spread lengths).
+is small next to a compile.  But padding *everything* to the longest length
+costs quadratically on wide ranges: in ``experiments/bench_sweep.py``'s grid
+(N = 128..1024) it made the sweep 3× slower than a numpy loop.  The sweep
+therefore pads within buckets of lengths no more than ``PAD_RATIO`` = 2 apart
+(:func:`length_buckets`), one program per bucket; ``PAD_SEQ_LENS = False``
+runs one program per length.
 
 Multi-device: the flat configuration axis is sharded over ``jax.devices()``
 with a 1-D :class:`jax.sharding.Mesh` (axis ``"cfg"``) and
@@ -129,6 +132,21 @@ KEY_COLUMNS = ("policy", "format", "exp_bits", "man_bits", "seq_len", "blocks", 
                "variant", "seed", "distribution", "batch", "heads", "d", "causal")
 COLUMNS = KEY_COLUMNS + ("comparison", "metric", "value")
 PAD_SEQ_LENS = True  # module docstring: measured faster on the grids we run
+PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
+
+
+def length_buckets(lens, ratio=PAD_RATIO):
+    """Sorted lengths split greedily into buckets with max <= ratio * min: one padded
+    program per bucket.  Padding everything to the longest length made a length
+    of 128 do 64x its work beside 1024 (bench_sweep.py); within a bucket the
+    padded score work is at most ratio**2 times a configuration's own."""
+    buckets: list[list[int]] = []
+    for n in sorted(lens):
+        if buckets and n <= ratio * buckets[-1][0]:
+            buckets[-1].append(n)
+        else:
+            buckets.append([n])
+    return [tuple(b) for b in buckets]
 _OUTLIER_P = 0.001
 _OUTLIER_STD = 10.0
 
@@ -361,7 +379,7 @@ class _KindBatch:
     def __init__(self, grid: Grid, fmts, pad: bool):
         self.grid, self.fmts = grid, fmts
         lens = sorted(grid.seq_lens)
-        self.chunks = [tuple(lens)] if pad else [(n,) for n in lens]
+        self.chunks = length_buckets(lens, PAD_RATIO) if pad else [(n,) for n in lens]
         self._inputs = {}
         self._golden = {}
         self._baseline = {}

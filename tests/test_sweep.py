@@ -267,3 +267,13 @@ def test_three_devices_equal_single_device(sweep_csv, tmp_path):
     sharded = as_set(read_rows(tmp_path / "results.csv"))
     assert len(sharded) == 8 * len(COMPARISONS) * len(METRICS)
     assert sharded <= as_set(read_rows(sweep_csv))
+
+
+def test_length_buckets_bound_the_padding():
+    from fa_jax.sweep import length_buckets
+
+    assert length_buckets([1024, 128, 256, 512]) == [(128, 256), (512, 1024)]
+    assert length_buckets([16, 24]) == [(16, 24)]
+    assert length_buckets([100, 150, 199, 300, 401]) == [(100, 150, 199), (300, 401)]
+    for bucket in length_buckets(range(1, 200, 7)):
+        assert max(bucket) <= 2 * min(bucket)
