@@ -68,6 +68,93 @@ def cmd_round(args) -> int:
     return 0
 
 
+def _items(flag: str, values) -> list[str]:
+    """Values of a list option: space- and/or comma-separated; empty is an error."""
+    out = [v for raw in (values or []) for v in raw.split(",") if v.strip()]
+    if not out:
+        raise ValueError(f"{flag}: expected at least one value")
+    return [v.strip() for v in out]
+
+
+def _ints(flag: str, values) -> tuple[int, ...]:
+    out = []
+    for v in _items(flag, values):
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"{flag}: expected integers, got {v!r}") from None
+        out.append(n)
+    return tuple(out)
+
+
+def _block_spec(text: str):
+    """``BRxBC`` -> Blocks; ``sramM``, ``sramM_swap``, ``sramM_square`` -> SramBlocks."""
+    from fa_jax.attention import Blocks
+    from fa_jax.sweep import SramBlocks
+
+    t = text.strip().lower()
+    try:
+        if t.startswith("sram"):
+            body, _, mode = t[4:].partition("_")
+            if mode not in ("", "swap", "square"):
+                raise ValueError
+            return SramBlocks(int(body), swap=mode == "swap", square=mode == "square")
+        br, bc = t.split("x")
+        br, bc = int(br), int(bc)
+    except ValueError:
+        raise ValueError(f"--blocks: expected BRxBC or sramM[_swap|_square], got {text!r}") from None
+    if br < 1 or bc < 1:
+        raise ValueError(f"--blocks: expected positive tile sizes, got {text!r}")
+    return Blocks(br, bc)
+
+
+_GRID_FLAGS = {"formats": "--formats", "seq_lens": "--seq-lens", "blocks": "--blocks",
+               "variants": "--variants", "policies": "--policies", "seeds": "--seeds",
+               "batch": "--batch", "heads": "--heads", "d": "--d",
+               "distribution": "--distribution", "causal": "--causal"}
+
+
+def cmd_sweep(args) -> int:
+    from fa_jax.sweep import Grid, run_sweep
+
+    formats = _items("--formats", args.formats)
+    for name in formats:
+        try:
+            get_format(name)
+        except ValueError as err:
+            raise ValueError(f"--formats: {err}") from None
+    kw = dict(formats=tuple(formats), seq_lens=_ints("--seq-lens", args.seq_lens),
+              blocks=tuple(_block_spec(b) for b in _items("--blocks", args.blocks)),
+              variants=tuple(_items("--variants", args.variants)),
+              policies=tuple(_items("--policies", args.policies)),
+              seeds=_ints("--seeds", args.seeds), batch=args.batch, heads=args.heads, d=args.d,
+              distribution=args.distribution, causal=args.causal)
+    try:
+        grid = Grid(**kw)
+    except (ValueError, TypeError) as err:
+        msg = str(err)
+        for field, flag in _GRID_FLAGS.items():
+            if msg.startswith(f"Grid.{field}:"):
+                msg = flag + msg[len(f"Grid.{field}"):]
+                break
+        raise ValueError(msg) from None
+    path = run_sweep(grid, args.out, quiet=args.quiet)
+    with open(path) as fh:
+        n_rows = sum(1 for _ in fh) - 1
+    print(f"wrote {path} ({n_rows} rows) and {path.parent / 'metadata.json'}")
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from fa_jax.reproduce import reproduce
+
+    policies = _items("--policy", args.policy)
+    results = reproduce(args.figure, args.out, quick=args.quick, policies=policies)
+    for name, res in results.items():
+        print(f"{name}: {res['csv']}  {res['png']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fa-jax",
@@ -82,6 +169,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--mode", default="nearest_even", choices=ROUNDING_MODES)
     r.add_argument("--seed", type=int, default=0, help="PRNG seed for --mode stochastic")
     r.set_defaults(func=cmd_round)
+
+    sw = sub.add_parser("sweep", help="run a grid of configurations; write results.csv")
+    sw.add_argument("--formats", nargs="*", required=True,
+                    help="format names (bf16 fp16 e5m4 ...); spaces or commas")
+    sw.add_argument("--seq-lens", nargs="*", required=True, help="sequence lengths")
+    sw.add_argument("--blocks", nargs="*", required=True,
+                    help="tiles: BRxBC (e.g. 64x64) or sramM[_swap|_square] (FA1 tiles)")
+    sw.add_argument("--variants", nargs="*", default=["fa2"], help="flash loop orders (fa1 fa2)")
+    sw.add_argument("--policies", nargs="*", default=["paper_uniform"],
+                    help="policy presets (paper_uniform fa2_kernel torch_math)")
+    sw.add_argument("--seeds", nargs="*", default=["0"], help="input seeds")
+    sw.add_argument("--batch", type=int, default=1)
+    sw.add_argument("--heads", type=int, default=1)
+    sw.add_argument("--d", type=int, default=64, help="head dimension")
+    sw.add_argument("--distribution", default="normal", help="normal, uniform or outliers")
+    sw.add_argument("--causal", action="store_true")
+    sw.add_argument("--out", default="fa_jax_out/sweep", help="output folder")
+    sw.add_argument("--quiet", action="store_true", help="no progress line")
+    sw.set_defaults(func=cmd_sweep)
+
+    rp = sub.add_parser("reproduce", help="Golden et al. 2024 figures: CSV, table and PNG")
+    rp.add_argument("figure", choices=("fig3", "fig4", "fig5", "fig6", "all"))
+    rp.add_argument("--quick", action="store_true", help="small grids (under a minute each on CPU)")
+    rp.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
+    rp.add_argument("--policy", nargs="*", default=["paper_uniform", "fa2_kernel"],
+                    help="policy presets (default paper_uniform fa2_kernel)")
+    rp.set_defaults(func=cmd_reproduce)
     return p
 
 
@@ -90,7 +204,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as err:
+    except (ValueError, TypeError, ImportError) as err:
         print(f"fa-jax {args.command}: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `fa-jax formats | head`: stop quietly
