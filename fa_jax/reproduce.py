@@ -140,12 +140,43 @@ def _result(name, grid, csv_path, png, rows) -> dict:
             "rows": rows}
 
 
+def _finish(fig, title: str, out, name: str, grid, csv_path, rows) -> dict:
+    """Title, lay out, save and close a figure; the figure function's result."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    png = out / f"{name}.png"
+    fig.savefig(png, dpi=120)
+    _pyplot().close(fig)
+    return _result(name, grid, csv_path, png, rows)
+
+
 def _fmt_names(grid: Grid):
     return [f.name for f in grid.resolved_formats()]
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
+
+
+def _per_format(name, fmts, out_dir, quick, policies, grid_overrides, quiet):
+    """Figs 3 and 4: each format at one N and one tiling; rows of max |out - golden|
+    for flash and baseline, max |flash - baseline| and the flash/baseline ratio."""
+    blocks = (SramBlocks(8192),)
+    grid = _grid(quick, dict(formats=fmts, seq_lens=(512,), blocks=blocks, seeds=(0, 1)),
+                 dict(formats=fmts, seq_lens=(4096,), blocks=blocks, seeds=(0, 1, 2)),
+                 policies, grid_overrides)
+    out, csv_path, means, info = _run(name, grid, out_dir, quiet, split=not quick)
+    n, blk = grid.seq_lens[0], grid.resolved_blocks()[0][0]
+    rows = []
+    for p in grid.policies:
+        for f in _fmt_names(grid):
+            fl, bl, fb = (means[(p, f, n, blk, c, "max_abs_diff")] for c in
+                          ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline"))
+            rows.append({"policy": p, "format": f, "exp_bits": info[(f, blk)]["exp_bits"],
+                         "man_bits": info[(f, blk)]["man_bits"], "flash_vs_golden": fl,
+                         "baseline_vs_golden": bl, "flash_vs_baseline": fb,
+                         "ratio": _ratio(fl, bl)})
+    return grid, out, csv_path, rows, n, blk
 
 
 # -- Fig 3: deviation vs format (mantissa bits) ------------------------------------
@@ -156,20 +187,8 @@ def fig3(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
     """Max abs diff vs golden of flash and baseline per format: bf16, fp16, tf32,
     fp32 and the mantissa sweep e8m2..e8m23 (paper Fig 3: shrinks with mantissa bits)."""
     fmts = _NAMED + tuple((8, m) for m in _MANTISSAS)
-    blocks = (SramBlocks(8192),)
-    grid = _grid(quick, dict(formats=fmts, seq_lens=(512,), blocks=blocks, seeds=(0, 1)),
-                 dict(formats=fmts, seq_lens=(4096,), blocks=blocks, seeds=(0, 1, 2)),
-                 policies, grid_overrides)
-    out, csv_path, means, info = _run("fig3", grid, out_dir, quiet, split=not quick)
-    n, blk = grid.seq_lens[0], grid.resolved_blocks()[0][0]
-    rows = []
-    for p in grid.policies:
-        for f in _fmt_names(grid):
-            fl = means[(p, f, n, blk, "flash_vs_golden", "max_abs_diff")]
-            bl = means[(p, f, n, blk, "baseline_vs_golden", "max_abs_diff")]
-            rows.append({"policy": p, "format": f, "exp_bits": info[(f, blk)]["exp_bits"],
-                         "man_bits": info[(f, blk)]["man_bits"], "flash_vs_golden": fl,
-                         "baseline_vs_golden": bl, "ratio": _ratio(fl, bl)})
+    grid, out, csv_path, rows, n, blk = _per_format("fig3", fmts, out_dir, quick, policies,
+                                                    grid_overrides, quiet)
     _table(f"Fig 3: max |out - golden| by format (N={n}, tiles {blk}, mean over "
            f"{len(grid.seeds)} seeds)",
            ("policy", "format", "man_bits", "flash_vs_golden", "baseline_vs_golden", "ratio"),
@@ -196,12 +215,7 @@ def fig3(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
         ax.set_xlabel("mantissa bits (8 exponent bits)")
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    fig.suptitle(f"Fig 3: deviation vs mantissa bits (N={n}, tiles {blk})")
-    fig.tight_layout()
-    png = out / "fig3.png"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return _result("fig3", grid, csv_path, png, rows)
+    return _finish(fig, f"Fig 3: deviation vs mantissa bits (N={n}, tiles {blk})", out, "fig3", grid, csv_path, rows)
 
 
 # -- Fig 4: flash vs baseline against golden ---------------------------------------
@@ -211,22 +225,8 @@ def fig4(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
          quiet: bool = False) -> dict:
     """Per format, max abs diff vs golden of flash and baseline and their ratio
     (paper Fig 4: ~10x at BF16 under uniform low precision)."""
-    blocks = (SramBlocks(8192),)
-    fmts = ("bf16", "fp16", "fp32")
-    grid = _grid(quick, dict(formats=fmts, seq_lens=(512,), blocks=blocks, seeds=(0, 1)),
-                 dict(formats=fmts, seq_lens=(4096,), blocks=blocks, seeds=(0, 1, 2)),
-                 policies, grid_overrides)
-    out, csv_path, means, info = _run("fig4", grid, out_dir, quiet, split=not quick)
-    n, blk = grid.seq_lens[0], grid.resolved_blocks()[0][0]
-    rows = []
-    for p in grid.policies:
-        for f in _fmt_names(grid):
-            fl = means[(p, f, n, blk, "flash_vs_golden", "max_abs_diff")]
-            bl = means[(p, f, n, blk, "baseline_vs_golden", "max_abs_diff")]
-            fb = means[(p, f, n, blk, "flash_vs_baseline", "max_abs_diff")]
-            rows.append({"policy": p, "format": f, "flash_vs_golden": fl,
-                         "baseline_vs_golden": bl, "flash_vs_baseline": fb,
-                         "ratio": _ratio(fl, bl)})
+    grid, out, csv_path, rows, n, blk = _per_format("fig4", ("bf16", "fp16", "fp32"), out_dir,
+                                                    quick, policies, grid_overrides, quiet)
     _table(f"Fig 4: max |out - golden|, ratio = flash / baseline (N={n}, tiles {blk}, "
            f"mean over {len(grid.seeds)} seeds)",
            ("policy", "format", "flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline",
@@ -252,12 +252,7 @@ def fig4(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
         ax.set_title(p)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    fig.suptitle(f"Fig 4: flash vs baseline deviation from FP64 golden (N={n}, tiles {blk})")
-    fig.tight_layout()
-    png = out / "fig4.png"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return _result("fig4", grid, csv_path, png, rows)
+    return _finish(fig, f"Fig 4: flash vs baseline deviation from FP64 golden (N={n}, tiles {blk})", out, "fig4", grid, csv_path, rows)
 
 
 # -- Fig 5: deviation vs sequence length ---------------------------------------------
@@ -310,12 +305,7 @@ def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
     for ax in axes[0]:
         ax.set_xlabel("sequence length N")
         ax.legend(fontsize=7)
-    fig.suptitle(f"Fig 5: deviation vs sequence length ({f}, tiles {blk})")
-    fig.tight_layout()
-    png = out / "fig5.png"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return _result("fig5", grid, csv_path, png, rows)
+    return _finish(fig, f"Fig 5: deviation vs sequence length ({f}, tiles {blk})", out, "fig5", grid, csv_path, rows)
 
 
 # -- Fig 6: deviation vs tile sizes ---------------------------------------------------
@@ -370,12 +360,7 @@ def fig6(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
         ax.set_title(p)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    fig.suptitle(f"Fig 6: deviation vs tile sizes ({f}, N={n})")
-    fig.tight_layout()
-    png = out / "fig6.png"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return _result("fig6", grid, csv_path, png, rows)
+    return _finish(fig, f"Fig 6: deviation vs tile sizes ({f}, N={n})", out, "fig6", grid, csv_path, rows)
 
 
 # -- all ------------------------------------------------------------------------------
