@@ -148,7 +148,12 @@ def cmd_sweep(args) -> int:
 def cmd_reproduce(args) -> int:
     from fa_jax.reproduce import reproduce
 
+    from fa_jax.policies import PRESETS
+
     policies = _items("--policy", args.policy)
+    unknown = [p for p in policies if p not in PRESETS]
+    if unknown:
+        raise ValueError(f"--policy: expected names from {sorted(PRESETS)}, got {unknown}")
     results = reproduce(args.figure, args.out, quick=args.quick, policies=policies)
     for name, res in results.items():
         print(f"{name}: {res['csv']}  {res['png']}")

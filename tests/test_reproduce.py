@@ -145,3 +145,12 @@ def test_cli_reproduce_bad_policy(tmp_path, capsys):
     assert main(["reproduce", "fig4", "--quick", "--out", str(tmp_path), "--policy", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fa-jax reproduce:") and "nope" in err and "\n" not in err
+
+
+def test_reproduce_unknown_policy_names_the_flag(capsys):
+    from fa_jax.cli import main
+
+    assert main(["reproduce", "fig4", "--quick", "--policy", "fa3_kernel"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fa-jax reproduce: --policy: expected names from") and "fa3_kernel" in err
+    assert "\n" not in err
