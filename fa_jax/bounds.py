@@ -358,13 +358,10 @@ def softmax_bound_first_order(n: int, x_range: float, u: UnitOrFormat, *,
       exp_error: ``eta``, the carrier exp's relative error (default 0: a
         correctly rounded exp, Blanchard et al.'s model).
     """
-    fn = "softmax_bound_first_order"
-    n = _check_int(n, "n", fn, 1)
-    R = _check_x_range(x_range, fn)
-    uu, _ = _resolve_u(u, fn)
-    eta = _resolve_eta(exp_error, uu, fn)
-    r = summation_roundings(n, accumulation)
-    return _first_order(uu, R, eta, 1, r)
+    # The safe softmax is the online one with a single block (K = 1).
+    R, uu, _, eta, K, r = _online_args(
+        "softmax_bound_first_order", n, x_range, u, n, accumulation, exp_error)
+    return _first_order(uu, R, eta, K, r)
 
 
 def softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
@@ -397,13 +394,9 @@ def softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
     Returns:
       The bound, a float (possibly ``inf``).
     """
-    fn = "softmax_bound"
-    n = _check_int(n, "n", fn, 1)
-    R = _check_x_range(x_range, fn)
-    uu, fmt = _resolve_u(u, fn)
-    eta = _resolve_eta(exp_error, uu, fn)
-    r = summation_roundings(n, accumulation)
-    return _rigorous(n, R, uu, eta, 1, r, fmt)
+    R, uu, fmt, eta, K, r = _online_args(
+        "softmax_bound", n, x_range, u, n, accumulation, exp_error)
+    return _rigorous(n, R, uu, eta, K, r, fmt)
 
 
 def online_softmax_bound_first_order(n: int, x_range: float, u: UnitOrFormat, *,
