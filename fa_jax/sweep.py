@@ -44,7 +44,26 @@ numbers against direct unpadded calls).  Three programs per signature family:
 
 * golden per format kind (reused by every policy, variant and blocks),
 * baseline per (policy, format kind) (reused by every variant and blocks),
-* flash per (policy, format kind, variant, blocks): one *group*.
+* flash per (policy, format kind, variant, Bc): one *group*.  Tilings that
+  differ only in Br share it: flash_attention processes every query row at
+  once, so Br does not change its numbers (only Bc, the number of rescalings,
+  does); ``tests/test_sweep.py`` checks each tiling against its own direct call.
+
+Block configurations are grouped, one compiled program per Bc, rather than
+vmapped over a masked tile layout (every Bc scanned as ceil(N / min Bc) tiles
+of max Bc columns, the unused columns masked: one program, bitwise the same
+numbers, but len(Bc) · ceil(N / min Bc) · max Bc columns of work per row
+against len(Bc) · N).  ``experiments/bench_block_layout.py`` times both on
+the same configurations (paper_uniform BF16, d=64, Bc 32/64/128, 3 seeds,
+compiles included; this 2-core CPU, shared with other jobs while measured)::
+
+    N       128    512   1024   2048   4096
+    masked / grouping wall time
+           0.49   0.51   1.07   1.33   1.96
+
+The layout wins only while compiles dominate (N < ~1024, runs of ~1-3 s);
+grouping wins where sweeps spend their time, and its cost grows with the work,
+not with max Bc / min Bc.
 
 Metrics are computed per configuration on the unpadded slice by calling the
 public metric functions eagerly: fusing them under one ``jax.jit`` changed the
@@ -67,6 +86,15 @@ costs quadratically on wide ranges: in ``experiments/bench_sweep.py``'s grid
 therefore pads within buckets of lengths no more than ``PAD_RATIO`` = 2 apart
 (:func:`length_buckets`), one program per bucket; ``PAD_SEQ_LENS = False``
 runs one program per length.
+
+Memory: the baseline and golden programs materialise (N, N) float64 scores,
+about 2.1 · N² · 8 bytes of XLA temporaries per configuration (measured with
+``compiled.memory_analysis()``).  Each program therefore runs over its
+configurations in equal pieces whose estimated working memory (3 · 8 · N² bytes
+per configuration and head; 3 · 8 · N · (Bc + d) for flash) fits
+``memory_budget`` (default :data:`MEMORY_BUDGET`, 4 GiB), padding the last
+piece so every piece reuses one compile.  N = 16384 then runs one configuration
+at a time instead of asking for 4 GiB per configuration at once.
 
 Multi-device: the flat configuration axis is sharded over ``jax.devices()``
 with a 1-D :class:`jax.sharding.Mesh` (axis ``"cfg"``) and
@@ -133,6 +161,7 @@ KEY_COLUMNS = ("policy", "format", "exp_bits", "man_bits", "seq_len", "blocks", 
 COLUMNS = KEY_COLUMNS + ("comparison", "metric", "value")
 PAD_SEQ_LENS = True  # module docstring: measured faster on the grids we run
 PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
+MEMORY_BUDGET = 4 * 2**30  # bytes of working memory per compiled call (module docstring)
 
 
 def length_buckets(lens, ratio=PAD_RATIO):
@@ -376,8 +405,8 @@ class _KindBatch:
     (padded to the largest length, or one batch per length), and caches of golden
     and baseline outputs."""
 
-    def __init__(self, grid: Grid, fmts, pad: bool):
-        self.grid, self.fmts = grid, fmts
+    def __init__(self, grid: Grid, fmts, pad: bool, memory_budget: int):
+        self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
         lens = sorted(grid.seq_lens)
         self.chunks = length_buckets(lens, PAD_RATIO) if pad else [(n,) for n in lens]
         self._inputs = {}
@@ -402,30 +431,53 @@ class _KindBatch:
             widths = tuple(np.array([getattr(f, a) for f, _, _ in entries], np.int32)
                            for a in ("exp_bits", "man_bits", "bias"))
             lengths = np.array([n for _, n, _ in entries], np.int32)
-            self._inputs[chunk] = _shard((q, k, v, widths, lengths), len(entries))
+            self._inputs[chunk] = (q, k, v, widths, lengths)
         return self._inputs[chunk]
+
+    def _per_config_bytes(self, chunk, tile_cols=None):
+        """Estimated working memory of one configuration: the materialised
+        (N, N) float64 scores and their exponentials (measured: about 2.1
+        N² · 8 bytes of XLA temporaries; 3 allowed), or a flash tile's (N, Bc + d)."""
+        g, n = self.grid, max(chunk)
+        cols = n if tile_cols is None else tile_cols + g.d
+        return 3 * 8 * g.batch * g.heads * n * cols
+
+    def run(self, program, chunk, *, tile_cols=None, **static):
+        """``program`` over the chunk's configurations, in pieces of equal size that
+        fit ``self.memory_budget`` (one compile; the last piece is padded)."""
+        args = self.inputs(chunk)
+        total = len(args[-1])
+        per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
+        pieces = -(-total // min(per, total))
+        size = -(-total // pieces)
+        outs = []
+        for start in range(0, total, size):
+            piece = jax.tree_util.tree_map(lambda x, i=start: x[i:i + size], args)
+            n = len(piece[-1])
+            outs.append(_host(program(*_shard(piece, n, pad_to=size), **static))[:n])
+        return np.concatenate(outs)
 
     def golden(self, chunk, kind):
         if chunk not in self._golden:
-            self._golden[chunk] = _host(_golden_program(*self.inputs(chunk), kind=kind,
-                                                         causal=self.grid.causal))
+            self._golden[chunk] = self.run(_golden_program, chunk, kind=kind,
+                                           causal=self.grid.causal)
         return self._golden[chunk]
 
     def baseline(self, chunk, preset, kind):
         key = (chunk, preset)
         if key not in self._baseline:
-            self._baseline[key] = _host(_baseline_program(
-                *self.inputs(chunk), preset=preset, kind=kind, causal=self.grid.causal))
+            self._baseline[key] = self.run(_baseline_program, chunk, preset=preset, kind=kind,
+                                           causal=self.grid.causal)
         return self._baseline[key]
 
 
-def _shard(args, n):
-    """Pad the leading (configuration) axis to a multiple of the device count and
-    shard it over a 1-D mesh; a no-op on one device."""
+def _shard(args, n, *, pad_to=None):
+    """Pad the leading (configuration) axis, repeating its last entry, to
+    ``pad_to`` entries and then to a multiple of the device count, and shard it
+    over a 1-D mesh (no sharding on one device)."""
     devices = jax.devices()
-    if len(devices) == 1:
-        return args
-    extra = -n % len(devices)
+    extra = (pad_to or n) - n
+    extra += -(n + extra) % len(devices)
 
     def pad(x):
         x = np.asarray(x)
@@ -433,9 +485,12 @@ def _shard(args, n):
             x = np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
         return x
 
+    args = jax.tree_util.tree_map(pad, args)
+    if len(devices) == 1:
+        return args
     mesh = jax.sharding.Mesh(np.array(devices), ("cfg",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("cfg"))
-    return jax.device_put(jax.tree_util.tree_map(pad, args), sharding)
+    return jax.device_put(args, sharding)
 
 
 def _host(x):
@@ -511,24 +566,30 @@ def _key(grid, preset, f, n, label, blocks, variant, seed):
     return {c: str(vals[c]) for c in KEY_COLUMNS}
 
 
-def run_sweep(grid: Grid, out_dir, *, quiet: bool = False) -> pathlib.Path:
+def run_sweep(grid: Grid, out_dir, *, quiet: bool = False,
+              memory_budget: int = MEMORY_BUDGET) -> pathlib.Path:
     """Run every configuration of ``grid`` not already in ``out_dir/results.csv``
-    (module docstring); returns the CSV's path."""
-    return _run(grid, out_dir, quiet=quiet, pad=PAD_SEQ_LENS)
+    (module docstring); returns the CSV's path.  ``memory_budget`` (bytes) bounds
+    the working memory of one compiled call (module docstring)."""
+    return _run(grid, out_dir, quiet=quiet, pad=PAD_SEQ_LENS, memory_budget=memory_budget)
 
 
-def _run(grid: Grid, out_dir, *, quiet: bool, pad: bool) -> pathlib.Path:
+def _run(grid: Grid, out_dir, *, quiet: bool, pad: bool,
+         memory_budget: int = MEMORY_BUDGET) -> pathlib.Path:
     if not isinstance(grid, Grid):
         raise TypeError(f"run_sweep: expected a Grid, got {grid!r}")
+    if not isinstance(memory_budget, int) or isinstance(memory_budget, bool) or memory_budget < 1:
+        raise ValueError(f"run_sweep: memory_budget: expected a positive number of bytes, "
+                         f"got {memory_budget!r}")
     previous = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
-        return _sweep(grid, out_dir, quiet=quiet, pad=pad)
+        return _sweep(grid, out_dir, quiet=quiet, pad=pad, memory_budget=memory_budget)
     finally:
         jax.config.update("jax_enable_x64", previous)
 
 
-def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool) -> pathlib.Path:
+def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool, memory_budget: int) -> pathlib.Path:
     start = time.monotonic()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -540,27 +601,27 @@ def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool) -> pathlib.Path:
     kinds: dict = {}
     for f in grid.resolved_formats():
         kinds.setdefault(_kind(f), []).append(f)
-    by_blocks: dict = {}
+    by_bc: dict = {}  # Br does not change flash's numbers (module docstring): one run per Bc
     for label, b in grid.resolved_blocks():
-        by_blocks.setdefault(b, []).append(label)
-    groups = [(kind, preset, variant, b) for kind in kinds for preset in grid.policies
-              for variant in grid.variants for b in by_blocks]
-    batches = {kind: _KindBatch(grid, fmts, pad) for kind, fmts in kinds.items()}
+        by_bc.setdefault(b.bc, []).append((label, b))
+    groups = [(kind, preset, variant, bc) for kind in kinds for preset in grid.policies
+              for variant in grid.variants for bc in by_bc]
+    batches = {kind: _KindBatch(grid, fmts, pad, memory_budget) for kind, fmts in kinds.items()}
     progress = not quiet and sys.stderr.isatty()
 
-    for i, (kind, preset, variant, blocks) in enumerate(groups):
+    for i, (kind, preset, variant, bc) in enumerate(groups):
         kb = batches[kind]
         new_rows = []
         for chunk in kb.chunks:
             entries = kb.entries(chunk)
-            keys = [[_key(grid, preset, f, n, lab, blocks, variant, s) for lab in by_blocks[blocks]]
+            keys = [[_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
                     for f, n, s in entries]
             if all(tuple(k.values()) in done for ks in keys for k in ks):
                 continue
             gold = kb.golden(chunk, kind)
             base = kb.baseline(chunk, preset, kind)
-            flash = _host(_flash_program(*kb.inputs(chunk), preset=preset, kind=kind,
-                                         variant=variant, blocks=blocks, causal=grid.causal))
+            flash = kb.run(_flash_program, chunk, tile_cols=bc, preset=preset, kind=kind,
+                           variant=variant, blocks=Blocks(bc, bc), causal=grid.causal)
             for j, ((f, n, s), ks) in enumerate(zip(entries, keys)):
                 outs = {name: a[j, :, :, :n] for name, a in
                         (("flash", flash), ("baseline", base), ("golden", gold))}

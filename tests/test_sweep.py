@@ -189,18 +189,21 @@ def test_sweep_equals_direct_calls_bitwise(x64, sweep_csv, fmt, n, blocks_label,
 
 
 def test_causal_sweep_equals_direct_call(x64, tmp_path):
-    g = Grid(formats=("fp16",), seq_lens=(16, 24), blocks=(Blocks(8, 8),), seeds=(2,), d=8,
-             causal=True, distribution="outliers", policies=("fa2_kernel",))
+    # Two tilings with the same Bc share one flash run in the sweep (Br does not
+    # change the numbers); each label must still equal its own direct call.
+    g = Grid(formats=("fp16",), seq_lens=(16, 24), blocks=(Blocks(8, 8), Blocks(2, 8)),
+             seeds=(2,), d=8, causal=True, distribution="outliers", policies=("fa2_kernel",))
     rows = read_rows(run_sweep(g, tmp_path, quiet=True))
-    assert len(rows) == 2 * len(COMPARISONS) * len(METRICS)
+    assert len(rows) == 2 * 2 * len(COMPARISONS) * len(METRICS)
     from fa_jax.policies import fa2_kernel
 
     q, k, v = make_inputs(2, 16, d=8, distribution="outliers")
-    flash = flash_attention(q, k, v, fa2_kernel("fp16"), Blocks(8, 8), causal=True)[0]
     gold = reference_attention(*(round_to(t, "fp16") for t in (q, k, v)), golden(), causal=True)
-    got = {r["metric"]: float(r["value"]) for r in rows
-           if r["seq_len"] == "16" and r["comparison"] == "flash_vs_golden"}
-    assert got == {m: float(getattr(metrics, m)(flash, gold)) for m in METRICS}
+    for label, blocks in (("8x8", Blocks(8, 8)), ("2x8", Blocks(2, 8))):
+        flash = flash_attention(q, k, v, fa2_kernel("fp16"), blocks, causal=True)[0]
+        got = {r["metric"]: float(r["value"]) for r in rows if r["seq_len"] == "16"
+               and r["blocks"] == label and r["comparison"] == "flash_vs_golden"}
+        assert got == {m: float(getattr(metrics, m)(flash, gold)) for m in METRICS}
 
 
 def test_rerun_skips_everything(sweep_csv, tmp_path):
@@ -215,12 +218,13 @@ def test_rerun_skips_everything(sweep_csv, tmp_path):
 # -- subprocesses: kill + resume, multiple devices -----------------------------------
 
 
-def _script(out_dir, grid_src=GRID_SRC):
+def _script(out_dir, grid_src=GRID_SRC, memory_budget=None):
+    budget = "" if memory_budget is None else f", memory_budget={memory_budget}"
     return (
         "import jax\n"
         "from fa_jax.attention import Blocks\n"
         "from fa_jax.sweep import Grid, SramBlocks, run_sweep\n"
-        f"run_sweep({grid_src}, {str(out_dir)!r})\n"
+        f"run_sweep({grid_src}, {str(out_dir)!r}{budget})\n"
         "print(len(jax.devices()))\n"
     )
 
@@ -257,9 +261,15 @@ def test_killed_sweep_resumes_to_the_same_rows(sweep_csv, tmp_path):
     assert as_set(resumed) == as_set(full)
 
 
+# Per configuration of SMALL at N = 24, d = 8, the sweep estimates 3·8·24² bytes for
+# golden/baseline and 3·8·24·(8 + 8) for flash: this budget makes pieces of 3 and 4
+# configurations, so pieces, padding and device sharding all meet in one run.
+SMALL_BUDGET = 3 * (3 * 8 * 24 * 24)
+
+
 def test_three_devices_equal_single_device(sweep_csv, tmp_path):
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"
-    done = subprocess.run([sys.executable, "-c", _script(tmp_path, SMALL_SRC)],
+    done = subprocess.run([sys.executable, "-c", _script(tmp_path, SMALL_SRC, SMALL_BUDGET)],
                           env=_env(XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr
@@ -277,3 +287,11 @@ def test_length_buckets_bound_the_padding():
     assert length_buckets([100, 150, 199, 300, 401]) == [(100, 150, 199), (300, 401)]
     for bucket in length_buckets(range(1, 200, 7)):
         assert max(bucket) <= 2 * min(bucket)
+
+
+def test_memory_budget_pieces_equal_one_call(sweep_csv, tmp_path):
+    rows = as_set(read_rows(run_sweep(eval(SMALL_SRC), tmp_path, quiet=True, memory_budget=1)))
+    assert len(rows) == 8 * len(COMPARISONS) * len(METRICS)
+    assert rows <= as_set(read_rows(sweep_csv))
+    with pytest.raises(ValueError, match="memory_budget"):
+        run_sweep(GRID, tmp_path, memory_budget=0)
