@@ -14,39 +14,185 @@
                  across chunks: acc = fl(acc + chunk) (a tensor-core MMA of depth
                  ``k``; 16 by default).  The same float64 caveat applies to
                  matmul's chunk dots.
+``tensor_core``  the block fused multiply-add that Fasi, Higham, Mikaitis &
+                 Pranesh measured on NVIDIA tensor cores ("Numerical behavior
+                 of NVIDIA tensor cores", PeerJ Comput. Sci. 7:e330, 2021):
+                 exact products, aligned to the largest exponent and truncated,
+                 summed, normalised with round toward zero.  Presets
+                 :func:`tensor_core` ``("v100")``, ``("t4")``, ``("a100")``,
+                 ``("a100_tf32")``; any other parameters with
+                 :func:`tensor_core_model`.  Bit-exact (below).
+
+The tensor-core model
+---------------------
+The terms ``t_1 .. t_n`` (the products ``a_i b_i`` of a dot, exact in
+float64, or the summands of a sum) are taken in index order, in blocks of
+``k``.  The accumulator ``c`` starts at +0.  With ``fused_accumulator`` (the
+hardware's ``D = C + A B``), each block computes::
+
+    T     = {c, t_1, .., t_k}                     (the block's terms, c included)
+    E(x)  = max(floor(log2 |x|), emin)            (emin of the accumulator format)
+    e_max = max E(x) over the nonzero x in T
+    q     = 2**(e_max - man_bits - extra_bits)    (man_bits of the accumulator format)
+    x'    = sign(x) * floor(|x| / q) * q          (alignment: truncation toward zero)
+    S     = Σ_{x in T} x'                         (exact: no carry bit is lost)
+    c     = round(S, accumulator format, normalization)
+
+that is, every significand is shifted right to the largest exponent keeping
+``extra_bits`` bits beyond the accumulator's precision, the bits shifted out
+are dropped, the aligned significands are added exactly and the sum is
+normalised once (round toward zero on the tensor cores).  Without
+``fused_accumulator`` the block is ``A B`` alone (``T`` without ``c``) and its
+normalised sum ``d`` is added to the accumulator by an IEEE round-to-nearest
+addition, ``c = fl(c + d)`` (an MMA with a zero C followed by an FP32 add).
+
+``S`` is exact in float64 when ``man_bits + extra_bits + 1 + ceil(log2(|T|))
+<= 53`` (every aligned term is an integer multiple of ``q`` below
+``2**(man_bits + extra_bits + 1) q``); ``ops`` checks this for concrete formats
+(an FP32 accumulator with k = 8 and one extra bit needs 29 bits).
+
+Special values: a block with a NaN, or with both +inf and -inf, gives NaN; a
+block with infinities of one sign gives that infinity (IEEE 754).  An exact
+zero ``S`` gives +0 (also for a block whose terms are all -0, where IEEE 754
+would give -0); a nonzero ``S`` that rounds to zero keeps its sign.  A finite
+``S`` beyond the format's range overflows per ``normalization`` (toward zero:
+±max, as IEEE 754 directed rounding).
+
+Not modelled: the hardware's limited carry-out bits (the aligned sum here is
+exact); the alignment of a product of a subnormal input by its unnormalised
+exponent (here every product is normalised, E = floor(log2 |p|)); the
+binary16-output mode, which accumulates in binary32 and rounds the result to
+nearest; and the refinement of Khattak & Mikaitis ("Accurate models of NVIDIA
+tensor cores", arXiv 2512.07004, 2025), whose bit-accurate A100 model keeps
+a second extra bit when the largest product of a block is >= 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Literal
 
-__all__ = ["Accumulation", "EXACT", "SEQUENTIAL", "chunked", "get_accumulation"]
+__all__ = [
+    "EXACT",
+    "SEQUENTIAL",
+    "TENSOR_CORE_PRESETS",
+    "Accumulation",
+    "chunked",
+    "get_accumulation",
+    "tensor_core",
+    "tensor_core_model",
+]
+
+_KINDS = ("exact", "sequential", "chunked", "tensor_core")
+NORMALIZATIONS = ("toward_zero", "nearest_even", "up", "down")
+_TC_DEFAULTS = {"extra_bits": 0, "normalization": "toward_zero", "fused_accumulator": True}
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Accumulation:
-    """An accumulation model (module docstring); build with EXACT, SEQUENTIAL or chunked(k)."""
+    """An accumulation model (module docstring); build with EXACT, SEQUENTIAL,
+    chunked(k), tensor_core(preset) or tensor_core_model(k, ...).
 
-    kind: Literal["exact", "sequential", "chunked"]
+    Args:
+      kind: "exact", "sequential", "chunked" or "tensor_core".
+      chunk: terms per chunk ("chunked") or per block fused multiply-add, the
+        paper's k ("tensor_core"); None for the others.
+      extra_bits: "tensor_core" only: bits kept beyond the accumulator's
+        precision when the terms are aligned to the largest exponent (>= 0).
+      normalization: "tensor_core" only: the rounding mode of the block sum to
+        the accumulator format: "toward_zero" (the tensor cores), "nearest_even",
+        "up" or "down".
+      fused_accumulator: "tensor_core" only: whether the accumulator joins the
+        aligned sum (True on the tensor cores) or is added afterwards with an
+        IEEE round-to-nearest addition.
+    """
+
+    kind: Literal["exact", "sequential", "chunked", "tensor_core"]
     chunk: int | None = None
+    extra_bits: int | None = None
+    normalization: str | None = None
+    fused_accumulator: bool | None = None
 
     def __post_init__(self):
-        if self.kind not in ("exact", "sequential", "chunked"):
+        if self.kind not in _KINDS:
             raise ValueError(
-                f"Accumulation.kind: expected 'exact', 'sequential' or 'chunked', got {self.kind!r}"
+                f"Accumulation.kind: expected one of {_KINDS}, got {self.kind!r}"
             )
-        if self.kind == "chunked":
-            if not isinstance(self.chunk, int) or isinstance(self.chunk, bool) or self.chunk < 1:
+        tc_fields = ("extra_bits", "normalization", "fused_accumulator")
+        if self.kind == "tensor_core":
+            for name, default in _TC_DEFAULTS.items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+            self._validate_tensor_core()
+        else:
+            given = [f"{n}={getattr(self, n)!r}" for n in tc_fields if getattr(self, n) is not None]
+            if given:
                 raise ValueError(
-                    f"Accumulation.chunk: expected a positive integer for 'chunked', got {self.chunk!r}"
+                    f"Accumulation: only 'tensor_core' takes {', '.join(tc_fields)}; "
+                    f"got {', '.join(given)} for kind {self.kind!r}"
+                )
+        if self.kind in ("chunked", "tensor_core"):
+            if not _positive_int(self.chunk):
+                raise ValueError(
+                    f"Accumulation.chunk: expected a positive integer for {self.kind!r}, "
+                    f"got {self.chunk!r}"
                 )
         elif self.chunk is not None:
-            raise ValueError(f"Accumulation.chunk: only 'chunked' takes a chunk, got {self.chunk!r}")
+            raise ValueError(
+                f"Accumulation.chunk: only 'chunked' and 'tensor_core' take a chunk, "
+                f"got {self.chunk!r}"
+            )
+
+    def _validate_tensor_core(self) -> None:
+        e = self.extra_bits
+        if not isinstance(e, int) or isinstance(e, bool) or e < 0:
+            raise ValueError(
+                f"Accumulation.extra_bits: expected an integer >= 0, got {e!r}"
+            )
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"Accumulation.normalization: expected one of {NORMALIZATIONS}, "
+                f"got {self.normalization!r}"
+            )
+        if not isinstance(self.fused_accumulator, bool):
+            raise TypeError(
+                "Accumulation.fused_accumulator: expected True or False, "
+                f"got {self.fused_accumulator!r}"
+            )
+
+    @property
+    def block_terms(self) -> int:
+        """Terms a tensor-core block adds at once: k, plus the accumulator if fused."""
+        if self.kind != "tensor_core":
+            raise ValueError(f"Accumulation.block_terms: only for 'tensor_core', not {self.kind!r}")
+        return self.chunk + (1 if self.fused_accumulator else 0)
+
+    def sum_bits(self, man_bits: int) -> int:
+        """Bits an aligned tensor-core block sum spans for an accumulator with
+        ``man_bits``: man_bits + extra_bits + 1 + ceil(log2(block_terms)).  The
+        model is exact in a float64 carrier while this is <= 53."""
+        return man_bits + self.extra_bits + 1 + math.ceil(math.log2(self.block_terms))
 
     def __str__(self) -> str:
-        return f"chunked({self.chunk})" if self.kind == "chunked" else self.kind
+        if self.kind == "chunked":
+            return f"chunked({self.chunk})"
+        if self.kind == "tensor_core":
+            for name, preset in TENSOR_CORE_PRESETS.items():
+                if preset == self:
+                    return f"tensor_core({name})"
+            opts = [f"k={self.chunk}", f"extra_bits={self.extra_bits}"]
+            if self.normalization != _TC_DEFAULTS["normalization"]:
+                opts.append(f"normalization={self.normalization}")
+            if not self.fused_accumulator:
+                opts.append("fused_accumulator=false")
+            return f"tensor_core({', '.join(opts)})"
+        return self.kind
 
 
 EXACT = Accumulation("exact")
@@ -58,8 +204,94 @@ def chunked(k: int = 16) -> Accumulation:
     return Accumulation("chunked", k)
 
 
+def tensor_core_model(k: int, *, extra_bits: int = 0, normalization: str = "toward_zero",
+                      fused_accumulator: bool = True) -> Accumulation:
+    """A tensor-core block FMA model with any parameters (module docstring):
+    blocks of ``k`` exact products, aligned to the largest exponent with
+    ``extra_bits`` extra bits and truncated, summed exactly, normalised to the
+    accumulator format in ``normalization`` mode."""
+    return Accumulation("tensor_core", k, extra_bits=extra_bits, normalization=normalization,
+                        fused_accumulator=fused_accumulator)
+
+
+# Fasi, Higham, Mikaitis & Pranesh (2021), binary32 accumulation:
+#   V100 (Volta) and T4 (Turing), binary16 inputs: 4 exact products plus c added
+#     at once; significands aligned to the largest exponent with no extra bits,
+#     the bits shifted out truncated; the sum normalised with round toward zero
+#     (round-down for positive, round-up for negative results).
+#   A100 (Ampere), binary16 and bfloat16 inputs: 8 products plus c per block,
+#     one extra bit for the alignment, truncation, round toward zero.
+#   A100, TensorFloat-32 inputs: 4 products plus c per block, otherwise as above.
+# The extra bits are those for which the paper's test vectors (its test suite,
+# github.com/north-numerical-computing/tensor-cores-numerical-behavior, and
+# tests/test_accumulation.py here) give the results it reports; they agree with
+# the V100 and A100 models of Khattak & Mikaitis (2025).
+TENSOR_CORE_PRESETS = {
+    "v100": tensor_core_model(4, extra_bits=0),
+    "t4": tensor_core_model(4, extra_bits=0),
+    "a100": tensor_core_model(8, extra_bits=1),
+    "a100_tf32": tensor_core_model(4, extra_bits=1),
+}
+
+
+def tensor_core(preset: str) -> Accumulation:
+    """A tensor-core model measured by Fasi, Higham, Mikaitis & Pranesh (2021),
+    for an FP32 accumulator:
+
+    ============  ===  ==========  ============  ===============================
+    preset        k    extra bits  normalised    inputs
+    ============  ===  ==========  ============  ===============================
+    "v100", "t4"  4    0           toward zero   binary16 (Volta, Turing)
+    "a100"        8    1           toward zero   binary16, bfloat16 (Ampere)
+    "a100_tf32"   4    1           toward zero   TensorFloat-32 (Ampere)
+    ============  ===  ==========  ============  ===============================
+
+    Each block adds k exact products and the accumulator at once (module
+    docstring).  "t4" is "v100" (the paper found the same behaviour), so it
+    prints as ``tensor_core(v100)``.
+    """
+    key = preset.strip().lower().replace("-", "_") if isinstance(preset, str) else preset
+    if key not in TENSOR_CORE_PRESETS:
+        raise ValueError(
+            f"tensor_core: expected a preset among {sorted(TENSOR_CORE_PRESETS)}, got {preset!r}"
+        )
+    return TENSOR_CORE_PRESETS[key]
+
+
+_EXPECTED = ("'exact', 'sequential', 'chunked', 'chunked(k)', 'tensor_core(PRESET)' "
+             f"(PRESET one of {', '.join(TENSOR_CORE_PRESETS)}) or "
+             "'tensor_core(k=K, extra_bits=E[, normalization=MODE][, fused_accumulator=BOOL])'")
+
+
+def _parse_tensor_core(inner: str, spec) -> Accumulation:
+    inner = inner.strip()
+    if "=" not in inner:
+        return tensor_core(inner)
+    opts = {}
+    for item in inner.split(","):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or key in opts:
+            raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}")
+        opts[key] = value
+    try:
+        k = int(opts.pop("k"))
+        extra = int(opts.pop("extra_bits", "0"))
+        norm = opts.pop("normalization", "toward_zero")
+        fused = {"true": True, "false": False}[opts.pop("fused_accumulator", "true")]
+    except (KeyError, ValueError):
+        raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}") from None
+    if opts:
+        raise ValueError(
+            f"accumulation: unknown tensor_core options {sorted(opts)} in {spec!r}; "
+            f"expected {_EXPECTED}"
+        )
+    return tensor_core_model(k, extra_bits=extra, normalization=norm, fused_accumulator=fused)
+
+
 def get_accumulation(spec) -> Accumulation:
-    """An Accumulation from itself or a name: "exact", "sequential", "chunked", "chunked(8)"."""
+    """An Accumulation from itself or a name: "exact", "sequential", "chunked",
+    "chunked(8)", "tensor_core(a100)", "tensor_core(k=8, extra_bits=1)" (str() of
+    every model parses back to an equal model)."""
     if isinstance(spec, Accumulation):
         return spec
     if isinstance(spec, str):
@@ -69,6 +301,7 @@ def get_accumulation(spec) -> Accumulation:
         m = re.fullmatch(r"chunked(?:\((\d+)\))?", s)
         if m:
             return chunked(int(m.group(1)) if m.group(1) else 16)
-    raise ValueError(
-        f"accumulation: expected 'exact', 'sequential', 'chunked' or 'chunked(k)', got {spec!r}"
-    )
+        m = re.fullmatch(r"tensor_core\((.*)\)", s)
+        if m:
+            return _parse_tensor_core(m.group(1), spec)
+    raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}")

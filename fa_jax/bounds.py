@@ -5,8 +5,9 @@ Every bound here is a Python float computed from scalars: the unit roundoff
 ``n``, the spread of the scores ``R = x_max - x_min`` and the accumulation
 model of the sums: anything :func:`fa_jax.accumulation.get_accumulation`
 accepts (an :class:`~fa_jax.accumulation.Accumulation` such as ``EXACT``,
-``SEQUENTIAL`` or ``chunked(8)``, or a name: ``"exact"``, ``"sequential"``,
-``"chunked"`` (chunks of 16), ``"chunked(8)"``).  The default everywhere is
+``SEQUENTIAL``, ``chunked(8)`` or ``tensor_core("a100")``, or a name:
+``"exact"``, ``"sequential"``, ``"chunked"`` (chunks of 16), ``"chunked(8)"``,
+``"tensor_core(a100)"``).  The default everywhere is
 ``EXACT``, the default of the precision policies.  Two kinds, named so that
 the plain name is always safe to assert against:
 
@@ -67,7 +68,9 @@ multiplies a ratio by a factor in ``[1 - u, 1 + u]``.
 2. *Sums.*  A sum of ``N`` non-negative terms that sees ``r`` roundings per
    term has ratio in ``[(1 - u)^r, (1 + u)^r]`` (Higham eq. (4.3); ``(1 + u)^r -
    1 <= gamma_r``, Lemma 3.1).  ``r`` is :func:`summation_roundings`:
-   sequential ``N - 1``; exact-then-round ``1``; chunked ``ceil(N / k)``.
+   sequential ``N - 1``; exact-then-round ``1``; chunked ``ceil(N / k)``;
+   tensor_core ``ceil(N / k)`` blocks of ``j`` roundings each, ``j`` from
+   the block's one-sided truncation (:func:`summation_roundings`).
    These counts are for sums formed as the models of
    :mod:`fa_jax.accumulation` describe them, with "exact" sums (and chunk
    sums) exact.  :func:`fa_jax.ops.sum` forms those in float64, which adds a
@@ -140,6 +143,7 @@ __all__ = [
     "gamma",
     "default_exp_error",
     "summation_roundings",
+    "tensor_core_block_roundings",
     "summation_bound",
     "softmax_bound_first_order",
     "softmax_bound",
@@ -236,11 +240,14 @@ def default_exp_error(u: float) -> float:
     return 2.0**-21 if u >= 2.0**-11 else 2.0**-50
 
 
-def summation_roundings(n: int, accumulation: AccumulationLike = EXACT) -> int:
+def summation_roundings(n: int, accumulation: AccumulationLike = EXACT, *,
+                        u: float | None = None) -> int:
     """The most roundings any term of an ``n``-term sum goes through.
 
     ``accumulation`` is a model of :mod:`fa_jax.accumulation` (or a name
     :func:`~fa_jax.accumulation.get_accumulation` accepts); default ``EXACT``.
+    ``u``, the accumulator's unit roundoff, is needed (only) by tensor_core
+    models, whose truncation is counted in roundings of size ``u``.
 
     * ``SEQUENTIAL``: ``s_i = fl(s_{i-1} + x_i)`` in index order from ``s_0 =
       0``: ``n - 1`` (Higham §4.2; ``fl(0 + x_1) = x_1`` is exact, ``x_1``
@@ -257,19 +264,73 @@ def summation_roundings(n: int, accumulation: AccumulationLike = EXACT) -> int:
       (also the count if each chunk sum were rounded before being added).
       ``k = 1`` is sequential (``c_1 = x_1`` is a value of the format, so
       ``fl(0 + c_1)`` is exact: ``n - 1``), ``k >= n`` is exact (``1``).
+    * ``tensor_core`` (Fasi et al. 2021; fa_jax.accumulation): ``C = ceil(n /
+      k)`` block FMAs, each of which a term of the first block goes through;
+      ``C * j`` with ``j`` from :func:`tensor_core_block_roundings`.
 
     Raises:
-      ValueError: an unknown model, or ``n`` not a positive integer.
+      ValueError: an unknown model, ``n`` not a positive integer, or a
+        tensor_core model without ``u`` (or one that no count bounds).
     """
     n = _check_int(n, "n", "summation_roundings", 1)
     model = get_accumulation(accumulation)
+    if model.kind == "tensor_core" and u is None:
+        raise ValueError(
+            f"summation_roundings: the {model} model needs u=, the accumulator's unit "
+            "roundoff (its truncation is counted in roundings of size u)"
+        )
     if n == 1:
         return 0
+    if model.kind == "tensor_core":
+        return -(-n // model.chunk) * tensor_core_block_roundings(model, u)
     if model.kind == "sequential" or (model.kind == "chunked" and model.chunk == 1):
         return n - 1
     if model.kind == "exact":
         return 1
     return -(-n // model.chunk)
+
+
+def tensor_core_block_roundings(accumulation: AccumulationLike, u: float) -> int:
+    """Roundings of size ``u`` that cover one tensor-core block FMA, rigorously.
+
+    A block (fa_jax.accumulation) adds ``T`` terms (``k`` products, plus the
+    accumulator if fused), each truncated toward zero to a multiple of ``q =
+    2**(e_max - m - extra_bits) = 2u * 2**(e_max - extra_bits)``: each loses
+    less than ``q`` and the largest is at least ``2**e_max`` (every term in the
+    normal range, as the bounds assume), so the aligned sum ``S'`` of the exact
+    sum ``S`` satisfies ``|S' - S| < a u max|t| <= a u SUM|t|``, ``a = T *
+    2**(1 - extra_bits)``, and for non-negative terms ``S(1 - a u) < S' <= S``.
+    The normalisation adds ``nu u |S'|``, ``nu = 1`` to nearest, ``2`` for
+    directed rounding (toward zero: ``S'(1 - 2u) < c <= S'``).  So a block
+    multiplies the sum of its terms by a factor in ``[(1 - a u)(1 - nu u),
+    (1 + a u)(1 + nu u)]``, errs by at most ``((1 + a u)(1 + nu u) - 1) SUM|t|``
+    for any signs, and ``j`` is the least integer with ``(1 - u)^j`` and
+    ``(1 + u)^j`` outside that interval; a non-fused block adds ``1`` for its
+    round-to-nearest addition ``fl(c + d)``.  (V100, ``u = 2**-24``: ``a = 10``,
+    ``j = 13``; A100: ``a = 9``, ``j = 12``.)
+
+    Raises:
+      ValueError: not a tensor_core model, ``u`` not in (0, 1), or ``a u >= 1``
+        (the truncation may lose the whole sum: no relative bound).
+    """
+    model = get_accumulation(accumulation)
+    if model.kind != "tensor_core":
+        raise ValueError(f"tensor_core_block_roundings: expected a tensor_core model, got {model}")
+    uu, _ = _resolve_u(u, "tensor_core_block_roundings")
+    a = (model.chunk + (1 if model.fused_accumulator else 0)) * 2.0 ** (1 - model.extra_bits)
+    nu = 1 if model.normalization == "nearest_even" else 2
+    if a * uu >= 1 or nu * uu >= 1:
+        raise ValueError(
+            f"tensor_core_block_roundings: {model} truncates up to a*u = {a * uu!r} >= 1 of a "
+            f"block sum at u={uu!r}: no relative error bound"
+        )
+    lo = math.log1p(-a * uu) + math.log1p(-nu * uu)
+    hi = math.log1p(a * uu) + math.log1p(nu * uu)
+    # The least j with j*log1p(-u) <= lo and j*log1p(u) >= hi; the 1e-12 margin makes
+    # the float64 evaluation of the logs err only towards a larger (still sound) count.
+    j = max(math.ceil(lo / math.log1p(-uu) * (1 + 1e-12)),
+            math.ceil(hi / math.log1p(uu) * (1 + 1e-12)))
+    return j + (0 if model.fused_accumulator else 1)
 
 
 def summation_bound(n: int, u, accumulation: AccumulationLike = EXACT) -> float:
@@ -282,7 +343,7 @@ def summation_bound(n: int, u, accumulation: AccumulationLike = EXACT) -> float:
     be a Format.
     """
     uu, _ = _resolve_u(u, "summation_bound")
-    r = summation_roundings(n, accumulation)
+    r = summation_roundings(n, accumulation, u=uu)
     return _expm1_safe(r * math.log1p(uu))
 
 
@@ -467,4 +528,4 @@ def _online_args(fn, n, x_range, u, block, accumulation, exp_error):
     uu, fmt = _resolve_u(u, fn)
     eta = _resolve_eta(exp_error, uu, fn)
     K, b = _blocks(n, block)
-    return R, uu, fmt, eta, K, summation_roundings(b, accumulation)
+    return R, uu, fmt, eta, K, summation_roundings(b, accumulation, u=uu)

@@ -32,7 +32,12 @@ arithmetic (the golden policy).  Everything needs ``jax_enable_x64``.
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
 model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
 ``preferred_element_type=float64`` explicitly, so no TF32 or bf16 passes
-happen on GPU/TPU.
+happen on GPU/TPU.  The "tensor_core" model (Fasi et al. 2021) is bit-exact:
+its products are exact float64 multiplications, its alignment is integer bit
+masking and its aligned block sums are exact in float64 (the accumulator
+format must satisfy ``Accumulation.sum_bits(man_bits) <= 53``, which FP32 and
+narrower do; an FP64 accumulator is plain float64 arithmetic, the "exact"
+model, as for every op here).
 """
 
 from __future__ import annotations
@@ -193,10 +198,17 @@ def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> 
     "exact" and the chunks of "chunked(k)" are summed with their error terms
     (:func:`_sum_and_error`) and rounded through round-to-odd, so a float64 sum
     that lands on a midpoint of ``fmt`` does not round the wrong way.
+    "tensor_core" takes the terms in index order, k per block, each block
+    aligned, truncated and normalised with the accumulator (the model of
+    :mod:`fa_jax.accumulation`).
     """
     _check(x)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     x = jnp.moveaxis(x, axis, 0)
+    if model.kind == "tensor_core":
+        return _with_tensor_core_support(
+            fmt, model, lambda: _tensor_core_sum(x, fmt, model),
+            lambda: _round_to_odd_then(*_sum_and_error(x), fmt))
     if model.kind == "exact":
         return _round_to_odd_then(*_sum_and_error(x), fmt)
     if model.kind == "chunked":
@@ -224,7 +236,9 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
 
     "exact" rounds the float64 dot once; "sequential" rounds after each of the k
     fused multiply-adds in index order; "chunked(c)" takes exact float64 dots of
-    c consecutive terms and adds them sequentially.
+    c consecutive terms and adds them sequentially; "tensor_core" runs the
+    block FMA of Fasi et al. (2021) on k consecutive products at a time (the
+    model of :mod:`fa_jax.accumulation`), vectorised over the output elements.
     """
     _check(a, b)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
@@ -235,6 +249,10 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
     dot = lambda x, y: jnp.matmul(  # noqa: E731
         x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float64
     )
+    if model.kind == "tensor_core":
+        return _with_tensor_core_support(
+            fmt, model, lambda: _tensor_core_matmul(a, b, fmt, model),
+            lambda: round_to(dot(a, b), fmt))
     if model.kind == "exact":
         return round_to(dot(a, b), fmt)
     k = a.shape[-1]
@@ -252,3 +270,103 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
 
     acc, _ = jax.lax.scan(step, jnp.zeros(out_shape, jnp.float64), (a_chunks, b_chunks))
     return acc
+
+
+# -- the tensor-core block FMA (fa_jax.accumulation, Fasi et al. 2021) ----------------
+
+_SIGN = np.uint64(1 << 63)
+_NO_EXPONENT = -(1 << 20)  # below every exponent: zeros and non-finite terms
+
+
+def _with_tensor_core_support(fmt: Format, model: Accumulation, tensor_core, fp64):
+    """Run ``tensor_core()`` where the model is exact in float64, ``fp64()`` (plain
+    float64, the "exact" model) for an FP64 accumulator.  A concrete format too
+    wide for an exact aligned sum raises; a traced one gives NaN there."""
+    if fmt.is_concrete:
+        if _is_fp64(fmt):
+            return fp64()
+        if model.sum_bits(fmt.man_bits) > 53:
+            raise ValueError(
+                f"accumulation {model}: the aligned block sums of a {fmt.name!r} accumulator "
+                f"span man_bits + extra_bits + 1 + ceil(log2(terms)) = "
+                f"{model.sum_bits(fmt.man_bits)} bits, expected <= 53 (exact in float64)"
+            )
+        return tensor_core()
+    fits = model.sum_bits(fmt.man_bits) <= 53
+    return jnp.where(_is_fp64(fmt), fp64(), jnp.where(fits, tensor_core(), jnp.nan))
+
+
+def _exponent(x):
+    """floor(log2 |x|) of a normal float64 (int32); -1023 for zeros and subnormals."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint64)
+    return ((bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(jnp.int32) - 1023
+
+
+def _truncate(x, q_exp):
+    """``x`` rounded toward zero to a multiple of ``2**q_exp`` (int32), by masking
+    the float64 significand bits below the quantum: exact, sign kept."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint64)
+    field = ((bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(jnp.int32)
+    drop = q_exp - (jnp.maximum(field, 1) - 1075)  # quantum over the ulp of x, in bits
+    mask = (np.uint64(1) << jnp.clip(drop, 0, 52).astype(jnp.uint64)) - np.uint64(1)
+    kept = jnp.where(drop > 52, bits & _SIGN, bits & ~mask)  # |x| < quantum: a signed 0
+    return jax.lax.bitcast_convert_type(kept, jnp.float64)
+
+
+def _tensor_core_block(terms, fmt: Format, model: Accumulation):
+    """One block FMA on ``terms`` (..., T): align to the largest exponent with
+    ``extra_bits`` extra bits, truncate, add exactly, normalise in
+    ``model.normalization`` (fa_jax.accumulation, "The tensor-core model")."""
+    finite = jnp.isfinite(terms)
+    emin = 1 - jnp.asarray(fmt.bias, jnp.int32)
+    e = jnp.maximum(_exponent(terms), emin)  # E(x) = max(floor(log2 |x|), emin)
+    e_max = jnp.max(jnp.where(finite & (terms != 0), e, _NO_EXPONENT), axis=-1)
+    q_exp = e_max - jnp.asarray(fmt.man_bits, jnp.int32) - model.extra_bits
+    s = jnp.sum(_truncate(terms, q_exp[..., None]), axis=-1)  # exact (sum_bits <= 53)
+    s = jnp.where(s == 0, 0.0, s)  # an exact zero sum is +0
+    out = round_to(s, fmt, model.normalization)
+    return jnp.where(jnp.all(finite, axis=-1), out, jnp.sum(terms, axis=-1))  # inf/NaN: IEEE
+
+
+def _tensor_core_scan(c, blocks, products, fmt: Format, model: Accumulation):
+    """Run the block FMAs over the leading axis of ``blocks`` from accumulator ``c``;
+    ``products(block)`` gives a block's terms (..., k)."""
+    def step(c, block):
+        p = products(block)
+        if model.fused_accumulator:
+            return _tensor_core_block(jnp.concatenate([c[..., None], p], axis=-1), fmt, model), None
+        return add(c, _tensor_core_block(p, fmt, model), fmt), None
+
+    c, _ = jax.lax.scan(step, c, blocks)
+    return c
+
+
+def _tensor_core_sum(x, fmt: Format, model: Accumulation):
+    """Σ over the leading axis of ``x`` (n, ...) in blocks of k (zero padded: a zero
+    term changes nothing)."""
+    n, k = x.shape[0], model.chunk
+    pad = -n % k
+    x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+    blocks = jnp.moveaxis(x.reshape((n + pad) // k, k, *x.shape[1:]), 1, -1)  # (q, ..., k)
+    c = jnp.zeros(x.shape[1:], jnp.float64)
+    return _tensor_core_scan(c, blocks, lambda p: p, fmt, model)
+
+
+def _tensor_core_matmul(a, b, fmt: Format, model: Accumulation):
+    """a (..., n, K) @ b (..., K, m): per K-block of k, the exact products
+    a[i, t] b[t, j] of every output element (..., n, m, k), then a block FMA."""
+    k_dim, k = a.shape[-1], model.chunk
+    pad = -k_dim % k
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)])
+    q = (k_dim + pad) // k
+    a_blocks = jnp.moveaxis(a.reshape(*a.shape[:-1], q, k), -2, 0)  # (q, ..., n, k)
+    b_blocks = jnp.moveaxis(b.reshape(*b.shape[:-2], q, k, b.shape[-1]), -3, 0)  # (q, ..., k, m)
+    out_shape = (*jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+
+    def products(block):
+        a_j, b_j = block
+        return a_j[..., :, None, :] * jnp.swapaxes(b_j, -1, -2)[..., None, :, :]  # exact
+
+    return _tensor_core_scan(jnp.zeros(out_shape, jnp.float64), (a_blocks, b_blocks), products,
+                             fmt, model)

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fa_jax import BF16, E4M3FN, FP16, FP32, FP64, custom, ops
+from fa_jax import BF16, E4M3FN, FP16, FP32, FP64, Format, custom, ops
 from fa_jax import testing as fst
-from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked
+from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked, tensor_core, tensor_core_model
 
 from conftest import x64_enabled
 from oracle import round_exact
@@ -207,3 +207,154 @@ def test_errors():
             ops.carrier(np.ones(2, np.float32))
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+# -- the tensor-core accumulation model (fa_jax.accumulation) -----------------------
+
+
+def _floor_log2(v: Fraction) -> int:
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    return e - 1 if Fraction(2) ** e > v else e
+
+
+def tensor_core_reference(terms, fmt, model) -> float:
+    """The tensor-core model written out term by term in rational arithmetic
+    (fa_jax/accumulation.py, "The tensor-core model"): blocks of k, the
+    accumulator c joining the block (fused) or added after it with fl(c + d).
+    A block result that overflowed to ±inf stays (IEEE: inf + finite = inf)."""
+    c = Fraction(0)
+    for i in range(0, len(terms), model.chunk):
+        if isinstance(c, float):  # ±inf
+            return c
+        block = list(terms[i:i + model.chunk])
+        T = ([c] if model.fused_accumulator else []) + block
+        nonzero = [t for t in T if t != 0]
+        if nonzero:
+            e_max = max(max(_floor_log2(abs(t)), fmt.emin) for t in nonzero)
+            q = Fraction(2) ** (e_max - fmt.man_bits - model.extra_bits)
+            S = sum(((abs(t) // q) * q * (1 if t > 0 else -1) for t in T), Fraction(0))
+        else:
+            S = Fraction(0)
+        d = round_exact(S, fmt, model.normalization)
+        if not model.fused_accumulator and not math.isinf(d):
+            d = round_exact(c + Fraction(d), fmt)
+        c = d if math.isinf(d) else Fraction(d)
+    return float(c)
+
+
+TC_MODELS = [tensor_core("v100"), tensor_core("a100"),
+             tensor_core_model(3, extra_bits=1, normalization="nearest_even",
+                               fused_accumulator=False)]
+
+
+def _bits(x):
+    return np.asarray(x, np.float64).view(np.uint64)
+
+
+def _spread(rng, shape, fmt):
+    """Values of fmt with magnitudes over 2**-12..2**6, signs mixed, some zeros:
+    alignment shifts and cancellations at every block."""
+    x = rng.choice([-1.0, 1.0], shape) * 2.0 ** rng.uniform(-12, 6, shape)
+    x[rng.random(shape) < 0.1] = 0.0
+    return np.asarray(ops.cast(jnp.asarray(x), fmt))
+
+
+@pytest.mark.parametrize("model", TC_MODELS, ids=str)
+@pytest.mark.parametrize("infmt", [BF16, FP16], ids=lambda f: f.name)
+def test_tensor_core_matmul_matches_the_rational_model(model, infmt):
+    rng = np.random.default_rng(7)
+    a, b = _spread(rng, (2, 3, 19), infmt), _spread(rng, (19, 4), infmt)
+    got = np.asarray(ops.matmul(a, b, FP32, accumulation=model))
+    assert (got != np.asarray(ops.matmul(a, b, FP32))).any()  # the model shows
+    for i in np.ndindex(got.shape):
+        terms = [Fraction(float(a[i[0], i[1], t])) * Fraction(float(b[t, i[2]])) for t in range(19)]
+        want = tensor_core_reference(terms, FP32, model)
+        assert _bits(got[i]) == _bits(want), (i, got[i], want)
+
+
+@pytest.mark.parametrize("model", TC_MODELS, ids=str)
+@pytest.mark.parametrize("acc", [FP32, BF16], ids=lambda f: f.name)
+@settings(max_examples=30)
+@given(data=st.data())
+def test_tensor_core_sum_matches_the_rational_model(model, acc, data):
+    """Values over bf16's whole finite range (subnormals, overflow of the sum)."""
+    finite = {"allow_nan": False, "allow_infinity": False}
+    xs = data.draw(st.lists(fst.representable(BF16, **finite), min_size=1, max_size=N))
+    x = np.array(xs + [0.0] * (N - len(xs)))  # zeros change nothing: one shape
+    got = _tc_sum[(str(model), acc.name)](x)
+    want = tensor_core_reference([Fraction(float(v)) for v in x], acc, model)
+    assert _bits(got) == _bits(want), (xs, float(got), want)
+
+
+_tc_sum = {(str(m), f.name): jax.jit(lambda x, m=m, f=f: ops.sum(x, f, accumulation=m))
+           for m in TC_MODELS for f in (FP32, BF16)}
+
+
+_sum8 = jax.jit(ops.sum, static_argnames=("fmt", "accumulation"))  # 8 terms, zero padded
+
+
+def test_tensor_core_differs_from_exact_where_truncation_matters():
+    """1 - (1 - 2**-24): aligned to 1 without extra bits, the 2**-24 of the second
+    term is truncated (V100: 2**-23); three extra bits keep it (A100: 2**-24 = exact)."""
+    x = np.array([1.0, -(1 - 2.0**-24)] + [0.0] * 6)
+    assert _sum8(x, fmt=FP32, accumulation=EXACT) == 2.0**-24
+    assert _sum8(x, fmt=FP32, accumulation=tensor_core("v100")) == 2.0**-23
+    assert _sum8(x, fmt=FP32, accumulation=tensor_core("a100")) == 2.0**-24
+    # Round toward zero in the normalisation: 2 + 3 * 2**-24 -> 2 (exact model: 2 + 2**-22).
+    a, b = np.array([[1.0, 1.0]]), np.array([[2.0], [3 * 2.0**-24]])
+    assert ops.matmul(a, b, FP32)[0, 0] == 2 + 2.0**-22
+    assert ops.matmul(a, b, FP32, accumulation=tensor_core("a100"))[0, 0] == 2.0
+
+
+def test_tensor_core_jit_equals_eager():
+    rng = np.random.default_rng(8)
+    a, b = _spread(rng, (4, 16), BF16), _spread(rng, (16, 3), BF16)
+    model = tensor_core("a100")
+    eager = ops.matmul(a, b, FP32, accumulation=model)
+    jitted = jax.jit(lambda a, b: ops.matmul(a, b, FP32, accumulation=model))(a, b)
+    np.testing.assert_array_equal(_bits(jitted), _bits(eager))
+
+
+def test_tensor_core_vmaps_over_traced_accumulator_widths():
+    """One program over (exp_bits, man_bits) pairs equals a call per concrete format;
+    FP64 is plain float64 (the exact model) and a too-wide format gives NaN."""
+    rng = np.random.default_rng(9)
+    a, b = _spread(rng, (3, 13), BF16), _spread(rng, (13, 2), BF16)
+    widths = [(8, 7), (5, 10), (8, 23), (11, 52), (11, 48)]
+    model = tensor_core("a100")
+
+    def run(e, m, bias):
+        return ops.matmul(a, b, Format("acc", e, m, bias=bias), accumulation=model)
+
+    e, m = (jnp.array(w, jnp.int32) for w in zip(*widths))
+    got = jax.jit(jax.vmap(run))(e, m, (1 << (e - 1)) - 1)
+    for g, (ei, mi) in zip(got[:3], widths):
+        want = ops.matmul(a, b, custom(ei, mi), accumulation=model)
+        np.testing.assert_array_equal(_bits(g), _bits(want))
+    np.testing.assert_array_equal(got[3], ops.matmul(a, b, FP64))
+    assert np.isnan(np.asarray(got[4])).all()
+    with pytest.raises(ValueError, match=r"span .* = 54 bits, expected <= 53"):
+        ops.matmul(a, b, custom(11, 48), accumulation=model)
+
+
+def test_tensor_core_special_values():
+    v100 = tensor_core("v100")
+
+    def tc_sum(*xs, fmt=FP32, model=v100):  # zeros pad to one shape: they change nothing
+        x = np.array(xs + (0.0,) * (8 - len(xs)), np.float64)
+        return float(_sum8(x, fmt=fmt, accumulation=model))
+
+    assert tc_sum(np.inf, 1.0, -3.0) == np.inf
+    assert tc_sum(1.0, 2.0, 3.0, 4.0, -np.inf) == -np.inf  # in the second block
+    assert np.isnan(tc_sum(np.inf, 2.0, -np.inf))
+    assert np.isnan(tc_sum(1.0, np.nan))
+    assert np.isnan(float(ops.matmul(np.array([[np.inf]]), np.array([[0.0]]), FP32,
+                                     accumulation=v100)[0, 0]))  # inf * 0
+    zero = tc_sum(-0.0, -0.0, 1.0, -1.0, -0.0)
+    assert zero == 0 and math.copysign(1, zero) == 1  # an exact zero sum is +0
+    tiny = tc_sum(-(2.0**-150), model=tensor_core("a100"))  # -2**-150 -> toward zero: -0
+    assert tiny == 0 and math.copysign(1, tiny) == -1
+    # Overflow under round toward zero: max, as IEEE 754 directed rounding.
+    assert tc_sum(60000.0, 60000.0, fmt=FP16) == 65504.0
+    assert tc_sum(60000.0, 60000.0, fmt=FP16,
+                  model=tensor_core_model(4, normalization="nearest_even")) == np.inf
