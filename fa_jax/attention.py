@@ -46,18 +46,35 @@ leading dimensions) keep rows i < q_len and keys j < kv_len.  Sequence lengths
 need not be multiples of the block sizes: K and V are padded to a multiple of
 ``Bc`` and the padding is masked.  A fully masked row has output 0 and
 log-sum-exp -inf.
+
+Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
+under the same policy (:mod:`fa_jax.backward`): flash attention's is
+FlashAttention-2's (Dao 2023, Algorithm 2: P recomputed from the saved
+log-sum-exp, the same ``Bc`` key blocks, dQ accumulated across them), the
+reference's is the materialised backward from the stored P.  Both accept the
+log-sum-exp's cotangent too.  Gradients are with respect to the arrays passed
+in: the rounding to ``inputs`` is the identity for them (straight through, as
+``round_to``'s JVP), the scale is a constant, and masked rows and keys get zero
+gradient.  dQ, dK, dV come back in the dtypes of q, k, v.  Only first-order
+reverse mode is defined (``jax.grad``, ``jax.vjp``); a policy with traced
+formats (vmap over formats) works.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fa_jax import ops
 from fa_jax._jit import jit_config
+from fa_jax.backward import flash_backward, reference_backward
+from fa_jax.formats import get_format
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
 from fa_jax.softmax import (
@@ -173,14 +190,88 @@ def _lse(m, l, policy: Policy):
     return jnp.where(l > 0, round_to(m + jnp.log(safe_l), policy.stats), -jnp.inf)
 
 
+# -- custom_vjp plumbing ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What a custom_vjp needs besides its arrays.  Its non-differentiable argument
+    must hold no tracers, and a policy's formats may be traced (vmap over formats):
+    ``static`` is the (treedef, leaves) of (policy, q_lengths, kv_lengths, scale)
+    with every array leaf replaced by None; those travel as ``dynamic`` arguments."""
+
+    static: tuple[Any, tuple]
+    dtypes: tuple  # of q, k, v: the dtypes their cotangents must have
+    causal: bool
+    blocks: Blocks | None = None
+    variant: str | None = None
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray))
+
+
+def _call_of(q, k, v, config, causal, blocks=None, variant=None):
+    """(_Call, q, k, v, dynamic) for a custom_vjp call (see _Call)."""
+    q, k, v = (jnp.asarray(t) for t in (q, k, v))
+    leaves, treedef = jax.tree_util.tree_flatten(config)
+    static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
+    dynamic = tuple(x for x in leaves if _is_array(x))
+    return _Call(static, (q.dtype, k.dtype, v.dtype), causal, blocks, variant), q, k, v, dynamic
+
+
+def _config(call: _Call, dynamic):
+    """(policy, q_lengths, kv_lengths, scale) rebuilt from the static and dynamic leaves."""
+    treedef, leaves = call.static
+    arrays = iter(dynamic)
+    return jax.tree_util.tree_unflatten(treedef, [next(arrays) if x is None else x for x in leaves])
+
+
+def _cotangents(call: _Call, *grads):
+    """dQ, dK, dV in the dtypes of q, k, v (rounded to them first, so the dtype
+    conversion is exact), and no cotangent for the configuration."""
+    out = []
+    for g, dtype in zip(grads, call.dtypes):
+        if g.dtype != dtype:
+            g = jax.lax.convert_element_type(round_to(g, get_format(dtype)), dtype)
+        out.append(g)
+    return (*out, None)
+
+
+def _clear_masked(q, k, v, d_o, d_lse, causal, q_lengths, kv_lengths):
+    """Zero Q, dO and dL on rows with no kept key and K, V past the key lengths, so
+    that masked (P = 0) entries meet no NaN padding (fa_jax.backward)."""
+    lead, n = q.shape[:-2], q.shape[-2]
+    live = _mask(n, 1, causal, q_lengths, kv_lengths, lead)  # row i keeps key 0 iff any key
+    q, d_o = jnp.where(live, q, 0.0), jnp.where(live, d_o, 0.0)
+    d_lse = jnp.where(live[..., 0], d_lse, 0.0)
+    k, v = _zero_masked_keys(k, kv_lengths, 0), _zero_masked_keys(v, kv_lengths, 0)
+    return q, k, v, d_o, d_lse
+
+
+# -- reference attention ------------------------------------------------------------
+
+
 @jit_config("policy", "causal", "return_lse")
 def reference_attention(q, k, v, policy: Policy, *, causal=False, q_lengths=None,
                         kv_lengths=None, scale=None, return_lse=False):
     """Baseline attention with the N×M score matrix materialised (module docstring).
 
     Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
-    log-sum-exp (..., N) too if ``return_lse``.
+    log-sum-exp (..., N) too if ``return_lse``.  Differentiable in reverse mode
+    (module docstring, :func:`fa_jax.backward.reference_backward`).
     """
+    call, q, k, v, dynamic = _call_of(q, k, v, (policy, q_lengths, kv_lengths, scale), causal)
+    o, lse = _reference_vjp(call, q, k, v, dynamic)
+    if return_lse:
+        return o, lse
+    return o
+
+
+def _reference_forward(call: _Call, q, k, v, dynamic):
+    """((O, lse), (Q, K, V, scale, P)): the outputs and what the backward reads."""
+    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
+    causal = call.causal
     q, k, v, scale = _prepare(q, k, v, policy, scale)
     s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
     keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2])
@@ -191,9 +282,30 @@ def reference_attention(q, k, v, policy: Policy, *, causal=False, q_lengths=None
     p = normalise(e, l, policy.p)
     v = _zero_masked_keys(v, kv_lengths, 0)
     o = ops.cast(ops.matmul(p, v, policy.pv_acc, accumulation=policy.accumulation), policy.out)
-    if return_lse:
-        return o, _lse(m[..., 0], l[..., 0], policy)
-    return o
+    return (o, _lse(m[..., 0], l[..., 0], policy)), (q, k, v, scale, p)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _reference_vjp(call: _Call, q, k, v, dynamic):
+    return _reference_forward(call, q, k, v, dynamic)[0]
+
+
+def _reference_vjp_fwd(call: _Call, q, k, v, dynamic):
+    outputs, saved = _reference_forward(call, q, k, v, dynamic)
+    return outputs, (saved, dynamic)
+
+
+def _reference_vjp_bwd(call: _Call, residuals, cotangents):
+    (q, k, v, scale, p), dynamic = residuals
+    policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
+    q, k, v, d_o, d_lse = _clear_masked(q, k, v, *cotangents, call.causal, q_lengths, kv_lengths)
+    return _cotangents(call, *reference_backward(q, k, v, p, d_o, d_lse, scale, policy))
+
+
+_reference_vjp.defvjp(_reference_vjp_fwd, _reference_vjp_bwd)
+
+
+# -- flash attention ----------------------------------------------------------------
 
 
 def flash_attention(q, k, v, policy: Policy, blocks: Blocks, *, variant: str = "fa2",
@@ -201,7 +313,9 @@ def flash_attention(q, k, v, policy: Policy, blocks: Blocks, *, variant: str = "
     """Tiled FlashAttention forward (module docstring).
 
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
-    (..., N) in ``policy.stats``, both as float64 carrier arrays.
+    (..., N) in ``policy.stats``, both as float64 carrier arrays.  Differentiable
+    in reverse mode by FlashAttention-2's backward (module docstring,
+    :func:`fa_jax.backward.flash_backward`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"flash_attention: variant must be one of {VARIANTS}, got {variant!r}")
@@ -213,18 +327,40 @@ def flash_attention(q, k, v, policy: Policy, blocks: Blocks, *, variant: str = "
 
 @jit_config("policy", "blocks", "variant", "causal")
 def _flash(q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale):
-    q, k, v, scale = _prepare(q, k, v, policy, scale)
-    lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
-    bc = blocks.bc
+    call, q, k, v, dynamic = _call_of(q, k, v, (policy, q_lengths, kv_lengths, scale), causal,
+                                      blocks, variant)
+    return _flash_vjp(call, q, k, v, dynamic)
+
+
+def _key_blocks(k, v, bc: int):
+    """K, V zero-padded to a multiple of Bc and split into blocks along a new
+    leading axis, and each block's first column."""
+    lead, mk = k.shape[:-2], k.shape[-2]
     n_blocks = -(-mk // bc)
     pad = n_blocks * bc - mk
     k = jnp.pad(k, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
     v = jnp.pad(v, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
-    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
     k_blocks = jnp.moveaxis(k.reshape(*lead, n_blocks, bc, k.shape[-1]), -3, 0)
-    v_blocks = jnp.moveaxis(v.reshape(*lead, n_blocks, bc, dv), -3, 0)
-    col0s = jnp.arange(n_blocks) * bc
-    update = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}[variant]
+    v_blocks = jnp.moveaxis(v.reshape(*lead, n_blocks, bc, v.shape[-1]), -3, 0)
+    return k_blocks, v_blocks, jnp.arange(n_blocks) * bc
+
+
+def _unblock(x_blocks, mk: int):
+    """(n_blocks, ..., Bc, c) blocks back to (..., M, c), the padding dropped."""
+    x = jnp.moveaxis(x_blocks, 0, -3)
+    return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :mk, :]
+
+
+def _flash_forward(call: _Call, q, k, v, dynamic):
+    """((O, lse), (Q, K, V, scale)): the outputs and the prepared inputs the backward reads."""
+    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
+    causal, bc = call.causal, call.blocks.bc
+    q, k, v, scale = _prepare(q, k, v, policy, scale)
+    prepared = (q, k, v, scale)
+    lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
+    k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
+    update = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}[call.variant]
 
     def step(carry, xs):
         k_j, v_j, col0 = xs
@@ -236,11 +372,43 @@ def _flash(q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, s
 
     init = (jnp.full((*lead, n), -jnp.inf), jnp.zeros((*lead, n)), jnp.zeros((*lead, n, dv)))
     (m, l, o), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, col0s))
-    if variant == "fa2":
+    if call.variant == "fa2":
         out = normalise(o, l[..., None], policy.out)
     else:
         out = ops.cast(o, policy.out)
-    return out, _lse(m, l, policy)
+    return (out, _lse(m, l, policy)), prepared
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash_vjp(call: _Call, q, k, v, dynamic):
+    return _flash_forward(call, q, k, v, dynamic)[0]
+
+
+def _flash_vjp_fwd(call: _Call, q, k, v, dynamic):
+    outputs, prepared = _flash_forward(call, q, k, v, dynamic)
+    return outputs, (prepared, outputs, dynamic)
+
+
+def _flash_vjp_bwd(call: _Call, residuals, cotangents):
+    (q, k, v, scale), (o, lse), dynamic = residuals
+    policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
+    causal, bc = call.causal, call.blocks.bc
+    lead, n, mk = q.shape[:-2], q.shape[-2], k.shape[-2]
+    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
+    q, k, v, d_o, d_lse = _clear_masked(q, k, v, *cotangents, causal, q_lengths, kv_len)
+    k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
+
+    def scores(k_j, col0):
+        """S_j as the forward computes it (the step above), masked entries -inf."""
+        s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
+        return jnp.where(_mask(n, bc, causal, q_lengths, kv_len, lead, col0), s, -jnp.inf)
+
+    d_q, d_k, d_v = flash_backward(q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores,
+                                   scale, policy)
+    return _cotangents(call, d_q, _unblock(d_k, mk), _unblock(d_v, mk))
+
+
+_flash_vjp.defvjp(_flash_vjp_fwd, _flash_vjp_bwd)
 
 
 def _pv(p, v_j, policy: Policy):

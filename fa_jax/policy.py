@@ -1,18 +1,40 @@
 """Precision policies: the format every stage of attention rounds to.
 
-Stages, in the order attention meets them (DESIGN §4):
+Forward stages, in the order attention meets them (DESIGN §4):
 
 ==========  ==========================================================
 ``inputs``  Q, K and V as stored
 ``qk_acc``  the accumulator of S = Q Kᵀ
 ``scores``  the stored, scaled scores S
-``stats``   the softmax statistics: running max m and sum l
+``stats``   the softmax statistics: running max m, sum l, log-sum-exp L
 ``exp``     the shifted scores S - m and their exponentials
 ``p``       the probabilities P that enter P V
 ``pv_acc``  the accumulator of P V
 ``o_acc``   flash attention's running output accumulator O
 ``out``     the final output
 ==========  ==========================================================
+
+Backward stages (:mod:`fa_jax.backward`; Dao 2023, Algorithm 2).  The P that
+the backward recomputes goes through the forward stages (qk_acc, scores, exp,
+p).  Left out (``None``), a backward stage takes the format of the forward
+stage in the last column:
+
+===========  =============================================  ==========
+``d_out``    dO as stored                                   ``inputs``
+``d_acc``    the accumulators of dV = Pᵀ dO, dP = dO Vᵀ,    ``pv_acc``
+             dQ = dS K and dK = dSᵀ Q
+``d_p``      dP as stored                                   ``scores``
+``d_stats``  D = rowsum(dO ∘ O) (flash) or rowsum(P ∘ dP)   ``stats``
+             (reference), dP − D, and dS = P ∘ (dP − D)
+             as computed
+``d_s``      dS as it enters the dQ and dK products         ``p``
+``grads``    the returned dQ, dK and dV                     ``out``
+===========  =============================================  ==========
+
+(Every preset's backward formats agree with these defaults: dO is stored like
+the inputs, dP like S, dS like P, the gradients like O.)  ``replace`` changes only the stages
+it names: a derived backward stage does not follow a later change of its
+forward stage.
 
 plus the :mod:`accumulation <fa_jax.accumulation>` model of every dot and sum,
 and where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale))
@@ -31,9 +53,14 @@ import jax
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.formats import Format, get_format
 
-__all__ = ["Policy", "STAGES"]
+__all__ = ["BACKWARD_STAGES", "FORWARD_STAGES", "STAGES", "Policy"]
 
-STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "o_acc", "out")
+FORWARD_STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "o_acc", "out")
+BACKWARD_STAGES = ("d_out", "d_acc", "d_p", "d_stats", "d_s", "grads")
+STAGES = FORWARD_STAGES + BACKWARD_STAGES
+# The forward stage whose format a backward stage left out takes (module docstring).
+_BACKWARD_DEFAULTS = {"d_out": "inputs", "d_acc": "pv_acc", "d_p": "scores",
+                      "d_stats": "stats", "d_s": "p", "grads": "out"}
 _SCALES = ("scores", "q")
 
 
@@ -41,7 +68,8 @@ _SCALES = ("scores", "q")
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """The Format of each attention stage (module docstring), the accumulation
-    model and the scale placement.  Build one directly or with a preset."""
+    model and the scale placement.  Build one directly or with a preset; the
+    backward stages may be left out (module docstring)."""
 
     inputs: Format
     qk_acc: Format
@@ -52,11 +80,20 @@ class Policy:
     pv_acc: Format
     o_acc: Format
     out: Format
+    d_out: Format | None = None
+    d_acc: Format | None = None
+    d_p: Format | None = None
+    d_stats: Format | None = None
+    d_s: Format | None = None
+    grads: Format | None = None
     accumulation: Accumulation = EXACT
     scale: str = "scores"
     name: str = "custom"
 
     def __post_init__(self):
+        for stage, source in _BACKWARD_DEFAULTS.items():
+            if getattr(self, stage) is None:
+                object.__setattr__(self, stage, getattr(self, source))
         for stage in STAGES:
             object.__setattr__(self, stage, get_format(getattr(self, stage)))
         object.__setattr__(self, "accumulation", get_accumulation(self.accumulation))
@@ -83,7 +120,9 @@ class Policy:
         return obj
 
     def describe(self) -> str:
-        """One line per stage."""
+        """One line per stage, forward then backward."""
         lines = [f"policy {self.name}: accumulation {self.accumulation}, scale on {self.scale}"]
-        lines += [f"  {s:<7} {getattr(self, s).name}" for s in STAGES]
+        lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
+        lines += ["  backward:"]
+        lines += [f"  {s:<7} {getattr(self, s).name}" for s in BACKWARD_STAGES]
         return "\n".join(lines)

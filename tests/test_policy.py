@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fa_jax import BF16, FP16, FP32, FP64, STAGES, custom, round_to
+from fa_jax import BF16, FP16, FP32, FP64, STAGES, Policy, custom, round_to
 from fa_jax.accumulation import SEQUENTIAL, chunked
 from fa_jax.policies import fa2_kernel, get_policy, golden, paper_uniform, torch_math
+from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES
 
 
 def test_presets_name_the_documented_stage_formats():
@@ -19,6 +20,29 @@ def test_presets_name_the_documented_stage_formats():
     t = torch_math(FP16)
     assert (t.scores, t.p, t.out, t.stats, t.exp, t.qk_acc) == (FP16, FP16, FP16, FP32, FP32, FP32)
     assert all(getattr(golden(), s) is FP64 for s in STAGES)
+
+
+def test_presets_name_the_documented_backward_formats():
+    k = fa2_kernel(BF16)  # FP32 registers and accumulators; dO, P, dS and the gradients BF16
+    assert (k.d_out, k.d_acc, k.d_p, k.d_stats, k.d_s, k.grads) == (BF16, FP32, FP32, FP32, BF16, BF16)
+    t = torch_math(FP16)  # every stored tensor FP16, the softmax backward computed in FP32
+    assert (t.d_out, t.d_acc, t.d_p, t.d_stats, t.d_s, t.grads) == (FP16, FP32, FP16, FP32, FP16, FP16)
+    assert STAGES == FORWARD_STAGES + BACKWARD_STAGES
+
+
+def test_backward_stages_left_out_follow_their_forward_stages():
+    """Nine forward formats suffice; each backward stage then takes its documented
+    forward stage's format, and every preset agrees with that rule."""
+    forward = [BF16, FP32, FP16, FP32, FP32, BF16, FP32, FP32, FP16]
+    p = Policy(*forward)
+    assert (p.d_out, p.d_acc, p.d_p, p.d_stats, p.d_s, p.grads) == (BF16, FP32, FP16, FP32, BF16, FP16)
+    for preset in (paper_uniform(BF16), fa2_kernel(BF16), torch_math(FP16), golden()):
+        derived = Policy(*(getattr(preset, s) for s in FORWARD_STAGES),
+                         accumulation=preset.accumulation, name=preset.name)
+        assert derived == preset
+    q = p.replace(d_s=FP32, inputs=FP32)  # replace changes only what it names
+    assert (q.d_s, q.inputs, q.d_out) == (FP32, FP32, BF16)
+    assert Policy(*forward, d_acc="fp64").d_acc is FP64
 
 
 def test_get_policy_and_replace():
