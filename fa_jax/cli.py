@@ -156,7 +156,67 @@ def cmd_reproduce(args) -> int:
         raise ValueError(f"--policy: expected names from {sorted(PRESETS)}, got {unknown}")
     results = reproduce(args.figure, args.out, quick=args.quick, policies=policies)
     for name, res in results.items():
-        print(f"{name}: {res['csv']}  {res['png']}")
+        print(f"{name}: " + "  ".join(str(res[k]) for k in ("csv", "png") if res.get(k)))
+    return 0
+
+
+_ATTRIBUTE_FLAGS = {"seq_len": "--n", "d": "--d", "variant": "--variant", "seeds": "--seeds",
+                    "distribution": "--distribution", "inputs": "--inputs", "kinds": "--kinds",
+                    "br": "--br", "bc": "--bc"}
+
+
+def _one_int(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag}: expected an integer, got {text!r}") from None
+
+
+def cmd_attribute(args) -> int:
+    from fa_jax.attention import Blocks
+    from fa_jax.attribution import (
+        ATTRIBUTION_METRICS,
+        AttributionConfig,
+        attribute,
+        plot_attribution,
+        write_csv,
+    )
+    from fa_jax.policies import get_policy
+
+    if args.metric not in ATTRIBUTION_METRICS:
+        raise ValueError(f"--metric: expected one of {ATTRIBUTION_METRICS}, got {args.metric!r}")
+    try:
+        fmt = get_format(args.format)
+    except ValueError as err:
+        raise ValueError(f"--format: {err}") from None
+    try:
+        policy = get_policy(args.policy, fmt)
+    except ValueError as err:
+        raise ValueError(f"--policy: {err}") from None
+    n, d, bc = (_one_int(f, v) for f, v in (("--n", args.n), ("--d", args.d), ("--bc", args.bc)))
+    br = bc if args.br is None else _one_int("--br", args.br)
+    if bc < 1:
+        raise ValueError(f"--bc: expected a positive integer, got {bc}")
+    try:
+        config = AttributionConfig(
+            policy, seq_len=n, d=d, blocks=Blocks(br, bc), variant=args.variant,
+            seeds=_ints("--seeds", args.seeds), distribution=args.distribution,
+            kinds=tuple(_items("--kinds", args.kinds)), inputs=args.inputs)
+    except (ValueError, TypeError) as err:
+        msg = str(err)
+        for field, flag in _ATTRIBUTE_FLAGS.items():
+            for prefix in (f"AttributionConfig.{field}:", f"Blocks.{field}:"):
+                if msg.startswith(prefix):
+                    msg = flag + ":" + msg[len(prefix):]
+        raise ValueError(msg) from None
+    result = attribute(config)
+    print(result.table(args.metric))
+    out = os.path.join(args.out, "attribution")
+    csv_path = write_csv(result, out + ".csv")
+    written = [str(csv_path)]
+    if not args.no_plot:
+        written.append(str(plot_attribution(result, out + ".png", metric=args.metric)))
+    print(f"\nwrote {'  '.join(written)}  ({result.seconds:.1f} s)")
     return 0
 
 
@@ -195,12 +255,35 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("reproduce", help="Golden et al. 2024 figures: CSV, table and PNG")
-    rp.add_argument("figure", choices=("fig3", "fig4", "fig5", "fig6", "all"))
+    rp.add_argument("figure", choices=("fig3", "fig4", "fig5", "fig6", "all", "fig8",
+                                       "fa3-table"))
     rp.add_argument("--quick", action="store_true", help="small grids (under a minute each on CPU)")
     rp.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
     rp.add_argument("--policy", nargs="*", default=["paper_uniform", "fa2_kernel"],
                     help="policy presets (default paper_uniform fa2_kernel)")
     rp.set_defaults(func=cmd_reproduce)
+
+    at = sub.add_parser("attribute", help="per-stage error attribution: table, CSV, bar chart")
+    at.add_argument("--policy", default="paper_uniform",
+                    help="policy preset: paper_uniform, fa2_kernel, torch_math or golden")
+    at.add_argument("--format", default="bf16", help="the preset's format (bf16, fp16, ...)")
+    at.add_argument("--n", default="1024", help="sequence length N")
+    at.add_argument("--d", default="64", help="head dimension")
+    at.add_argument("--bc", default="32", help="key/value tile size Bc")
+    at.add_argument("--br", default=None, help="query tile size Br (default: Bc)")
+    at.add_argument("--seeds", nargs="*", default=["0,1"], help="input seeds")
+    at.add_argument("--variant", default="fa2", help="flash loop order: fa1, fa2 or rowwise")
+    at.add_argument("--kinds", nargs="*", default=["flash,reference"],
+                    help="attention paths: flash and/or reference")
+    at.add_argument("--distribution", default="normal", help="normal, uniform or outliers")
+    at.add_argument("--inputs", default="rounded",
+                    help="rounded (Q, K, V rounded once for all runs, golden too) or exact")
+    at.add_argument("--metric", default="max_abs_diff",
+                    help="table and chart metric: max_abs_diff or mean_abs_diff (CSV: both)")
+    at.add_argument("--out", default="fa_jax_out/attribute",
+                    help="output folder for attribution.csv and attribution.png")
+    at.add_argument("--no-plot", action="store_true", help="skip the bar chart")
+    at.set_defaults(func=cmd_attribute)
     return p
 
 

@@ -370,14 +370,27 @@ FIGURES = {"fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6}
 
 def reproduce(which: str, out_dir, *, quick: bool, policies=DEFAULT_POLICIES,
               quiet: bool = False) -> dict:
-    """Run one figure (``"fig3"`` .. ``"fig6"``) or ``"all"``; returns {name: result}."""
+    """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, or the training
+    study ``"fig8"`` (:func:`fa_jax.train.study.fig8`; needs optax, not in "all");
+    returns {name: result}."""
+    if which == "fig8":
+        from fa_jax.train.study import fig8
+
+        return {"fig8": fig8(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
+    if which == "fa3-table":  # FlashAttention-3 Table 3; not in "all"
+        from fa_jax.fa3_table import fa3_table
+
+        if tuple(policies) != DEFAULT_POLICIES:
+            raise ValueError(f"--policy: fa3-table's rows fix their own policies "
+                             f"(fa_jax.fa3_table.ROWS), got {list(policies)}")
+        return {"fa3-table": fa3_table(out_dir, quick=quick, quiet=quiet)}
     if which == "all":
         names = list(FIGURES)
     elif which in FIGURES:
         names = [which]
     else:
-        raise ValueError(f"reproduce: which: expected one of {sorted(FIGURES)} or 'all', "
-                         f"got {which!r}")
+        raise ValueError(f"reproduce: which: expected one of {sorted(FIGURES)}, 'all', "
+                         f"'fig8' or 'fa3-table', got {which!r}")
     policies = tuple(policies)
     return {n: FIGURES[n](out_dir, quick=quick, policies=policies, quiet=quiet) for n in names}
 
