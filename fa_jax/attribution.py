@@ -72,6 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._io import float64_enabled
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.formats import FP64, Format
 from fa_jax.policies import golden
@@ -360,12 +361,8 @@ def attribute(config: AttributionConfig) -> Attribution:
     runs and restores the previous setting."""
     if not isinstance(config, AttributionConfig):
         raise TypeError(f"attribute: expected an AttributionConfig, got {config!r}")
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with float64_enabled():
         return _attribute(config)
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def _golden(kind: str, q, k, v, config: AttributionConfig):

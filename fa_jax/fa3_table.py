@@ -80,22 +80,20 @@ scores per (batch, head), B·H·N²·8 bytes per array.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import datetime
 import json
 import math
-import os
 import pathlib
 import sys
-import tempfile
 import time
 
 import jax
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._io import atomic_write, float64_enabled
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.formats import BF16, E4M3FN, FP16, FP32, FP64, Format, custom
 from fa_jax.policies import fa2_kernel, golden, torch_math
@@ -375,37 +373,13 @@ SUMMARY_COLUMNS = ("reference", "seq_len", "d", "row", "label", "rmse_mean", "rm
 RATIO_COLUMNS = ("reference", "seq_len", "d", "ratio", "measured", "published")
 
 
-@contextlib.contextmanager
-def _x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
-
-
-def _atomic_write(path: pathlib.Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _write_csv(path, columns, rows):
     def write(fh):
         w = csv.DictWriter(fh, fieldnames=columns)
         w.writeheader()
         w.writerows(rows)
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def _environment() -> dict:
@@ -529,7 +503,7 @@ def run_table(config: TableConfig, out_dir, *, quiet: bool = False) -> dict:
     results: list[dict] = []
     paths = {name: out / f"{name}.csv" for name in ("results", "summary", "ratios")}
     configs = [(n, d) for d in config.head_dims for n in config.seq_lens]
-    with _x64():
+    with float64_enabled():
         for i, (n, d) in enumerate(configs):
             for seed in config.seeds:
                 rmse = _measure(config, n, d, seed)
@@ -565,7 +539,7 @@ def run_table(config: TableConfig, out_dir, *, quiet: bool = False) -> dict:
             "closest": {"seq_len": closest[0], "d": closest[1], "mean_abs_log10": closest[2]},
             "started": started, "wall_s": time.monotonic() - t0, **_environment()}
     meta_path = out / "metadata.json"
-    _atomic_write(meta_path, lambda fh: fh.write(json.dumps(meta, indent=2)))
+    atomic_write(meta_path, lambda fh: fh.write(json.dumps(meta, indent=2)))
     if not quiet:
         _print_tables(config, means, closest)
     return {"csv": str(paths["results"]), "summary": str(paths["summary"]),

@@ -121,16 +121,15 @@ import dataclasses
 import datetime
 import functools
 import json
-import os
 import pathlib
 import sys
-import tempfile
 import time
 
 import jax
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._io import atomic_write, float64_enabled
 from fa_jax.attention import (
     VARIANTS,
     Blocks,
@@ -500,27 +499,13 @@ def _host(x):
 # -- files --------------------------------------------------------------------
 
 
-def _atomic_write(path: pathlib.Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _write_csv(path, rows):
     def write(fh):
         w = csv.DictWriter(fh, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def _read_existing(path: pathlib.Path):
@@ -581,12 +566,8 @@ def _run(grid: Grid, out_dir, *, quiet: bool, pad: bool,
     if not isinstance(memory_budget, int) or isinstance(memory_budget, bool) or memory_budget < 1:
         raise ValueError(f"run_sweep: memory_budget: expected a positive number of bytes, "
                          f"got {memory_budget!r}")
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with float64_enabled():
         return _sweep(grid, out_dir, quiet=quiet, pad=pad, memory_budget=memory_budget)
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool, memory_budget: int) -> pathlib.Path:
@@ -595,7 +576,7 @@ def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool, memory_budget: int) -
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "results.csv"
     meta = _metadata(grid)
-    _atomic_write(out / "metadata.json", lambda fh: json.dump(meta, fh, indent=2))
+    atomic_write(out / "metadata.json", lambda fh: json.dump(meta, fh, indent=2))
     rows, done = _read_existing(csv_path)
 
     kinds: dict = {}

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import pathlib
-import tempfile
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fa_jax._io import atomic_write
 from fa_jax.train.attention_layer import AttentionSpec
 from fa_jax.train.data import MarkovData
 from fa_jax.train.model import ModelConfig, init_params, loss_fn
@@ -45,7 +44,7 @@ from fa_jax.train.precision import (
     get_precision,
 )
 
-__all__ = ["Optim", "RunSpec", "TrainState", "advance", "atomic_write", "init_state",
+__all__ = ["Optim", "RunSpec", "TrainState", "advance", "init_state",
            "load_checkpoint", "save_checkpoint", "train_step"]
 
 
@@ -178,23 +177,6 @@ def advance(state: TrainState, losses: list, until: int, run: RunSpec, cfg: Mode
 
 
 # -- checkpoints ---------------------------------------------------------------
-
-
-def atomic_write(path, write, *, binary: bool = False) -> None:
-    """Call ``write(fh)`` on a temp file beside ``path``, fsync it, rename it to ``path``:
-    readers see the old file or the new one, never a torn one."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save_checkpoint(path, state: TrainState, losses) -> None:

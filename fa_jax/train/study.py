@@ -79,6 +79,7 @@ import jax
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._io import atomic_write, float64_enabled
 from fa_jax.attention import VARIANTS, Blocks
 from fa_jax.formats import get_format
 from fa_jax.policies import get_policy
@@ -89,7 +90,6 @@ from fa_jax.train.loop import (
     RunSpec,
     TrainState,
     advance,
-    atomic_write,
     init_state,
     load_checkpoint,
     save_checkpoint,
@@ -292,12 +292,8 @@ def run_study(cfg: StudyConfig, out_dir, *, policies=DEFAULT_POLICIES,
     policies = tuple(policies)
     if not policies or len(set(policies)) != len(policies):
         raise ValueError(f"run_study: expected distinct policy names, got {policies!r}")
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with float64_enabled():
         return _study(cfg, pathlib.Path(out_dir), policies, quiet)
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def _study(cfg: StudyConfig, out: pathlib.Path, policies, quiet: bool) -> dict:
