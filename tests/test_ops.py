@@ -221,12 +221,14 @@ def tensor_core_reference(terms, fmt, model) -> float:
     """The tensor-core model written out term by term in rational arithmetic
     (fa_jax/accumulation.py, "The tensor-core model"): blocks of k, the
     accumulator c joining the block (fused) or added after it with fl(c + d).
-    A block result that overflowed to ±inf stays (IEEE: inf + finite = inf)."""
+    Once c is ±inf or NaN, IEEE arithmetic carries on: a fused block of finite
+    terms keeps it; an unfused block result d is added in float (inf + finite =
+    inf, inf + -inf = NaN)."""
     c = Fraction(0)
     for i in range(0, len(terms), model.chunk):
-        if isinstance(c, float):  # ±inf
-            return c
         block = list(terms[i:i + model.chunk])
+        if isinstance(c, float) and model.fused_accumulator:
+            continue
         T = ([c] if model.fused_accumulator else []) + block
         nonzero = [t for t in T if t != 0]
         if nonzero:
@@ -236,9 +238,12 @@ def tensor_core_reference(terms, fmt, model) -> float:
         else:
             S = Fraction(0)
         d = round_exact(S, fmt, model.normalization)
-        if not model.fused_accumulator and not math.isinf(d):
-            d = round_exact(c + Fraction(d), fmt)
-        c = d if math.isinf(d) else Fraction(d)
+        if not model.fused_accumulator:
+            if isinstance(c, float) or math.isinf(d):
+                d = float(c) + d
+            else:
+                d = round_exact(c + Fraction(d), fmt)
+        c = d if not math.isfinite(d) else Fraction(d)
     return float(c)
 
 
@@ -358,3 +363,14 @@ def test_tensor_core_special_values():
     assert tc_sum(60000.0, 60000.0, fmt=FP16) == 65504.0
     assert tc_sum(60000.0, 60000.0, fmt=FP16,
                   model=tensor_core_model(4, normalization="nearest_even")) == np.inf
+
+
+def test_tensor_core_unfused_overflows_of_opposite_signs_give_nan():
+    # Found by hypothesis: one block overflows to -inf, a later one to +inf; the
+    # unfused accumulate is an IEEE addition, so -inf + inf = NaN.
+    model = TC_MODELS[2]
+    x = np.array([0.0] * 7 + [-(2.0**127), -(2.0**127), 1.4488585154055583e38,
+                              1.9539651538038263e38] + [0.0] * (N - 11))
+    got = _tc_sum[(str(model), "float32")](x)
+    assert np.isnan(got)
+    assert np.isnan(tensor_core_reference([Fraction(float(v)) for v in x], FP32, model))
