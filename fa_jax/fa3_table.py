@@ -503,6 +503,7 @@ def run_table(config: TableConfig, out_dir, *, quiet: bool = False) -> dict:
     results: list[dict] = []
     paths = {name: out / f"{name}.csv" for name in ("results", "summary", "ratios")}
     configs = [(n, d) for d in config.head_dims for n in config.seq_lens]
+    progress = not quiet and sys.stderr.isatty()  # a progress line on a terminal only
     with float64_enabled():
         for i, (n, d) in enumerate(configs):
             for seed in config.seeds:
@@ -518,10 +519,10 @@ def run_table(config: TableConfig, out_dir, *, quiet: bool = False) -> dict:
                             "br": "" if b is None else b.br, "bc": "" if b is None else b.bc,
                             "reference": ref, "rmse": repr(rmse[(row.key, ref)])})
             _write_csv(paths["results"], RESULT_COLUMNS, results)
-            if not quiet:
+            if progress:
                 print(f"\rfa3-table: {i + 1}/{len(configs)} (N, d) done, "
                       f"{time.monotonic() - t0:.1f} s", end="", file=sys.stderr, flush=True)
-    if not quiet:
+    if progress:
         print(file=sys.stderr)
     summary, ratios, means = _summarise(config, results)
     _write_csv(paths["summary"], SUMMARY_COLUMNS, summary)
