@@ -101,11 +101,11 @@ def _round_to_odd_then(s, e, fmt: Format):
     """Correctly round the value ``s + e`` (a float64 pair) to ``fmt``: renormalise so
     that s = fl(s + e) and e is the exact remainder, move an inexact s to its odd
     neighbour toward e (round-to-odd), then round to nearest."""
-    finite = jnp.isfinite(s)
-    s_n, e_n = _two_sum(s, jnp.where(finite, e, 0.0))
-    s, e = jnp.where(finite, s_n, s), jnp.where(finite, e_n, 0.0)
+    inexact = jnp.isfinite(s) & (e != 0)  # e == 0: s is exact (and keeps a -0 sign)
+    s_n, e_n = _two_sum(s, jnp.where(inexact, e, 0.0))
+    s, e = jnp.where(inexact, s_n, s), jnp.where(inexact, e_n, 0.0)
     bits = jax.lax.bitcast_convert_type(s, jnp.uint64)
-    inexact_even = (e != 0) & ((bits & np.uint64(1)) == 0) & finite
+    inexact_even = (e != 0) & ((bits & np.uint64(1)) == 0)
     grow = (e > 0) == (s > 0)  # moving toward e grows |s|
     odd = jnp.where(inexact_even, jnp.where(grow, bits + np.uint64(1), bits - np.uint64(1)), bits)
     s_odd = jax.lax.bitcast_convert_type(odd, jnp.float64)

@@ -374,3 +374,13 @@ def test_tensor_core_unfused_overflows_of_opposite_signs_give_nan():
     got = _tc_sum[(str(model), "float32")](x)
     assert np.isnan(got)
     assert np.isnan(tensor_core_reference([Fraction(float(v)) for v in x], FP32, model))
+
+
+@pytest.mark.parametrize("fmt", [BF16, FP16, E4M3FN, FP32, FP64], ids=lambda f: f.name)
+def test_signed_zero_sums_follow_ieee(fmt):
+    # Found by hypothesis: renormalising s + e with e = +0 turned -0 + -0 into +0.
+    neg, pos = np.array([-0.0]), np.array([0.0])
+    assert np.signbit(np.asarray(ops.add(neg, neg, fmt)))[0]          # -0 + -0 = -0
+    assert np.signbit(np.asarray(ops.sub(neg, pos, fmt)))[0]          # -0 - +0 = -0
+    assert not np.signbit(np.asarray(ops.add(neg, pos, fmt)))[0]      # -0 + +0 = +0
+    assert not np.signbit(np.asarray(ops.add(np.array([1.5]), np.array([-1.5]), fmt)))[0]
