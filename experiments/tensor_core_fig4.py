@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._io import float64_enabled
 from fa_jax.accumulation import EXACT, tensor_core
 from fa_jax.attention import blocks_from_sram, flash_attention, reference_attention
 from fa_jax.formats import Format, get_format
@@ -138,15 +139,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     seq_len, seeds = (4096, (0, 1, 2)) if args.full else (512, (0, 1))
     seq_len, seeds = args.seq_len or seq_len, tuple(args.seeds or seeds)
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with float64_enabled():
         start = time.perf_counter()
         rows = run(seq_len, seeds, args.csv)
         _print(rows, seq_len, seeds, blocks_from_sram(SRAM, D))
         print(f"wall time {time.perf_counter() - start:.1f} s")
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 if __name__ == "__main__":

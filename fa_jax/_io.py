@@ -1,4 +1,5 @@
-"""Shared plumbing of the experiment drivers: atomic file writes and a float64 scope."""
+"""Shared plumbing of the experiment drivers: atomic file writes, a float64 scope, and
+matplotlib behind the optional ``plot`` extra."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tempfile
 
 import jax
 
-__all__ = ["atomic_write", "float64_enabled"]
+__all__ = ["atomic_write", "float64_enabled", "pyplot"]
 
 
 def atomic_write(path, write, *, binary: bool = False) -> None:
@@ -40,3 +41,17 @@ def float64_enabled():
         yield
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+def pyplot(purpose: str):
+    """``matplotlib.pyplot`` on the non-interactive Agg backend; without matplotlib,
+    an ImportError that names ``purpose`` and the ``plot`` extra."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError(f"{purpose} needs matplotlib; install it with "
+                          "pip install 'fa-jax[plot]'") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

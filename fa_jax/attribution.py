@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import float64_enabled
+from fa_jax._io import float64_enabled, pyplot
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.formats import FP64, Format
 from fa_jax.policies import golden
@@ -414,18 +414,6 @@ def write_csv(results, path) -> pathlib.Path:
     return path
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("fa_jax.attribution: the bar chart needs matplotlib; install it "
-                          "with pip install 'fa-jax[plot]'") from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_attribution(results, path, *, metric: str = "max_abs_diff") -> pathlib.Path:
     """Bar chart: one row of panels per result, raised and lowered side by side.
 
@@ -435,7 +423,7 @@ def plot_attribution(results, path, *, metric: str = "max_abs_diff") -> pathlib.
     a lowered bar reaching it, marks the stage that causes the deviation.
     """
     results = [results] if isinstance(results, Attribution) else list(results)
-    plt = _pyplot()
+    plt = pyplot("fa_jax.attribution: the bar chart")
     fig, axes = plt.subplots(len(results), 2, figsize=(13, 4.2 * len(results)), squeeze=False)
     colors = {"flash": "C0", "reference": "C1"}
     for row, res in zip(axes, results):

@@ -34,18 +34,15 @@ def cmd_round(args) -> int:
     import jax
     import numpy as np
 
+    from fa_jax._io import float64_enabled
     from fa_jax.encoding import encode, fields
     from fa_jax.rounding import round_to
 
     fmt = get_format(args.format)
     key = jax.random.key(args.seed) if args.mode == "stochastic" else None
     x = float(args.value)
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)  # parse and round from float64, exactly
-    try:
+    with float64_enabled():  # parse and round from float64, exactly
         r = float(round_to(np.float64(x), fmt, args.mode, key=key))
-    finally:
-        jax.config.update("jax_enable_x64", previous)
     code = encode(r, fmt)
     s, e, m = fields(code, fmt)
     hexw = (fmt.bits + 3) // 4

@@ -48,6 +48,7 @@ import json
 import math
 import pathlib
 
+from fa_jax._io import pyplot
 from fa_jax.sweep import Grid, SramBlocks, run_sweep
 
 __all__ = ["FIGURES", "DEFAULT_POLICIES", "fig3", "fig4", "fig5", "fig6", "reproduce",
@@ -110,18 +111,6 @@ def _run(name: str, grid: Grid, out_dir, quiet: bool, *, split: bool = False):
     return out, csv_path, means, info
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("fa_jax.reproduce: plotting needs matplotlib; "
-                          "install it with pip install 'fa-jax[plot]'") from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _table(title: str, cols, rows) -> None:
     def cell(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
@@ -146,7 +135,7 @@ def _finish(fig, title: str, out, name: str, grid, csv_path, rows) -> dict:
     fig.tight_layout()
     png = out / f"{name}.png"
     fig.savefig(png, dpi=120)
-    _pyplot().close(fig)
+    pyplot("fa_jax.reproduce: plotting").close(fig)
     return _result(name, grid, csv_path, png, rows)
 
 
@@ -194,7 +183,7 @@ def fig3(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "format", "man_bits", "flash_vs_golden", "baseline_vs_golden", "ratio"),
            rows)
 
-    plt = _pyplot()
+    plt = pyplot("fa_jax.reproduce: plotting")
     fig, axes = plt.subplots(1, len(grid.policies), figsize=(5.5 * len(grid.policies), 4),
                              squeeze=False, sharey=True)
     for ax, p in zip(axes[0], grid.policies):
@@ -232,7 +221,7 @@ def fig4(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "format", "flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline",
             "ratio"), rows)
 
-    plt = _pyplot()
+    plt = pyplot("fa_jax.reproduce: plotting")
     fmts_ = _fmt_names(grid)
     fig, axes = plt.subplots(1, len(grid.policies), figsize=(5 * len(grid.policies), 4),
                              squeeze=False, sharey=True)
@@ -287,7 +276,7 @@ def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "seq_len", "kv_blocks", "flash_max", "baseline_max", "ratio_max",
             "flash_mean", "baseline_mean", "flash_std", "baseline_std"), rows)
 
-    plt = _pyplot()
+    plt = pyplot("fa_jax.reproduce: plotting")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
     for p, color in zip(grid.policies, ("C0", "C1", "C2", "C3", "C4")):
         pr = [r for r in rows if r["policy"] == p]
@@ -346,7 +335,7 @@ def fig6(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "blocks", "config", "br", "bc", "kv_blocks", "flash_vs_golden",
             "baseline_vs_golden", "ratio"), rows)
 
-    plt = _pyplot()
+    plt = pyplot("fa_jax.reproduce: plotting")
     fig, axes = plt.subplots(1, len(grid.policies), figsize=(6 * len(grid.policies), 4.5),
                              squeeze=False)
     for ax, p in zip(axes[0], grid.policies):

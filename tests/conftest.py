@@ -1,11 +1,12 @@
 """Shared test configuration: bounded hypothesis profiles, x64 toggling."""
 
-import contextlib
 import os
 
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
+
+from fa_jax._io import float64_enabled
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -19,15 +20,8 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-@contextlib.contextmanager
-def x64_enabled():
-    """Enable float64 for the duration of a block, restoring the previous setting."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
+# Enable float64 for the duration of a block, restoring the previous setting.
+x64_enabled = float64_enabled
 
 
 @pytest.fixture

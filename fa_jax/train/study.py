@@ -79,7 +79,7 @@ import jax
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import atomic_write, float64_enabled
+from fa_jax._io import atomic_write, float64_enabled, pyplot
 from fa_jax.attention import VARIANTS, Blocks
 from fa_jax.formats import get_format
 from fa_jax.policies import get_policy
@@ -446,12 +446,10 @@ def _print(cfg: StudyConfig, rows: list[dict], summary: dict) -> None:
 
 def _plot(out: pathlib.Path, cfg: StudyConfig, pairs, csv_path, losses_csv):
     try:
-        import matplotlib
-    except ImportError:  # pragma: no cover - depends on the environment
-        print("fig8: matplotlib is not installed, no plot (pip install 'fa-jax[plot]')")
+        plt = pyplot("fig8: the plot")
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        print(f"{err}; no plot written")
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     overall = load_overall(csv_path)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
