@@ -160,6 +160,15 @@ def _scores(q, k_t, scale, policy: Policy):
     return ops.cast(s, policy.scores)
 
 
+def _masked_scores(q, k, scale, policy: Policy, causal, q_lengths, kv_lengths, col0=0):
+    """S of Q against the keys ``k`` starting at column ``col0``, with every masked
+    (query, key) pair -inf: the same scores for the forward passes and the
+    backward's recomputation."""
+    s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
+    keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2], col0)
+    return jnp.where(keep, s, -jnp.inf)
+
+
 def _mask(n, m, causal, q_lengths, kv_lengths, lead, col0=0):
     """Boolean (..., n, m) mask of kept (query, key) pairs; keys start at column col0."""
     i = jnp.arange(n)[:, None]
@@ -273,9 +282,7 @@ def _reference_forward(call: _Call, q, k, v, dynamic):
     policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
     causal = call.causal
     q, k, v, scale = _prepare(q, k, v, policy, scale)
-    s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
-    keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2])
-    s = jnp.where(keep, s, -jnp.inf)
+    s = _masked_scores(q, k, scale, policy, causal, q_lengths, kv_lengths)
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(s, m, policy)
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
@@ -365,9 +372,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     def step(carry, xs):
         k_j, v_j, col0 = xs
         v_j = _zero_masked_keys(v_j, kv_len, col0)
-        s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
-        keep = _mask(n, bc, causal, q_lengths, kv_len, lead, col0)
-        s = jnp.where(keep, s, -jnp.inf)
+        s = _masked_scores(q, k_j, scale, policy, causal, q_lengths, kv_len, col0)
         return update(carry, s, v_j, policy), None
 
     init = (jnp.full((*lead, n), -jnp.inf), jnp.zeros((*lead, n)), jnp.zeros((*lead, n, dv)))
@@ -393,15 +398,14 @@ def _flash_vjp_bwd(call: _Call, residuals, cotangents):
     (q, k, v, scale), (o, lse), dynamic = residuals
     policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
     causal, bc = call.causal, call.blocks.bc
-    lead, n, mk = q.shape[:-2], q.shape[-2], k.shape[-2]
+    mk = k.shape[-2]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
     q, k, v, d_o, d_lse = _clear_masked(q, k, v, *cotangents, causal, q_lengths, kv_len)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
 
     def scores(k_j, col0):
-        """S_j as the forward computes it (the step above), masked entries -inf."""
-        s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
-        return jnp.where(_mask(n, bc, causal, q_lengths, kv_len, lead, col0), s, -jnp.inf)
+        """S_j as the forward computes it, masked entries -inf."""
+        return _masked_scores(q, k_j, scale, policy, causal, q_lengths, kv_len, col0)
 
     d_q, d_k, d_v = flash_backward(q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores,
                                    scale, policy)

@@ -170,9 +170,11 @@ def advance(state: TrainState, losses: list, until: int, run: RunSpec, cfg: Mode
     """Train from ``state.step`` to step ``until``, appending each step's loss (a
     Python float) to ``losses``; returns the new state."""
     table = data.table() if table is None else table
+    pending = []  # device scalars: no host round trip per step, dispatch runs ahead
     for s in range(int(state.step), until):
         state, loss = train_step(state, data.batch_at(s, table), run, cfg, optim)
-        losses.append(float(loss))
+        pending.append(loss)
+    losses.extend(float(x) for x in jax.device_get(pending))
     return state
 
 
