@@ -1,6 +1,6 @@
 """Which rounding makes FlashAttention deviate more than baseline attention at BF16?
 
-Runs :func:`fa_jax.attribution.attribute` for paper_uniform(BF16) (the paper's
+Runs :func:`fa_jax.studies.attribution.attribute` for paper_uniform(BF16) (the paper's
 uniform low precision) and fa2_kernel(BF16), prints the raised / lowered tables
 (max and mean |O - golden|), writes one CSV and the bar chart
 ``docs/figures/attribution.png``, and then checks the conclusion jointly: flash
@@ -23,9 +23,9 @@ import numpy as np
 
 from fa_jax import BF16, FP32, FP64, Blocks, fa2_kernel, golden, metrics, paper_uniform
 from fa_jax.attention import flash_attention, reference_attention
-from fa_jax.attribution import AttributionConfig, attribute, plot_attribution, write_csv
+from fa_jax.studies.attribution import AttributionConfig, attribute, plot_attribution, write_csv
 from fa_jax.rounding import round_to
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 
 def joint(n: int, d: int, blocks: Blocks, seeds) -> list[tuple[str, float]]:

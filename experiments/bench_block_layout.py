@@ -1,6 +1,6 @@
 """Two ways to run several block configurations: grouping vs a masked tile layout.
 
-The sweep (``fa_jax.sweep``) must run flash attention for several key-block
+The sweep (``fa_jax.studies.sweep``) must run flash attention for several key-block
 widths Bc.  Two strategies, timed here side by side in one run, each over the
 same configurations (every Bc × every seed), compiles included:
 
@@ -46,7 +46,7 @@ from fa_jax.attention import (
     _zero_masked_keys,
 )
 from fa_jax.softmax import normalise
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 
 def flash_masked_layout(q, k, v, policy, bc, *, width: int, tiles: int):

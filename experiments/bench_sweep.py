@@ -2,7 +2,7 @@
 
 Times the same grid two ways, in one run:
 
-(a) ``fa_jax.sweep.run_sweep(Grid(...), <fresh temp dir>, quiet=True)``: flash
+(a) ``fa_jax.studies.sweep.run_sweep(Grid(...), <fresh temp dir>, quiet=True)``: flash
     (``flash_attention``), baseline (``reference_attention`` under the same
     policy) and golden (``reference_attention`` under ``golden()``) for every
     configuration, and the four metrics of the three comparisons, written to a
@@ -24,7 +24,7 @@ Times the same grid two ways, in one run:
     * max/mean/std abs diff and RMSE (float64 numpy) for flash_vs_golden,
       baseline_vs_golden and flash_vs_baseline.
 
-    Inputs are the sweep's own (``fa_jax.sweep.make_inputs``, same seeds); both
+    Inputs are the sweep's own (``fa_jax.studies.sweep.make_inputs``, same seeds); both
     sides draw them inside their timed region (the sweep internally, the loop
     per (format, seq_len, seed)).
 
@@ -72,7 +72,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fa_jax import Blocks  # noqa: E402
-from fa_jax.sweep import COMPARISONS, METRICS, Grid, make_inputs, run_sweep  # noqa: E402
+from fa_jax.studies.sweep import COMPARISONS, METRICS, Grid, make_inputs, run_sweep  # noqa: E402
 
 _t_import = time.perf_counter() - _t_import
 

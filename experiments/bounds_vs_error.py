@@ -17,7 +17,7 @@ Softmax (the quantity fa_jax.bounds bounds)
     length: ``min(4096, max(32, 2**21 // n))``.
 
 Attention (no bound in fa_jax.bounds: propagated here)
-    Q, K, V from :func:`fa_jax.sweep.make_inputs` (seed 0, N(0, 1), d = 64),
+    Q, K, V from :func:`fa_jax.studies.sweep.make_inputs` (seed 0, N(0, 1), d = 64),
     rounded to ``fmt``; 128 query rows (all rows for n < 128) against n keys.
     Query rows are independent, so this measures the same per-row error as a
     full N x N run without materialising N x N float64 scores (at n = 65,536
@@ -115,7 +115,7 @@ from fa_jax import (
     safe_softmax,
 )
 from fa_jax import bounds as B
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 FORMATS = ("bf16", "fp16", "fp32", "e4m3fn")
 NS = (16, 64, 256, 1024, 4096, 16384, 65536)

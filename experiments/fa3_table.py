@@ -1,9 +1,11 @@
-"""FlashAttention-3 Table 3 (§4.3): FP16/FP8 RMSE on outlier inputs (see fa_jax.fa3_table).
+"""FlashAttention-3 Table 3 (FP16 and FP8 RMSE): ``fa-jax reproduce fa3-table``.
 
-Usage: python experiments/fa3_table.py [--quick] [--out DIR] [--ablations]
+Usage: python experiments/fa3_table.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """
 
-from fa_jax.fa3_table import main
+import sys
+
+from fa_jax.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(["reproduce", "fa3-table", *sys.argv[1:]]))

@@ -1,9 +1,11 @@
-"""Golden et al. 2024, Fig 3: CSV + table + PNG (see fa_jax.reproduce.fig3).
+"""Golden et al. 2024, Fig 3 (deviation vs mantissa bits): ``fa-jax reproduce fig3``.
 
-Usage: python experiments/fig3_formats.py [--quick] [--out DIR] [--policy NAME ...]
+Usage: python experiments/fig3_formats.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """
 
-from fa_jax.reproduce import main_fig3
+import sys
+
+from fa_jax.cli import main
 
 if __name__ == "__main__":
-    main_fig3()
+    sys.exit(main(["reproduce", "fig3", *sys.argv[1:]]))

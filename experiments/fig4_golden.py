@@ -1,9 +1,11 @@
-"""Golden et al. 2024, Fig 4: CSV + table + PNG (see fa_jax.reproduce.fig4).
+"""Golden et al. 2024, Fig 4 (flash vs baseline against the FP64 golden): ``fa-jax reproduce fig4``.
 
-Usage: python experiments/fig4_golden.py [--quick] [--out DIR] [--policy NAME ...]
+Usage: python experiments/fig4_golden.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """
 
-from fa_jax.reproduce import main_fig4
+import sys
+
+from fa_jax.cli import main
 
 if __name__ == "__main__":
-    main_fig4()
+    sys.exit(main(["reproduce", "fig4", *sys.argv[1:]]))

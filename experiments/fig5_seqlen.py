@@ -1,9 +1,11 @@
-"""Golden et al. 2024, Fig 5: CSV + table + PNG (see fa_jax.reproduce.fig5).
+"""Golden et al. 2024, Fig 5 (deviation vs sequence length): ``fa-jax reproduce fig5``.
 
-Usage: python experiments/fig5_seqlen.py [--quick] [--out DIR] [--policy NAME ...]
+Usage: python experiments/fig5_seqlen.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """
 
-from fa_jax.reproduce import main_fig5
+import sys
+
+from fa_jax.cli import main
 
 if __name__ == "__main__":
-    main_fig5()
+    sys.exit(main(["reproduce", "fig5", *sys.argv[1:]]))

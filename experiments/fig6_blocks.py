@@ -1,9 +1,11 @@
-"""Golden et al. 2024, Fig 6: CSV + table + PNG (see fa_jax.reproduce.fig6).
+"""Golden et al. 2024, Fig 6 (deviation vs tile sizes): ``fa-jax reproduce fig6``.
 
-Usage: python experiments/fig6_blocks.py [--quick] [--out DIR] [--policy NAME ...]
+Usage: python experiments/fig6_blocks.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """
 
-from fa_jax.reproduce import main_fig6
+import sys
+
+from fa_jax.cli import main
 
 if __name__ == "__main__":
-    main_fig6()
+    sys.exit(main(["reproduce", "fig6", *sys.argv[1:]]))

@@ -1,9 +1,11 @@
-"""Golden et al. 2024, Fig 8: weight drift over training (see fa_jax.train.study).
+"""Golden et al. 2024, Figs 7-8 (weight drift over training; needs optax): ``fa-jax reproduce fig8``.
 
-Usage: python experiments/fig8_weights.py [--quick] [--out DIR] [--policy NAME ...]
+Usage: python experiments/fig8_weights.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """
 
-from fa_jax.train.study import main
+import sys
+
+from fa_jax.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(["reproduce", "fig8", *sys.argv[1:]]))

@@ -1,8 +1,8 @@
 """Golden et al. 2024, Fig 4, under the tensor-core accumulation model of Fasi,
 Higham, Mikaitis & Pranesh (2021) instead of exact accumulation.
 
-The Fig 4 setting of fa_jax.reproduce.fig4: d=64, batch=heads=1, N(0, 1) inputs
-(fa_jax.sweep.make_inputs), FA2 loop order, FA1 tiles for an SRAM of 8192
+The Fig 4 setting of fa_jax.studies.figures.fig4: d=64, batch=heads=1, N(0, 1) inputs
+(fa_jax.studies.sweep.make_inputs), FA2 loop order, FA1 tiles for an SRAM of 8192
 elements (Br = Bc = 32), formats bf16/fp16/fp32; quick: N=512, seeds (0, 1);
 full: N=4096, seeds (0, 1, 2).  For each policy (paper_uniform, fa2_kernel) and
 accumulation model (exact, tensor_core(v100), tensor_core(a100)) it prints,
@@ -34,13 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import float64_enabled
+from fa_jax._x64 import float64_enabled
 from fa_jax.accumulation import EXACT, tensor_core
 from fa_jax.attention import blocks_from_sram, flash_attention, reference_attention
 from fa_jax.formats import Format, get_format
-from fa_jax.policies import PRESETS, golden
+from fa_jax.presets import PRESETS, golden
 from fa_jax.rounding import round_to
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 FORMATS = ("bf16", "fp16", "fp32")
 POLICIES = ("paper_uniform", "fa2_kernel")

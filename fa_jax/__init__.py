@@ -1,16 +1,21 @@
 """fa_jax: bit-exact floating-point format emulation in JAX, and the numerics of
 FlashAttention's tiled online-softmax recurrence measured with it.
 
-Modules: formats, rounding, encoding, widening (formats and exact rounding);
-accumulation, ops (the emulated op layer); policy, policies (stage formats);
-softmax, attention, backward (the algorithms); metrics, bounds (measuring and bounding
-error); attribution (which stage's rounding causes it); quantization (scaled FP8
-quantization and incoherent processing, FlashAttention-3 §3.3); testing (hypothesis
-strategies).  Subpackage fa_jax.train (not imported here; needs optax): a small
-transformer trained with fa_jax attention, and the weight-drift study of Figs 7-8.
+The numerics, each layer using only those above it:
+
+* formats, rounding, encoding, widening: formats and exact rounding onto them;
+* accumulation, ops: the emulated op layer every algorithm calls;
+* policy, presets: the format of every stage of attention;
+* softmax, attention, backward, quantization: the algorithms;
+* metrics, bounds: measuring and bounding their error;
+* inputs, testing: seeded input distributions, hypothesis strategies.
+
+:mod:`fa_jax.studies` (sweeps, the paper's figures, the FlashAttention-3 table,
+attribution, training) uses them and is not imported here; :mod:`fa_jax.cli` is
+the ``fa-jax`` command.
 """
 
-from fa_jax import backward, bounds, metrics, ops, policies, quantization
+from fa_jax import backward, bounds, inputs, metrics, ops, presets, quantization
 from fa_jax.accumulation import (
     EXACT,
     SEQUENTIAL,
@@ -20,7 +25,6 @@ from fa_jax.accumulation import (
     tensor_core_model,
 )
 from fa_jax.attention import Blocks, blocks_from_sram, flash_attention, reference_attention
-from fa_jax.attribution import AttributionConfig, attribute
 from fa_jax.formats import (
     BF16,
     E2M1FN,
@@ -42,12 +46,28 @@ from fa_jax.formats import (
     get_format,
     registered_formats,
 )
-from fa_jax.policies import fa2_kernel, golden, paper_uniform, torch_math
+from fa_jax.inputs import DISTRIBUTIONS, make_inputs
+from fa_jax.presets import PRESETS, fa2_kernel, get_policy, golden, paper_uniform, torch_math
 from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES, STAGES, Policy
 from fa_jax.rounding import ROUNDING_MODES, round_to
 from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
 
 __version__ = "0.1.0"
+
+policies = presets  # the presets module's former name
+
+# Names that live in fa_jax.studies, resolved on first use so that importing
+# fa_jax does not import the studies (PEP 562).
+_STUDY_NAMES = {"attribute": "fa_jax.studies.attribution",
+                "AttributionConfig": "fa_jax.studies.attribution"}
+
+
+def __getattr__(name: str):
+    if name in _STUDY_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(_STUDY_NAMES[name]), name)
+    raise AttributeError(f"module 'fa_jax' has no attribute {name!r}")
 
 __all__ = [
     "BACKWARD_STAGES",
@@ -61,12 +81,14 @@ __all__ = [
     "E4M3FN",
     "E4M3FNUZ",
     "E5M2",
+    "DISTRIBUTIONS",
     "E5M2FNUZ",
     "EXACT",
     "FORWARD_STAGES",
     "FP16",
     "FP32",
     "FP64",
+    "PRESETS",
     "ROUNDING_MODES",
     "SEQUENTIAL",
     "STAGES",
@@ -85,13 +107,17 @@ __all__ = [
     "fa2_kernel",
     "flash_attention",
     "get_format",
+    "get_policy",
     "golden",
+    "inputs",
+    "make_inputs",
     "metrics",
     "naive_softmax",
     "online_softmax",
     "ops",
     "paper_uniform",
     "policies",
+    "presets",
     "quantization",
     "reference_attention",
     "registered_formats",

@@ -34,7 +34,7 @@ def cmd_round(args) -> int:
     import jax
     import numpy as np
 
-    from fa_jax._io import float64_enabled
+    from fa_jax._x64 import float64_enabled
     from fa_jax.encoding import encode, fields
     from fa_jax.rounding import round_to
 
@@ -87,7 +87,7 @@ def _ints(flag: str, values) -> tuple[int, ...]:
 def _block_spec(text: str):
     """``BRxBC`` -> Blocks; ``sramM``, ``sramM_swap``, ``sramM_square`` -> SramBlocks."""
     from fa_jax.attention import Blocks
-    from fa_jax.sweep import SramBlocks
+    from fa_jax.studies.sweep import SramBlocks
 
     t = text.strip().lower()
     try:
@@ -112,7 +112,7 @@ _GRID_FLAGS = {"formats": "--formats", "seq_lens": "--seq-lens", "blocks": "--bl
 
 
 def cmd_sweep(args) -> int:
-    from fa_jax.sweep import Grid, run_sweep
+    from fa_jax.studies.sweep import Grid, run_sweep
 
     formats = _items("--formats", args.formats)
     for name in formats:
@@ -143,15 +143,16 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from fa_jax.reproduce import reproduce
+    from fa_jax.studies.figures import reproduce
 
-    from fa_jax.policies import PRESETS
+    from fa_jax.presets import PRESETS
 
     policies = _items("--policy", args.policy)
     unknown = [p for p in policies if p not in PRESETS]
     if unknown:
         raise ValueError(f"--policy: expected names from {sorted(PRESETS)}, got {unknown}")
-    results = reproduce(args.figure, args.out, quick=args.quick, policies=policies)
+    results = reproduce(args.figure, args.out, quick=args.quick, policies=policies,
+                        ablations=args.ablations)
     for name, res in results.items():
         print(f"{name}: " + "  ".join(str(res[k]) for k in ("csv", "png") if res.get(k)))
     return 0
@@ -171,14 +172,14 @@ def _one_int(flag: str, text: str) -> int:
 
 def cmd_attribute(args) -> int:
     from fa_jax.attention import Blocks
-    from fa_jax.attribution import (
+    from fa_jax.studies.attribution import (
         ATTRIBUTION_METRICS,
         AttributionConfig,
         attribute,
         plot_attribution,
         write_csv,
     )
-    from fa_jax.policies import get_policy
+    from fa_jax.presets import get_policy
 
     if args.metric not in ATTRIBUTION_METRICS:
         raise ValueError(f"--metric: expected one of {ATTRIBUTION_METRICS}, got {args.metric!r}")
@@ -258,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
     rp.add_argument("--policy", nargs="*", default=["paper_uniform", "fa2_kernel"],
                     help="policy presets (default paper_uniform fa2_kernel)")
+    rp.add_argument("--ablations", action="store_true",
+                    help="fa3-table only: add rows that locate the FP8 error (not in the paper)")
     rp.set_defaults(func=cmd_reproduce)
 
     at = sub.add_parser("attribute", help="per-stage error attribution: table, CSV, bar chart")

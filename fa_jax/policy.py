@@ -41,7 +41,7 @@ and where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale
 or ``"q"`` (Q is pre-scaled: fl(Q · scale), as some kernels do).
 
 A Policy is a pytree whose leaves are its formats' widths, so policies can be
-vmapped over formats.  Presets live in :mod:`fa_jax.policies`.
+vmapped over formats.  Presets live in :mod:`fa_jax.presets`.
 """
 
 from __future__ import annotations

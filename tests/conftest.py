@@ -6,7 +6,7 @@ import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
-from fa_jax._io import float64_enabled
+from fa_jax._x64 import float64_enabled
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -20,7 +20,7 @@ from fa_jax.accumulation import (
     tensor_core,
     tensor_core_model,
 )
-from fa_jax.policies import fa2_kernel, paper_uniform
+from fa_jax.presets import fa2_kernel, paper_uniform
 from fa_jax.softmax import online_softmax, safe_softmax
 
 

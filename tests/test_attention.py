@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fa_jax import BF16, FP16
 from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram, flash_attention, reference_attention
-from fa_jax.policies import fa2_kernel, golden, paper_uniform, torch_math
+from fa_jax.presets import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
 
 from conftest import x64_enabled

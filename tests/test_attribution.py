@@ -1,4 +1,4 @@
-"""fa_jax.attribution and `fa-jax attribute`.
+"""fa_jax.studies.attribution and `fa-jax attribute`.
 
 Every attribution here runs the same tiny configuration (N=32, d=8, 8x8 tiles,
 one seed), so its jitted programs compile once per stack size and are shared by
@@ -13,7 +13,7 @@ import pytest
 
 from fa_jax import BF16, FP16, FP64, Blocks, fa2_kernel, golden, metrics, paper_uniform
 from fa_jax.attention import flash_attention, reference_attention
-from fa_jax.attribution import (
+from fa_jax.studies.attribution import (
     ATTRIBUTION_METRICS,
     CSV_COLUMNS,
     FORWARD_STAGES,
@@ -27,7 +27,7 @@ from fa_jax.attribution import (
 from fa_jax.cli import main
 from fa_jax.policy import STAGES
 from fa_jax.rounding import round_to
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 from conftest import x64_enabled
 

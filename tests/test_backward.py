@@ -11,7 +11,7 @@ import pytest
 
 from fa_jax import BF16, custom
 from fa_jax.attention import Blocks, flash_attention, reference_attention
-from fa_jax.policies import fa2_kernel, golden, paper_uniform, torch_math
+from fa_jax.presets import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
 
 from conftest import x64_enabled

@@ -1,4 +1,4 @@
-"""fa_jax.fa3_table (FlashAttention-3 Table 3): row definitions, configuration checks,
+"""fa_jax.studies.fa3_table (FlashAttention-3 Table 3): row definitions, configuration checks,
 the files and printed table of a tiny run, the descale order, and the paper's
 qualitative FP8 claim at a small size."""
 
@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fa_jax import fa3_table as t3
+from fa_jax.studies import fa3_table as t3
 from fa_jax import metrics, ops
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.formats import E4M3FN, FP16, FP32
-from fa_jax.policies import golden
+from fa_jax.presets import golden
 from fa_jax.quantization import incoherent_transform, quantize_per_tensor
 from fa_jax.rounding import round_to
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 ROWS = {r.key: r for r in t3.ROWS}
 # N=128, d=32 rather than smaller: the FP8 claim below held for each of 20 seeds tried
@@ -189,12 +189,12 @@ def test_descale_order_changes_the_fp8_rmse_negligibly(x64):
 
 
 def test_reproduce_routes_fa3_table_and_all_stays_figures(monkeypatch, tmp_path, capsys):
-    from fa_jax import reproduce
+    from fa_jax.studies import figures as reproduce
     from fa_jax.cli import main
 
     calls = []
 
-    def fake(out_dir, *, quick, quiet=False):
+    def fake(out_dir, *, quick, quiet=False, ablations=False):
         calls.append((str(out_dir), quick))
         return {"figure": "fa3-table", "csv": "results.csv"}
 

@@ -7,7 +7,7 @@ import pytest
 
 from fa_jax import BF16, FP16, FP32, FP64, STAGES, Policy, custom, round_to
 from fa_jax.accumulation import SEQUENTIAL, chunked
-from fa_jax.policies import fa2_kernel, get_policy, golden, paper_uniform, torch_math
+from fa_jax.presets import fa2_kernel, get_policy, golden, paper_uniform, torch_math
 from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fa_jax import quantization as qz
 from fa_jax.formats import E4M3FN, E5M2
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 ML = {E4M3FN.name: ml_dtypes.float8_e4m3fn, E5M2.name: ml_dtypes.float8_e5m2}
 

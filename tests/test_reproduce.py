@@ -1,4 +1,4 @@
-"""fa_jax.reproduce (the paper's figures) and the `fa-jax sweep` / `reproduce` commands.
+"""fa_jax.studies.figures (the paper's figures) and the `fa-jax sweep` / `reproduce` commands.
 
 Every grid here has d=8 and a flat batch of 2 configurations padded to N=16, so the
 jitted programs compile once and are reused across tests (the file stays well under
@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from fa_jax.cli import main
-from fa_jax.reproduce import FIGURES, fig3, fig4, fig5, fig6, reproduce
-from fa_jax.sweep import SramBlocks
+from fa_jax.studies.figures import FIGURES, fig3, fig4, fig5, fig6, reproduce
+from fa_jax.studies.sweep import SramBlocks
 
 POLICIES = ("paper_uniform", "fa2_kernel")
 TINY = dict(d=8, seeds=(0,), blocks=(SramBlocks(256),))  # d=8, M=256: 8x8 tiles

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fa_jax import BF16, E4M3FN, FP16, FP32, custom
 from fa_jax import bounds as B
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked
-from fa_jax.policies import golden, paper_uniform
+from fa_jax.presets import golden, paper_uniform
 from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
 
 import softmax_sim as sim

@@ -1,4 +1,4 @@
-"""fa_jax.sweep: grid validation, inputs, bitwise agreement with direct calls,
+"""fa_jax.studies.sweep: grid validation, inputs, bitwise agreement with direct calls,
 atomic/resumable CSV output, multi-device sharding."""
 
 import csv
@@ -15,17 +15,17 @@ import pytest
 from fa_jax import metrics
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.formats import custom, get_format
-from fa_jax.policies import golden, paper_uniform
+from fa_jax.presets import golden, paper_uniform
 from fa_jax.rounding import round_to
-from fa_jax.sweep import (
+from fa_jax.studies.sweep import (
     COLUMNS,
     COMPARISONS,
     METRICS,
     Grid,
     SramBlocks,
-    make_inputs,
     run_sweep,
 )
+from fa_jax.inputs import make_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -195,7 +195,7 @@ def test_causal_sweep_equals_direct_call(x64, tmp_path):
              seeds=(2,), d=8, causal=True, distribution="outliers", policies=("fa2_kernel",))
     rows = read_rows(run_sweep(g, tmp_path, quiet=True))
     assert len(rows) == 2 * 2 * len(COMPARISONS) * len(METRICS)
-    from fa_jax.policies import fa2_kernel
+    from fa_jax.presets import fa2_kernel
 
     q, k, v = make_inputs(2, 16, d=8, distribution="outliers")
     gold = reference_attention(*(round_to(t, "fp16") for t in (q, k, v)), golden(), causal=True)
@@ -223,7 +223,7 @@ def _script(out_dir, grid_src=GRID_SRC, memory_budget=None):
     return (
         "import jax\n"
         "from fa_jax.attention import Blocks\n"
-        "from fa_jax.sweep import Grid, SramBlocks, run_sweep\n"
+        "from fa_jax.studies.sweep import Grid, SramBlocks, run_sweep\n"
         f"run_sweep({grid_src}, {str(out_dir)!r}{budget})\n"
         "print(len(jax.devices()))\n"
     )
@@ -280,7 +280,7 @@ def test_three_devices_equal_single_device(sweep_csv, tmp_path):
 
 
 def test_length_buckets_bound_the_padding():
-    from fa_jax.sweep import length_buckets
+    from fa_jax.studies.sweep import length_buckets
 
     assert length_buckets([1024, 128, 256, 512]) == [(128, 256), (512, 1024)]
     assert length_buckets([16, 24]) == [(16, 24)]

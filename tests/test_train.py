@@ -1,4 +1,4 @@
-"""fa_jax.train: data order, the model under fa_jax attention, train steps, checkpoints,
+"""fa_jax.studies.train: data order, the model under fa_jax attention, train steps, checkpoints,
 resume, and the fig8 weight-drift study.
 
 Every training test uses one tiny configuration (1 layer, d_model 32, context 16,
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from fa_jax import Blocks, golden
-from fa_jax.train import study
-from fa_jax.train.attention_layer import AttentionSpec, float64_attention_vjp
-from fa_jax.train.data import MarkovData
-from fa_jax.train.loop import (
+from fa_jax.studies.train import study
+from fa_jax.studies.train.attention_layer import AttentionSpec, float64_attention_vjp
+from fa_jax.studies.train.data import MarkovData
+from fa_jax.studies.train.loop import (
     RunSpec,
     advance,
     init_state,
@@ -27,8 +27,8 @@ from fa_jax.train.loop import (
     save_checkpoint,
     train_step,
 )
-from fa_jax.train.model import forward, init_params, param_shapes
-from fa_jax.train.precision import COMPILER_OPTIONS, FP16_MIXED, LossScale, cast
+from fa_jax.studies.train.model import forward, init_params, param_shapes
+from fa_jax.studies.train.precision import COMPILER_OPTIONS, FP16_MIXED, LossScale, cast
 
 TINY = dict(vocab=16, context=16, d_model=32, n_heads=2, n_layers=1, d_ff=64, batch=2,
             steps=3, record_every=1, warmup=2, br=4, bc=4)
@@ -301,7 +301,7 @@ def test_study_config_rejects_bad_arguments():
 
 
 def test_reproduce_dispatches_fig8_and_keeps_it_out_of_all(monkeypatch, tmp_path):
-    from fa_jax import reproduce as rp
+    from fa_jax.studies import figures as rp
     from fa_jax.cli import build_parser
 
     calls = []

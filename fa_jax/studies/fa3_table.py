@@ -1,7 +1,7 @@
 """FlashAttention-3's numerical-error table (Shah et al. 2024, arXiv 2407.08608, §4.3, Table 3).
 
 The experiment: Q, K, V ~ N(0, 1) + N(0, 10²)·Bernoulli(0.001)
-(:func:`fa_jax.sweep.make_inputs`, ``distribution="outliers"``), attention
+(:func:`fa_jax.studies.sweep.make_inputs`, ``distribution="outliers"``), attention
 computed by each row of :data:`ROWS`, RMSE (:func:`fa_jax.metrics.rmse`, over
 all B·H·N·d outputs) against FP64 attention, mean over seeds, for every N and d
 of a :class:`TableConfig` (the paper states neither).
@@ -21,8 +21,8 @@ The FP16 rows take Q, K, V in FP16 (``inputs`` FP16); the FP8 rows take the
 dequantized E4M3FN operands described below (``inputs`` FP64).  Softmax scale
 1/√d applied to the scores (``scale="scores"``), exact accumulation model.
 
-baseline_fp16 is :func:`~fa_jax.policies.torch_math` (PyTorch's unfused
-attention), fa2_fp16 and fa3_fp16 are :func:`~fa_jax.policies.fa2_kernel`:
+baseline_fp16 is :func:`~fa_jax.presets.torch_math` (PyTorch's unfused
+attention), fa2_fp16 and fa3_fp16 are :func:`~fa_jax.presets.fa2_kernel`:
 FA3's FP16 forward keeps FA2's numerics (FP32 statistics and accumulators, P
 cast to FP16, one final division), so in this emulation the two rows differ
 only in their key/value tile width Bc, i.e. in how many rescalings a row of
@@ -93,10 +93,11 @@ import jax
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import atomic_write, float64_enabled
+from fa_jax._x64 import float64_enabled
+from fa_jax.studies.results import atomic_write
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.formats import BF16, E4M3FN, FP16, FP32, FP64, Format, custom
-from fa_jax.policies import fa2_kernel, golden, torch_math
+from fa_jax.presets import fa2_kernel, golden, torch_math
 from fa_jax.policy import Policy
 from fa_jax.quantization import (
     dequantize,
@@ -106,7 +107,7 @@ from fa_jax.quantization import (
     quantize_per_tensor,
 )
 from fa_jax.rounding import round_to
-from fa_jax.sweep import make_inputs
+from fa_jax.inputs import make_inputs
 
 __all__ = [
     "ABLATIONS",
@@ -529,7 +530,7 @@ def run_table(config: TableConfig, out_dir, *, quiet: bool = False) -> dict:
     _write_csv(paths["ratios"], RATIO_COLUMNS, ratios)
     closest = _closest(config, means)
     meta = {"experiment": "FlashAttention-3 Table 3 (Shah et al. 2024, arXiv 2407.08608, §4.3)",
-            "inputs": "N(0,1) + N(0,10^2) * Bernoulli(0.001), fa_jax.sweep.make_inputs "
+            "inputs": "N(0,1) + N(0,10^2) * Bernoulli(0.001), fa_jax.studies.sweep.make_inputs "
                       "(rng [seed, seq_len]), rounded to FP16",
             "references": {"draws": "FP64 attention of the float64 draws",
                            "fp16_inputs": "FP64 attention of the FP16-rounded inputs"},
@@ -558,17 +559,3 @@ def fa3_table(out_dir, *, quick: bool, quiet: bool = False, config: TableConfig 
         config = dataclasses.replace(config, ablations=True)
     res = run_table(config, pathlib.Path(out_dir) / "fa3_table", quiet=quiet)
     return {"figure": "fa3-table", **res}
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="FlashAttention-3 Table 3 (FP16/FP8 RMSE): CSV + "
-                                             "metadata.json + printed table")
-    ap.add_argument("--quick", action="store_true", help="N in (512, 1024), d in (64, 128), 2 seeds")
-    ap.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
-    ap.add_argument("--ablations", action="store_true",
-                    help="add rows that locate the FP8 error (not in the paper)")
-    args = ap.parse_args(argv)
-    fa3_table(args.out, quick=args.quick, ablations=args.ablations)
-

@@ -1,7 +1,7 @@
 """The figures of Golden et al. 2024, "Is Flash Attention Stable?", from the sweep engine.
 
 One function per figure, ``figN(out_dir, *, quick, policies) -> dict``: it builds a
-:class:`~fa_jax.sweep.Grid`, runs :func:`~fa_jax.sweep.run_sweep` into
+:class:`~fa_jax.studies.sweep.Grid`, runs :func:`~fa_jax.studies.sweep.run_sweep` into
 ``out_dir/figN/`` (resumable), averages each metric over seeds with the ``csv``
 module, prints a table, writes ``out_dir/figN/figN.png`` and returns::
 
@@ -13,7 +13,7 @@ more from the FP64 golden output than baseline attention does; with FP32 softmax
 statistics and accumulators (FlashAttention-2/3 kernels) it deviates less.
 
 Grids (d=64, batch=heads=1, normal inputs, FA2 loop order; tiles follow FA1,
-Bc = ceil(M/4d), Br = min(Bc, d), via :class:`~fa_jax.sweep.SramBlocks`):
+Bc = ceil(M/4d), Br = min(Bc, d), via :class:`~fa_jax.studies.sweep.SramBlocks`):
 
 =====  ===========================================  ==========================================
 fig    quick (2 seeds)                              full (3 seeds)
@@ -48,11 +48,10 @@ import json
 import math
 import pathlib
 
-from fa_jax._io import pyplot
-from fa_jax.sweep import Grid, SramBlocks, run_sweep
+from fa_jax.studies.results import pyplot
+from fa_jax.studies.sweep import Grid, SramBlocks, run_sweep
 
-__all__ = ["FIGURES", "DEFAULT_POLICIES", "fig3", "fig4", "fig5", "fig6", "reproduce",
-           "main_fig3", "main_fig4", "main_fig5", "main_fig6"]
+__all__ = ["FIGURES", "DEFAULT_POLICIES", "fig3", "fig4", "fig5", "fig6", "reproduce"]
 
 DEFAULT_POLICIES = ("paper_uniform", "fa2_kernel")
 _BASE = dict(d=64, batch=1, heads=1, distribution="normal", variants=("fa2",))
@@ -135,7 +134,7 @@ def _finish(fig, title: str, out, name: str, grid, csv_path, rows) -> dict:
     fig.tight_layout()
     png = out / f"{name}.png"
     fig.savefig(png, dpi=120)
-    pyplot("fa_jax.reproduce: plotting").close(fig)
+    pyplot("fa_jax.studies.figures: plotting").close(fig)
     return _result(name, grid, csv_path, png, rows)
 
 
@@ -183,7 +182,7 @@ def fig3(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "format", "man_bits", "flash_vs_golden", "baseline_vs_golden", "ratio"),
            rows)
 
-    plt = pyplot("fa_jax.reproduce: plotting")
+    plt = pyplot("fa_jax.studies.figures: plotting")
     fig, axes = plt.subplots(1, len(grid.policies), figsize=(5.5 * len(grid.policies), 4),
                              squeeze=False, sharey=True)
     for ax, p in zip(axes[0], grid.policies):
@@ -221,7 +220,7 @@ def fig4(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "format", "flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline",
             "ratio"), rows)
 
-    plt = pyplot("fa_jax.reproduce: plotting")
+    plt = pyplot("fa_jax.studies.figures: plotting")
     fmts_ = _fmt_names(grid)
     fig, axes = plt.subplots(1, len(grid.policies), figsize=(5 * len(grid.policies), 4),
                              squeeze=False, sharey=True)
@@ -276,7 +275,7 @@ def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "seq_len", "kv_blocks", "flash_max", "baseline_max", "ratio_max",
             "flash_mean", "baseline_mean", "flash_std", "baseline_std"), rows)
 
-    plt = pyplot("fa_jax.reproduce: plotting")
+    plt = pyplot("fa_jax.studies.figures: plotting")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
     for p, color in zip(grid.policies, ("C0", "C1", "C2", "C3", "C4")):
         pr = [r for r in rows if r["policy"] == p]
@@ -335,7 +334,7 @@ def fig6(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
            ("policy", "blocks", "config", "br", "bc", "kv_blocks", "flash_vs_golden",
             "baseline_vs_golden", "ratio"), rows)
 
-    plt = pyplot("fa_jax.reproduce: plotting")
+    plt = pyplot("fa_jax.studies.figures: plotting")
     fig, axes = plt.subplots(1, len(grid.policies), figsize=(6 * len(grid.policies), 4.5),
                              squeeze=False)
     for ax, p in zip(axes[0], grid.policies):
@@ -358,21 +357,23 @@ FIGURES = {"fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6}
 
 
 def reproduce(which: str, out_dir, *, quick: bool, policies=DEFAULT_POLICIES,
-              quiet: bool = False) -> dict:
+              quiet: bool = False, ablations: bool = False) -> dict:
     """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, or the training
-    study ``"fig8"`` (:func:`fa_jax.train.study.fig8`; needs optax, not in "all");
+    study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all");
     returns {name: result}."""
     if which == "fig8":
-        from fa_jax.train.study import fig8
+        from fa_jax.studies.train.study import fig8
 
         return {"fig8": fig8(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
     if which == "fa3-table":  # FlashAttention-3 Table 3; not in "all"
-        from fa_jax.fa3_table import fa3_table
+        from fa_jax.studies.fa3_table import fa3_table
 
         if tuple(policies) != DEFAULT_POLICIES:
             raise ValueError(f"--policy: fa3-table's rows fix their own policies "
-                             f"(fa_jax.fa3_table.ROWS), got {list(policies)}")
-        return {"fa3-table": fa3_table(out_dir, quick=quick, quiet=quiet)}
+                             f"(fa_jax.studies.fa3_table.ROWS), got {list(policies)}")
+        return {"fa3-table": fa3_table(out_dir, quick=quick, quiet=quiet, ablations=ablations)}
+    if ablations:
+        raise ValueError(f"--ablations: only fa3-table has ablation rows, got {which!r}")
     if which == "all":
         names = list(FIGURES)
     elif which in FIGURES:
@@ -382,31 +383,3 @@ def reproduce(which: str, out_dir, *, quick: bool, policies=DEFAULT_POLICIES,
                          f"'fig8' or 'fa3-table', got {which!r}")
     policies = tuple(policies)
     return {n: FIGURES[n](out_dir, quick=quick, policies=policies, quiet=quiet) for n in names}
-
-
-def _main(which: str, argv=None) -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=f"Golden et al. 2024 {which}: CSV + PNG")
-    ap.add_argument("--quick", action="store_true", help="small grid (under a minute on CPU)")
-    ap.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
-    ap.add_argument("--policy", nargs="+", default=list(DEFAULT_POLICIES),
-                    help="policy presets (default paper_uniform fa2_kernel)")
-    args = ap.parse_args(argv)
-    reproduce(which, args.out, quick=args.quick, policies=args.policy)
-
-
-def main_fig3(argv=None) -> None:
-    _main("fig3", argv)
-
-
-def main_fig4(argv=None) -> None:
-    _main("fig4", argv)
-
-
-def main_fig5(argv=None) -> None:
-    _main("fig5", argv)
-
-
-def main_fig6(argv=None) -> None:
-    _main("fig6", argv)

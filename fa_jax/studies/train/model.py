@@ -8,13 +8,13 @@ Pre-LN GPT (Radford et al. 2019) without biases in the linear layers::
     logits = LN_f(x) · W_u
 
 ``attn`` is causal multi-head attention computed by an
-:class:`~fa_jax.train.attention_layer.AttentionSpec`:
+:class:`~fa_jax.studies.train.attention_layer.AttentionSpec`:
 ``fa_jax.reference_attention`` (baseline) or ``fa_jax.flash_attention`` (tiled)
 under a :class:`~fa_jax.Policy`.  Q, K, V go in as float64 carriers
-(:func:`~fa_jax.train.precision.to_carrier`) and the output comes back in the
+(:func:`~fa_jax.studies.train.precision.to_carrier`) and the output comes back in the
 compute dtype; every other array has an explicit float32 / bfloat16 / float16
 dtype, so ``jax_enable_x64`` (which the emulation needs) widens nothing else.
-See :mod:`fa_jax.train.precision` for what each dtype is.
+See :mod:`fa_jax.studies.train.precision` for what each dtype is.
 
 Parameters are a flat ``{name: float32 array}`` dict (names like
 ``"layer0.attn.wq"``), initialised from ``numpy.random.default_rng(seed)``:
@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax.train.attention_layer import AttentionSpec
-from fa_jax.train.precision import cast, to_carrier
+from fa_jax.studies.train.attention_layer import AttentionSpec
+from fa_jax.studies.train.precision import cast, to_carrier
 
 __all__ = [
     "ModelConfig",

@@ -12,7 +12,7 @@ From one initialisation, on the same data in the same order, the study trains
 
 Attention's backward pass is fa_jax's emulated one under the same policy
 (``backward="emulated"``); ``backward="float64"`` keeps the forward emulated and
-takes exact gradients (:mod:`fa_jax.train.attention_layer`).  Every
+takes exact gradients (:mod:`fa_jax.studies.train.attention_layer`).  Every
 ``record_every`` steps the study compares the pairs' weights, per weight matrix
 and over all parameters concatenated (``"overall"``): ``max |w_a - w_x|`` and the
 Wasserstein-1 distance between the two runs' weight distributions
@@ -56,7 +56,7 @@ Presets: ``QUICK`` (2 layers, d_model 128, 4 heads, MLP 512, vocab 32, context
 10 steps) and ``FULL`` (4 layers, context 256, 600 steps, a record every 20).
 
 Deliberate differences from the paper's workload: a small decoder-only language
-model on a synthetic second-order Markov language (:mod:`fa_jax.train.data`)
+model on a synthetic second-order Markov language (:mod:`fa_jax.studies.train.data`)
 for a few hundred steps on a CPU, instead of a text-to-image model trained on
 Shutterstock on A100s, so that the study runs anywhere in minutes and its data
 ship as code; and attention *emulated* under a precision policy, where the paper
@@ -79,13 +79,14 @@ import jax
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import atomic_write, float64_enabled, pyplot
+from fa_jax._x64 import float64_enabled
+from fa_jax.studies.results import atomic_write, pyplot
 from fa_jax.attention import VARIANTS, Blocks
 from fa_jax.formats import get_format
-from fa_jax.policies import get_policy
-from fa_jax.train.attention_layer import BACKWARDS, AttentionSpec
-from fa_jax.train.data import MarkovData
-from fa_jax.train.loop import (
+from fa_jax.presets import get_policy
+from fa_jax.studies.train.attention_layer import BACKWARDS, AttentionSpec
+from fa_jax.studies.train.data import MarkovData
+from fa_jax.studies.train.loop import (
     Optim,
     RunSpec,
     TrainState,
@@ -94,8 +95,8 @@ from fa_jax.train.loop import (
     load_checkpoint,
     save_checkpoint,
 )
-from fa_jax.train.model import ModelConfig, param_shapes
-from fa_jax.train.precision import PRECISIONS
+from fa_jax.studies.train.model import ModelConfig, param_shapes
+from fa_jax.studies.train.precision import PRECISIONS
 
 __all__ = ["COLUMNS", "DEFAULT_POLICIES", "FULL", "METRICS", "PAPER_RATIO", "QUICK",
            "StudyConfig", "fig8", "load_overall", "run_study"]
@@ -104,7 +105,7 @@ COLUMNS = ("step", "policy", "pair", "param", "metric", "value")
 METRICS = ("max_abs_diff", "wasserstein_1d")
 LOSS_METRICS = ("loss_a", "loss_x")
 PAPER_RATIO = (2.0, 5.0)
-DEFAULT_POLICIES = ("paper_uniform", "fa2_kernel")  # as fa_jax.reproduce
+DEFAULT_POLICIES = ("paper_uniform", "fa2_kernel")  # as fa_jax.studies.figures
 PAIR_LABELS = {"flash": "(a,b) flash vs baseline attention",
                "seed": "(a,c) another init seed",
                "lowp": "(a,d) low-precision vs FP32 training"}
@@ -499,16 +500,3 @@ def fig8(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
     png = _plot(out, cfg, pairs, res["csv"], res["losses_csv"])
     return {"figure": "fig8", "csv": res["csv"], "png": None if png is None else str(png),
             "grid": dataclasses.asdict(cfg), "rows": rows, "summary": res["summary"]}
-
-
-def main(argv=None) -> None:
-    """``python experiments/fig8_weights.py [--quick] [--out DIR] [--policy NAME ...]``."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Golden et al. 2024 Fig 8: weight drift in training")
-    ap.add_argument("--quick", action="store_true", help="small study (minutes on a CPU)")
-    ap.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
-    ap.add_argument("--policy", nargs="+", default=list(DEFAULT_POLICIES),
-                    help="attention policy presets (default paper_uniform fa2_kernel)")
-    args = ap.parse_args(argv)
-    fig8(args.out, quick=args.quick, policies=args.policy)

@@ -2,7 +2,7 @@
 
 For a precision :class:`~fa_jax.policy.Policy` and one configuration (N, d,
 tiles, loop order, seeds), the deviation of the output O from the golden output
-(:func:`~fa_jax.policies.golden`, FP64 everywhere) is measured for
+(:func:`~fa_jax.presets.golden`, FP64 everywhere) is measured for
 
 * ``full``: the policy itself;
 * ``raised``: the policy with one stage raised to FP64,
@@ -31,13 +31,13 @@ D and its lowered deviation that of golden with the policy's accumulation and
 scale (0 for the presets), and neither is computed again.
 
 Deviation metrics, per seed and then averaged over seeds (as
-:mod:`fa_jax.reproduce` averages the sweep): ``max_abs_diff`` (primary) and
+:mod:`fa_jax.studies.figures` averages the sweep): ``max_abs_diff`` (primary) and
 ``mean_abs_diff`` of :mod:`fa_jax.metrics`.  The max is primary because it is
 the statistic of the paper's figures (Golden et al. 2024, Figs 3-6: "max
 diff"), whose "order of magnitude" at BF16 this attribution explains; the mean
 is less noisy and is in the CSV.
 
-Inputs: :func:`fa_jax.sweep.make_inputs` (same seeds and distributions as the
+Inputs: :func:`fa_jax.studies.sweep.make_inputs` (same seeds and distributions as the
 sweep).  With ``inputs="rounded"`` (the default, the sweep's convention) Q, K
 and V are rounded to the policy's input format *once, for every run including
 golden*: the deviation is then the computation's alone, and the ``inputs``
@@ -72,13 +72,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import float64_enabled, pyplot
+from fa_jax._x64 import float64_enabled
+from fa_jax.studies.results import pyplot
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.formats import FP64, Format
-from fa_jax.policies import golden
+from fa_jax.presets import golden
 from fa_jax.policy import STAGES, Policy
 from fa_jax.rounding import round_to
-from fa_jax.sweep import DISTRIBUTIONS, make_inputs
+from fa_jax.inputs import DISTRIBUTIONS, make_inputs
 
 __all__ = [
     "ATTRIBUTION_METRICS",
@@ -108,7 +109,7 @@ CSV_COLUMNS = ("policy", "seq_len", "d", "br", "bc", "variant", "seeds", "distri
 
 _missing = set(FORWARD_STAGES) - set(STAGES)
 if _missing:  # pragma: no cover - guards against a renamed stage in fa_jax.policy
-    raise ImportError(f"fa_jax.attribution: stages {sorted(_missing)} are not in "
+    raise ImportError(f"fa_jax.studies.attribution: stages {sorted(_missing)} are not in "
                       f"fa_jax.policy.STAGES {STAGES}")
 
 
@@ -117,7 +118,7 @@ class AttributionConfig:
     """One attribution: the policy and the attention configuration it runs.
 
     ``seeds`` and ``distribution`` pick the inputs of
-    :func:`fa_jax.sweep.make_inputs` (batch = heads = 1); ``kinds`` the
+    :func:`fa_jax.studies.sweep.make_inputs` (batch = heads = 1); ``kinds`` the
     attention paths (``"flash"``, ``"reference"``); ``inputs`` how Q, K, V meet
     the input format (module docstring).
     """
@@ -423,7 +424,7 @@ def plot_attribution(results, path, *, metric: str = "max_abs_diff") -> pathlib.
     a lowered bar reaching it, marks the stage that causes the deviation.
     """
     results = [results] if isinstance(results, Attribution) else list(results)
-    plt = pyplot("fa_jax.attribution: the bar chart")
+    plt = pyplot("fa_jax.studies.attribution: the bar chart")
     fig, axes = plt.subplots(len(results), 2, figsize=(13, 4.2 * len(results)), squeeze=False)
     colors = {"flash": "C0", "reference": "C1"}
     for row, res in zip(axes, results):

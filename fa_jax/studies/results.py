@@ -3,14 +3,12 @@ matplotlib behind the optional ``plot`` extra."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import tempfile
 
-import jax
 
-__all__ = ["atomic_write", "float64_enabled", "pyplot"]
+__all__ = ["atomic_write", "pyplot"]
 
 
 def atomic_write(path, write, *, binary: bool = False) -> None:
@@ -29,18 +27,6 @@ def atomic_write(path, write, *, binary: bool = False) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-@contextlib.contextmanager
-def float64_enabled():
-    """``jax_enable_x64`` on inside the block (the emulated ops need float64
-    carriers), restored to its previous value on exit."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
 
 
 def pyplot(purpose: str):

@@ -5,7 +5,7 @@ seed).  For each one the sweep computes
 
 * ``flash``    ``flash_attention`` under the policy,
 * ``baseline`` ``reference_attention`` under the same policy,
-* ``golden``   ``reference_attention`` under :func:`~fa_jax.policies.golden`,
+* ``golden``   ``reference_attention`` under :func:`~fa_jax.presets.golden`,
 
 all on the *same* inputs: Q, K, V drawn in float64 and rounded to the policy's
 input format (every preset's ``inputs`` stage is the swept format), so golden
@@ -129,7 +129,10 @@ import jax
 import numpy as np
 
 from fa_jax import metrics
-from fa_jax._io import atomic_write, float64_enabled
+from fa_jax._x64 import float64_enabled
+from fa_jax.inputs import make_inputs
+from fa_jax.studies.results import atomic_write
+from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
 from fa_jax.attention import (
     VARIANTS,
     Blocks,
@@ -138,26 +141,11 @@ from fa_jax.attention import (
     reference_attention,
 )
 from fa_jax.formats import Format, custom, get_format
-from fa_jax.policies import PRESETS, golden
+from fa_jax.presets import PRESETS, golden
 from fa_jax.rounding import round_to
 
-__all__ = [
-    "COLUMNS",
-    "COMPARISONS",
-    "DISTRIBUTIONS",
-    "METRICS",
-    "Grid",
-    "SramBlocks",
-    "make_inputs",
-    "run_sweep",
-]
+__all__ = ["MEMORY_BUDGET", "length_buckets", "run_sweep"]
 
-DISTRIBUTIONS = ("normal", "uniform", "outliers")
-COMPARISONS = ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
-METRICS = ("max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse")
-KEY_COLUMNS = ("policy", "format", "exp_bits", "man_bits", "seq_len", "blocks", "br", "bc",
-               "variant", "seed", "distribution", "batch", "heads", "d", "causal")
-COLUMNS = KEY_COLUMNS + ("comparison", "metric", "value")
 PAD_SEQ_LENS = True  # module docstring: measured faster on the grids we run
 PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
 MEMORY_BUDGET = 4 * 2**30  # bytes of working memory per compiled call (module docstring)
@@ -175,176 +163,6 @@ def length_buckets(lens, ratio=PAD_RATIO):
         else:
             buckets.append([n])
     return [tuple(b) for b in buckets]
-_OUTLIER_P = 0.001
-_OUTLIER_STD = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class SramBlocks:
-    """Tile sizes from an SRAM size in elements: :func:`blocks_from_sram` at the grid's d."""
-
-    sram_elems: int
-    swap: bool = False
-    square: bool = False
-
-    def __post_init__(self):
-        v = self.sram_elems
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"SramBlocks.sram_elems: expected a positive integer, got {v!r}")
-        if self.swap and self.square:
-            raise ValueError("SramBlocks: expected swap or square, not both")
-
-    def resolve(self, d: int) -> Blocks:
-        return blocks_from_sram(self.sram_elems, d, swap=self.swap, square=self.square)
-
-    def label(self) -> str:
-        return f"sram{self.sram_elems}" + ("_swap" if self.swap else "") + (
-            "_square" if self.square else "")
-
-
-BlockSpec = Blocks | SramBlocks
-
-
-def _block_label(b: BlockSpec) -> str:
-    return b.label() if isinstance(b, SramBlocks) else f"{b.br}x{b.bc}"
-
-
-def _resolve_format(spec) -> Format:
-    if isinstance(spec, tuple):
-        if len(spec) != 2:
-            raise ValueError(f"Grid.formats: expected (exp_bits, man_bits), got {spec!r}")
-        return custom(*spec)
-    return get_format(spec)
-
-
-def _positive_ints(name, values, *, allow_zero=False):
-    lo = 0 if allow_zero else 1
-    for v in values:
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
-            what = "non-negative" if allow_zero else "positive"
-            raise ValueError(f"Grid.{name}: expected {what} integers, got {v!r} in {values!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Grid:
-    """The configurations of a sweep: the product of every tuple field.
-
-    ``formats``: names ("bf16", "e5m4", ...), :class:`Format` objects or
-    ``(exp_bits, man_bits)`` tuples.  ``blocks``: :class:`Blocks` or
-    :class:`SramBlocks`.  ``policies``: preset names of
-    :data:`fa_jax.policies.PRESETS`.  ``distribution``: one of
-    :data:`DISTRIBUTIONS` (module docstring).
-    """
-
-    formats: tuple
-    seq_lens: tuple
-    blocks: tuple
-    variants: tuple = ("fa2",)
-    policies: tuple = ("paper_uniform",)
-    seeds: tuple = (0,)
-    batch: int = 1
-    heads: int = 1
-    d: int = 64
-    distribution: str = "normal"
-    causal: bool = False
-
-    def __post_init__(self):
-        for name in ("formats", "seq_lens", "blocks", "variants", "policies", "seeds"):
-            v = getattr(self, name)
-            if isinstance(v, (str, bytes, Blocks, SramBlocks)) or not hasattr(v, "__iter__"):
-                raise TypeError(f"Grid.{name}: expected a tuple, got {v!r}")
-            v = tuple(v)
-            if not v:
-                raise ValueError(f"Grid.{name}: expected a non-empty tuple, got ()")
-            object.__setattr__(self, name, v)
-        for name in ("batch", "heads", "d"):
-            _positive_ints(name, (getattr(self, name),))
-        _positive_ints("seq_lens", self.seq_lens)
-        _positive_ints("seeds", self.seeds, allow_zero=True)
-        fmts = tuple(_resolve_format(f) for f in self.formats)
-        names = [f.name for f in fmts]
-        if len(set(names)) != len(names):
-            raise ValueError(f"Grid.formats: expected distinct format names, got {names}")
-        for p in self.policies:
-            if p not in PRESETS:
-                raise ValueError(f"Grid.policies: expected names in {sorted(PRESETS)}, got {p!r}")
-        for v in self.variants:
-            if v not in VARIANTS:
-                raise ValueError(f"Grid.variants: expected names in {VARIANTS}, got {v!r}")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(
-                f"Grid.distribution: expected one of {DISTRIBUTIONS}, got {self.distribution!r}")
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"Grid.causal: expected a bool, got {self.causal!r}")
-        n_max = max(self.seq_lens)
-        labels = []
-        for b in self.blocks:
-            if not isinstance(b, (Blocks, SramBlocks)):
-                raise TypeError(f"Grid.blocks: expected Blocks or SramBlocks, got {b!r}")
-            r = b.resolve(self.d) if isinstance(b, SramBlocks) else b
-            if max(r.br, r.bc) > n_max:
-                raise ValueError(
-                    f"Grid.blocks: {b!r} gives br={r.br}, bc={r.bc}; expected both <= the "
-                    f"largest seq_len {n_max}")
-            labels.append(_block_label(b))
-        for name, vals in (("seq_lens", self.seq_lens), ("seeds", self.seeds),
-                           ("blocks", labels), ("variants", self.variants),
-                           ("policies", self.policies)):
-            if len(set(vals)) != len(vals):
-                raise ValueError(f"Grid.{name}: expected distinct entries, got {vals!r}")
-
-    # -- resolved views ------------------------------------------------------
-
-    def resolved_formats(self) -> tuple[Format, ...]:
-        return tuple(_resolve_format(f) for f in self.formats)
-
-    def resolved_blocks(self) -> tuple[tuple[str, Blocks], ...]:
-        """(label, Blocks) per blocks entry, in grid order."""
-        return tuple((_block_label(b), b.resolve(self.d) if isinstance(b, SramBlocks) else b)
-                     for b in self.blocks)
-
-    def to_json(self) -> dict:
-        def fmt(f: Format):
-            return {"name": f.name, "exp_bits": f.exp_bits, "man_bits": f.man_bits,
-                    "bias": f.bias, "subnormals": f.subnormals, "specials": f.specials,
-                    "overflow": f.overflow}
-
-        def blk(b):
-            if isinstance(b, SramBlocks):
-                r = b.resolve(self.d)
-                return {"sram_elems": b.sram_elems, "swap": b.swap, "square": b.square,
-                        "br": r.br, "bc": r.bc}
-            return {"br": b.br, "bc": b.bc}
-
-        return {"formats": [fmt(f) for f in self.resolved_formats()],
-                "seq_lens": list(self.seq_lens), "blocks": [blk(b) for b in self.blocks],
-                "variants": list(self.variants), "policies": list(self.policies),
-                "seeds": list(self.seeds), "batch": self.batch, "heads": self.heads,
-                "d": self.d, "distribution": self.distribution, "causal": self.causal}
-
-
-# -- inputs -------------------------------------------------------------------
-
-
-def make_inputs(seed: int, seq_len: int, *, batch=1, heads=1, d=64, distribution="normal"):
-    """Raw float64 numpy (q, k, v), each (batch, heads, seq_len, d), from
-    ``numpy.random.default_rng([seed, seq_len])`` (module docstring)."""
-    if distribution not in DISTRIBUTIONS:
-        raise ValueError(f"make_inputs: distribution must be one of {DISTRIBUTIONS}, "
-                         f"got {distribution!r}")
-    rng = np.random.default_rng([seed, seq_len])
-    shape = (batch, heads, seq_len, d)
-
-    def one():
-        if distribution == "uniform":
-            return rng.uniform(-1.0, 1.0, shape)
-        x = rng.standard_normal(shape)
-        if distribution == "outliers":
-            mask = rng.random(shape) < _OUTLIER_P
-            x = x + mask * rng.normal(0.0, _OUTLIER_STD, shape)
-        return x
-
-    return tuple(one() for _ in range(3))
 
 
 # -- compiled programs ----------------------------------------------------------
@@ -542,15 +360,6 @@ def _metadata(grid: Grid) -> dict:
 # -- the sweep -----------------------------------------------------------------
 
 
-def _key(grid, preset, f, n, label, blocks, variant, seed):
-    vals = {"policy": preset, "format": f.name, "exp_bits": f.exp_bits,
-            "man_bits": f.man_bits, "seq_len": n, "blocks": label, "br": blocks.br,
-            "bc": blocks.bc, "variant": variant, "seed": seed,
-            "distribution": grid.distribution, "batch": grid.batch, "heads": grid.heads,
-            "d": grid.d, "causal": grid.causal}
-    return {c: str(vals[c]) for c in KEY_COLUMNS}
-
-
 def run_sweep(grid: Grid, out_dir, *, quiet: bool = False,
               memory_budget: int = MEMORY_BUDGET) -> pathlib.Path:
     """Run every configuration of ``grid`` not already in ``out_dir/results.csv``
@@ -595,7 +404,7 @@ def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool, memory_budget: int) -
         new_rows = []
         for chunk in kb.chunks:
             entries = kb.entries(chunk)
-            keys = [[_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
+            keys = [[row_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
                     for f, n, s in entries]
             if all(tuple(k.values()) in done for ks in keys for k in ks):
                 continue
@@ -622,7 +431,7 @@ def _sweep(grid: Grid, out_dir, *, quiet: bool, pad: bool, memory_budget: int) -
             rows.extend(new_rows)
             _write_csv(csv_path, rows)
         if progress:
-            print(f"\rfa_jax.sweep: {i + 1}/{len(groups)} groups, "
+            print(f"\rfa_jax.studies.sweep: {i + 1}/{len(groups)} groups, "
                   f"{time.monotonic() - start:.1f} s", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)

@@ -1,14 +1,14 @@
 """Training runs: the optax Adam train step, and checkpoints that resume bit for bit.
 
 A :class:`RunSpec` is one training run: model initialisation seed, attention
-(:class:`~fa_jax.train.attention_layer.AttentionSpec`) and training precision
-(:class:`~fa_jax.train.precision.TrainPrecision`).  With a
-:class:`~fa_jax.train.model.ModelConfig`, an :class:`Optim` and the data
-(:class:`~fa_jax.train.data.MarkovData`) it determines every bit of the run:
+(:class:`~fa_jax.studies.train.attention_layer.AttentionSpec`) and training precision
+(:class:`~fa_jax.studies.train.precision.TrainPrecision`).  With a
+:class:`~fa_jax.studies.train.model.ModelConfig`, an :class:`Optim` and the data
+(:class:`~fa_jax.studies.train.data.MarkovData`) it determines every bit of the run:
 
 * step ``s`` (0-based) trains on ``data.batch_at(s)``;
 * :func:`train_step` is one jitted function per (model, attention, precision,
-  optimiser), compiled with :data:`~fa_jax.train.precision.COMPILER_OPTIONS`:
+  optimiser), compiled with :data:`~fa_jax.studies.train.precision.COMPILER_OPTIONS`:
   loss and gradients (scaled for FP16), gradient clipping by global norm, Adam
   (Kingma & Ba 2015) with linear warm-up, applied to the float32 master weights;
   a step whose gradients are not finite is skipped (FP16's dynamic loss scale
@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax._io import atomic_write
-from fa_jax.train.attention_layer import AttentionSpec
-from fa_jax.train.data import MarkovData
-from fa_jax.train.model import ModelConfig, init_params, loss_fn
-from fa_jax.train.precision import (
+from fa_jax.studies.results import atomic_write
+from fa_jax.studies.train.attention_layer import AttentionSpec
+from fa_jax.studies.train.data import MarkovData
+from fa_jax.studies.train.model import ModelConfig, init_params, loss_fn
+from fa_jax.studies.train.precision import (
     COMPILER_OPTIONS,
     LossScale,
     TrainPrecision,
@@ -52,7 +52,7 @@ def _optax():
     try:
         import optax
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("fa_jax.train needs optax: pip install 'fa-jax[train]'") from err
+        raise ImportError("fa_jax.studies.train needs optax: pip install 'fa-jax[train]'") from err
     return optax
 
 

@@ -10,9 +10,9 @@ Needs optax (``pip install 'fa-jax[train]'``); ``fa_jax`` itself does not import
 this package.
 """
 
-from fa_jax.train.attention_layer import AttentionSpec
-from fa_jax.train.data import MarkovData
-from fa_jax.train.loop import (
+from fa_jax.studies.train.attention_layer import AttentionSpec
+from fa_jax.studies.train.data import MarkovData
+from fa_jax.studies.train.loop import (
     Optim,
     RunSpec,
     TrainState,
@@ -22,9 +22,9 @@ from fa_jax.train.loop import (
     save_checkpoint,
     train_step,
 )
-from fa_jax.train.model import ModelConfig, forward, init_params, loss_fn
-from fa_jax.train.precision import BF16_MIXED, FP16_MIXED, FP32, TrainPrecision
-from fa_jax.train.study import FULL, QUICK, StudyConfig, fig8, load_overall, run_study
+from fa_jax.studies.train.model import ModelConfig, forward, init_params, loss_fn
+from fa_jax.studies.train.precision import BF16_MIXED, FP16_MIXED, FP32, TrainPrecision
+from fa_jax.studies.train.study import FULL, QUICK, StudyConfig, fig8, load_overall, run_study
 
 __all__ = [
     "BF16_MIXED",

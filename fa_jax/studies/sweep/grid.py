@@ -1,0 +1,171 @@
+"""The configurations of a sweep: :class:`Grid`, its tile specs and its CSV schema.
+
+A configuration is (policy preset, format, sequence length, blocks, variant,
+seed) plus the shared shape (batch, heads, d), input distribution
+(:mod:`fa_jax.inputs`) and causal flag.  Every configuration is compared three
+ways, ``flash_vs_golden``, ``baseline_vs_golden`` and ``flash_vs_baseline``,
+with the metrics ``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff`` and
+``rmse`` of :mod:`fa_jax.metrics`: one tidy CSV row per (configuration,
+comparison, metric), :data:`KEY_COLUMNS` then ``comparison, metric, value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fa_jax._checks import non_negative_ints, positive_int, positive_ints
+from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram
+from fa_jax.formats import Format, custom, get_format
+from fa_jax.inputs import DISTRIBUTIONS
+from fa_jax.presets import PRESETS
+
+__all__ = ["COLUMNS", "COMPARISONS", "KEY_COLUMNS", "METRICS", "Grid", "SramBlocks", "row_key"]
+
+COMPARISONS = ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
+METRICS = ("max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse")
+KEY_COLUMNS = ("policy", "format", "exp_bits", "man_bits", "seq_len", "blocks", "br", "bc",
+               "variant", "seed", "distribution", "batch", "heads", "d", "causal")
+COLUMNS = KEY_COLUMNS + ("comparison", "metric", "value")
+
+
+@dataclasses.dataclass(frozen=True)
+class SramBlocks:
+    """Tile sizes from an SRAM size in elements: :func:`blocks_from_sram` at the grid's d."""
+
+    sram_elems: int
+    swap: bool = False
+    square: bool = False
+
+    def __post_init__(self):
+        positive_int(self.sram_elems, "SramBlocks.sram_elems")
+        if self.swap and self.square:
+            raise ValueError("SramBlocks: expected swap or square, not both")
+
+    def resolve(self, d: int) -> Blocks:
+        return blocks_from_sram(self.sram_elems, d, swap=self.swap, square=self.square)
+
+    def label(self) -> str:
+        return f"sram{self.sram_elems}" + ("_swap" if self.swap else "") + (
+            "_square" if self.square else "")
+
+
+BlockSpec = Blocks | SramBlocks
+
+
+def _block_label(b: BlockSpec) -> str:
+    return b.label() if isinstance(b, SramBlocks) else f"{b.br}x{b.bc}"
+
+
+def _resolve_format(spec) -> Format:
+    if isinstance(spec, tuple):
+        if len(spec) != 2:
+            raise ValueError(f"Grid.formats: expected (exp_bits, man_bits), got {spec!r}")
+        return custom(*spec)
+    return get_format(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The configurations of a sweep: the product of every tuple field.
+
+    ``formats``: names ("bf16", "e5m4", ...), :class:`Format` objects or
+    ``(exp_bits, man_bits)`` tuples.  ``blocks``: :class:`Blocks` or
+    :class:`SramBlocks`.  ``policies``: preset names of
+    :data:`fa_jax.presets.PRESETS`.  ``distribution``: one of
+    :data:`DISTRIBUTIONS` (module docstring).
+    """
+
+    formats: tuple
+    seq_lens: tuple
+    blocks: tuple
+    variants: tuple = ("fa2",)
+    policies: tuple = ("paper_uniform",)
+    seeds: tuple = (0,)
+    batch: int = 1
+    heads: int = 1
+    d: int = 64
+    distribution: str = "normal"
+    causal: bool = False
+
+    def __post_init__(self):
+        for name in ("formats", "seq_lens", "blocks", "variants", "policies", "seeds"):
+            v = getattr(self, name)
+            if isinstance(v, (str, bytes, Blocks, SramBlocks)) or not hasattr(v, "__iter__"):
+                raise TypeError(f"Grid.{name}: expected a tuple, got {v!r}")
+            v = tuple(v)
+            if not v:
+                raise ValueError(f"Grid.{name}: expected a non-empty tuple, got ()")
+            object.__setattr__(self, name, v)
+        for name in ("batch", "heads", "d"):
+            positive_int(getattr(self, name), f"Grid.{name}")
+        positive_ints(self.seq_lens, "Grid.seq_lens")
+        non_negative_ints(self.seeds, "Grid.seeds")
+        fmts = tuple(_resolve_format(f) for f in self.formats)
+        names = [f.name for f in fmts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Grid.formats: expected distinct format names, got {names}")
+        for p in self.policies:
+            if p not in PRESETS:
+                raise ValueError(f"Grid.policies: expected names in {sorted(PRESETS)}, got {p!r}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"Grid.variants: expected names in {VARIANTS}, got {v!r}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"Grid.distribution: expected one of {DISTRIBUTIONS}, got {self.distribution!r}")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"Grid.causal: expected a bool, got {self.causal!r}")
+        n_max = max(self.seq_lens)
+        labels = []
+        for b in self.blocks:
+            if not isinstance(b, (Blocks, SramBlocks)):
+                raise TypeError(f"Grid.blocks: expected Blocks or SramBlocks, got {b!r}")
+            r = b.resolve(self.d) if isinstance(b, SramBlocks) else b
+            if max(r.br, r.bc) > n_max:
+                raise ValueError(
+                    f"Grid.blocks: {b!r} gives br={r.br}, bc={r.bc}; expected both <= the "
+                    f"largest seq_len {n_max}")
+            labels.append(_block_label(b))
+        for name, vals in (("seq_lens", self.seq_lens), ("seeds", self.seeds),
+                           ("blocks", labels), ("variants", self.variants),
+                           ("policies", self.policies)):
+            if len(set(vals)) != len(vals):
+                raise ValueError(f"Grid.{name}: expected distinct entries, got {vals!r}")
+
+    # -- resolved views ------------------------------------------------------
+
+    def resolved_formats(self) -> tuple[Format, ...]:
+        return tuple(_resolve_format(f) for f in self.formats)
+
+    def resolved_blocks(self) -> tuple[tuple[str, Blocks], ...]:
+        """(label, Blocks) per blocks entry, in grid order."""
+        return tuple((_block_label(b), b.resolve(self.d) if isinstance(b, SramBlocks) else b)
+                     for b in self.blocks)
+
+    def to_json(self) -> dict:
+        def fmt(f: Format):
+            return {"name": f.name, "exp_bits": f.exp_bits, "man_bits": f.man_bits,
+                    "bias": f.bias, "subnormals": f.subnormals, "specials": f.specials,
+                    "overflow": f.overflow}
+
+        def blk(b):
+            if isinstance(b, SramBlocks):
+                r = b.resolve(self.d)
+                return {"sram_elems": b.sram_elems, "swap": b.swap, "square": b.square,
+                        "br": r.br, "bc": r.bc}
+            return {"br": b.br, "bc": b.bc}
+
+        return {"formats": [fmt(f) for f in self.resolved_formats()],
+                "seq_lens": list(self.seq_lens), "blocks": [blk(b) for b in self.blocks],
+                "variants": list(self.variants), "policies": list(self.policies),
+                "seeds": list(self.seeds), "batch": self.batch, "heads": self.heads,
+                "d": self.d, "distribution": self.distribution, "causal": self.causal}
+
+
+def row_key(grid, preset, f, n, label, blocks, variant, seed):
+    vals = {"policy": preset, "format": f.name, "exp_bits": f.exp_bits,
+            "man_bits": f.man_bits, "seq_len": n, "blocks": label, "br": blocks.br,
+            "bc": blocks.bc, "variant": variant, "seed": seed,
+            "distribution": grid.distribution, "batch": grid.batch, "heads": grid.heads,
+            "d": grid.d, "causal": grid.causal}
+    return {c: str(vals[c]) for c in KEY_COLUMNS}
