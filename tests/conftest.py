@@ -6,7 +6,7 @@ import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
-from fa_jax._x64 import float64_enabled
+from helpers import x64_enabled
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -18,10 +18,6 @@ settings.register_profile(
     "thorough", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-# Enable float64 for the duration of a block, restoring the previous setting.
-x64_enabled = float64_enabled
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram, flash_attention
 from fa_jax.presets import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,7 @@ from fa_jax.policy import STAGES
 from fa_jax.rounding import round_to
 from fa_jax.inputs import make_inputs
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 TINY = {"seq_len": 32, "d": 8, "blocks": Blocks(8, 8), "seeds": (0,)}
 

@@ -14,7 +14,7 @@ from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.presets import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 
 @pytest.fixture(autouse=True)

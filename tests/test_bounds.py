@@ -24,7 +24,7 @@ from fa_jax import bounds as B
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked, get_accumulation
 
 import softmax_sim as sim
-from conftest import x64_enabled
+from helpers import x64_enabled
 from softmax_sim import exact_softmax, online_softmax, rnd, safe_softmax
 
 E8M4 = custom(8, 4)

@@ -16,7 +16,7 @@ from fa_jax import BF16, FP16, FP32, FP64, custom, registered_formats, round_to
 from fa_jax import metrics as M
 from fa_jax.encoding import decode
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 ELEMENTWISE = ["max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse", "max_rel_diff"]
 

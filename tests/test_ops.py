@@ -19,7 +19,7 @@ from fa_jax import BF16, E4M3FN, FP16, FP32, FP64, Format, custom, ops
 from fa_jax import testing as fst
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked, tensor_core, tensor_core_model
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 from oracle import round_exact
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import x64_enabled
+from helpers import x64_enabled
 from hypothesis import assume, given
 from hypothesis import strategies as st
 

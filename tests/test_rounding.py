@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import fa_jax
 from fa_jax import BF16, E4M3FN, FP16, FP32, custom, registered_formats, round_to
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 WITH_DTYPE = [f for f in registered_formats() if f.dtype is not None and f.bits <= 16]
 round_jit = jax.jit(round_to, static_argnames="mode")

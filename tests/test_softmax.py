@@ -27,7 +27,7 @@ from fa_jax.presets import golden, paper_uniform
 from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
 
 import softmax_sim as sim
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 ROWS, WIDTH, LONG = 4, 300, 4096
 BLOCKS = [1, 7, 64]

@@ -8,7 +8,7 @@ import pytest
 
 from fa_jax.widening import widen
 
-from conftest import x64_enabled
+from helpers import x64_enabled
 
 NARROW = [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2fnuz,
           ml_dtypes.float4_e2m1fn]
