@@ -15,6 +15,8 @@ attribution, training) uses them and is not imported here; :mod:`fa_jax.cli` is
 the ``fa-jax`` command.
 """
 
+from typing import TYPE_CHECKING
+
 from fa_jax import backward, bounds, inputs, metrics, ops, presets, quantization
 from fa_jax.accumulation import (
     EXACT,
@@ -47,8 +49,8 @@ from fa_jax.formats import (
     registered_formats,
 )
 from fa_jax.inputs import DISTRIBUTIONS, make_inputs
-from fa_jax.presets import PRESETS, fa2_kernel, get_policy, golden, paper_uniform, torch_math
 from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES, STAGES, Policy
+from fa_jax.presets import PRESETS, fa2_kernel, get_policy, golden, paper_uniform, torch_math
 from fa_jax.rounding import ROUNDING_MODES, round_to
 from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
 
@@ -56,10 +58,15 @@ __version__ = "0.1.0"
 
 policies = presets  # the presets module's former name
 
+if TYPE_CHECKING:
+    from fa_jax.studies.attribution import AttributionConfig, attribute
+
 # Names that live in fa_jax.studies, resolved on first use so that importing
 # fa_jax does not import the studies (PEP 562).
-_STUDY_NAMES = {"attribute": "fa_jax.studies.attribution",
-                "AttributionConfig": "fa_jax.studies.attribution"}
+_STUDY_NAMES = {
+    "attribute": "fa_jax.studies.attribution",
+    "AttributionConfig": "fa_jax.studies.attribution",
+}
 
 
 def __getattr__(name: str):
@@ -69,9 +76,11 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_STUDY_NAMES[name]), name)
     raise AttributeError(f"module 'fa_jax' has no attribute {name!r}")
 
+
 __all__ = [
     "BACKWARD_STAGES",
     "BF16",
+    "DISTRIBUTIONS",
     "E2M1FN",
     "E2M3FN",
     "E3M2FN",
@@ -81,7 +90,6 @@ __all__ = [
     "E4M3FN",
     "E4M3FNUZ",
     "E5M2",
-    "DISTRIBUTIONS",
     "E5M2FNUZ",
     "EXACT",
     "FORWARD_STAGES",
