@@ -16,60 +16,18 @@ Softmax (the quantity fa_jax.bounds bounds)
     (the bounds grow with R, so that one value bounds every row).  Rows per
     length: ``min(4096, max(32, 2**21 // n))``.
 
-Attention (no bound in fa_jax.bounds: propagated here)
-    Q, K, V from :func:`fa_jax.studies.sweep.make_inputs` (seed 0, N(0, 1), d = 64),
+Attention
+    Q, K, V from :func:`fa_jax.inputs.make_inputs` (seed 0, N(0, 1), d = 64),
     rounded to ``fmt``; 128 query rows (all rows for n < 128) against n keys.
     Query rows are independent, so this measures the same per-row error as a
-    full N x N run without materialising N x N float64 scores (at n = 65,536
-    that would be 32 GiB); it is why the *reference* path runs at every n.
-    Measured: ``max |O_hat - O|`` and the mean, for ``reference_attention`` and
+    full N x N run without materialising N x N float64 scores.  Measured:
+    ``max |O_hat - O|`` and the mean, for ``reference_attention`` and
     ``flash_attention`` (FA2, Br = Bc = 32), each against
-    ``reference_attention`` under ``golden()``.
-
-    The bound below is derived for this script (fa_jax.bounds has none for
-    attention) from the same model as the softmax bounds (Higham §2.2,
-    fl(a op b) = (a op b)(1 + delta), |delta| <= u; plus an absolute error at
-    most sigma_min / 2 where a result is subnormal).  Per output entry (i, c)::
-
-        |O_hat_ic - O_ic| <= F_i * W_ic + Z_i,    W_ic = sum_j p_ij |v_jc|,
-
-    with p the exact softmax (W is computed with golden arithmetic).
-    *Scores.*  S_hat = fl(fl(Q K^T) c) differs from S by at most
-    ``Delta_i = max_j [((1 + u)^2 - 1) |s_ij| + ((1 + u)^2 + 1) g(d) A_ij] +
-    sigma_min`` (``A = c |Q| |K|^T``; ``g(k) = gamma_k`` of float64 bounds the
-    float64 dots of the carrier and of golden), and softmax(S_hat)_j /
-    softmax(S)_j lies in ``e^{+-2 Delta_i}``.  The softmax then runs on S_hat, spread
-    ``R_i <= max_j s_ij - min_j s_ij + 2 Delta_i``.
-    *Reference.*  P_hat / softmax(S_hat) is within ``eps = softmax_bound(n,
-    R_i, fmt)``; ``fl(P_hat V)`` adds one rounding (and ``g(n)`` for the float64
-    dot) relative to ``sum_j P_hat_j |v_j|``, the output cast one more::
-
-        F = max((1 + eps) e^{2 Delta} (1 + u)^2 (1 + g(n)) - 1, 1 - (same with -)).
-
-    *Flash (FA2, K = ceil(n / Bc) blocks).*  Write the unnormalised
-    accumulator as o_K = sum_j theta_j e^{s_j - m_K} v_j exactly (every rounding
-    of a sum of mixed signs is a factor (1 + delta) on all of its terms).  A term
-    of the first block meets: its exp (u, eta), the cast to P (u), the P V_j
-    dot (u and g(Bc)), the add into o (u), and per later block alpha (u, eta),
-    o * alpha (u), the add (u); its exp arguments' errors telescope to
-    ``u R`` as in the online-softmax bound.  So ``theta in [T_lo, T_hi]``,
-    ``T_hi = e^{uR} (1 + eta)^K (1 + u)^{3K + 1} (1 + g(Bc))``.  The sum l_K has
-    ratio in ``[D_lo, D_hi]`` (fa_jax.bounds, derivation step 3, with the
-    block sum's one rounding), and O = fl(o_K / l_K)::
-
-        F = max(T_hi (1 + u) e^{2 Delta} / D_lo - 1, 1 - T_lo (1 - u) e^{-2 Delta} / D_hi).
-
-    Subnormal results (P V_j dots, o * alpha) add at most sigma_min / 2 each,
-    through alphas <= 1 and divided by l >= D_lo:
-    ``Z = K sigma_min (1 + u)^{3K} (1 + u) / D_lo + sigma_min / 2`` (reference:
-    ``Z = sigma_min``).  The bound is ``inf`` where the softmax bound is (an
-    exponential may underflow, a sum overflow) or where ``n D_hi T_hi max|v|``
-    exceeds the format's max (o may overflow).  Float64 slack: golden's other
-    errors (exp, sum, division, its P V dot) and W's are within
-    ``4 g(max(n, d)) W``, added to F.
-
-    The "first-order" attention line is max over entries of the leading term of
-    the same F (the sum of the exponents' first-order parts) times W.
+    ``reference_attention`` under ``golden()``.  Bound:
+    :func:`fa_jax.bounds.attention_bound` (per entry ``F_i W_ic + Z_i``, with
+    ``W = softmax(S) |V|``; its docstring gives the derivation).  The
+    "first-order" attention line is the max over entries of the leading term
+    of ``F`` times ``W``.
 
 Probabilistic scaling: the line ``sqrt(n) u`` (Higham & Mary 2019, lambda = 1;
 times mean W for attention) shows where errors that add up like a random walk
@@ -84,9 +42,6 @@ than the trivial one: ``inf``, a relative error >= 1 (softmax), or F >= 1
 
     python experiments/bounds_vs_error.py                   # full: n = 16 .. 65536
     python experiments/bounds_vs_error.py --max-n 1024      # quick
-
-The full run took 4-5 min wall (2 min 20 s CPU) on a shared 2-core CPU, jax 0.10.2;
-compilation (one program per format, length and function) dominates.
 """
 
 from __future__ import annotations
@@ -100,8 +55,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-jax.config.update("jax_enable_x64", True)
 
 from fa_jax import (
     Blocks,
@@ -117,21 +70,31 @@ from fa_jax import (
 from fa_jax import bounds as B
 from fa_jax.inputs import make_inputs
 
+jax.config.update("jax_enable_x64", True)
+
 FORMATS = ("bf16", "fp16", "fp32", "e4m3fn")
 NS = (16, 64, 256, 1024, 4096, 16384, 65536)
 SIGMAS = (1.0, 4.0)
 BLOCK = 32  # online softmax block and flash Bc (Br = Bc)
 D = 64
 Q_ROWS = 128
-U64 = 2.0**-53
-COLUMNS = ("format", "n", "quantity", "sigma", "rows", "x_range", "measured_max",
-           "measured_mean", "bound", "bound_first_order", "sqrt_n_u", "loose_by", "vacuous",
-           "trivial_level", "violations")
-
-
-def g64(k: int) -> float:
-    """gamma_k of float64: the relative error bound of a k-term float64 dot."""
-    return k * U64 / (1 - k * U64)
+COLUMNS = (
+    "format",
+    "n",
+    "quantity",
+    "sigma",
+    "rows",
+    "x_range",
+    "measured_max",
+    "measured_mean",
+    "bound",
+    "bound_first_order",
+    "sqrt_n_u",
+    "loose_by",
+    "vacuous",
+    "trivial_level",
+    "violations",
+)
 
 
 def softmax_rows(n: int) -> int:
@@ -154,82 +117,84 @@ def softmax_case(fmt, n: int) -> list[dict]:
     u = fmt.unit_roundoff
     out = []
     for name, y_hat, bound, first in (
-            ("safe_softmax", safe_softmax(x, pol),
-             lambda R: B.softmax_bound(n, R, fmt),
-             lambda R: B.softmax_bound_first_order(n, R, fmt)),
-            ("online_softmax", online_softmax(x, pol, block=BLOCK),
-             lambda R: B.online_softmax_bound(n, R, fmt, block=BLOCK),
-             lambda R: B.online_softmax_bound_first_order(n, R, fmt, block=BLOCK))):
+        (
+            "safe_softmax",
+            safe_softmax(x, pol),
+            lambda R: B.softmax_bound(n, R, fmt),
+            lambda R: B.softmax_bound_first_order(n, R, fmt),
+        ),
+        (
+            "online_softmax",
+            online_softmax(x, pol, block=BLOCK),
+            lambda R: B.online_softmax_bound(n, R, fmt, block=BLOCK),
+            lambda R: B.online_softmax_bound_first_order(n, R, fmt, block=BLOCK),
+        ),
+    ):
         rel = np.abs(np.asarray(y_hat) - y) / y
         for i, sigma in enumerate(SIGMAS):
             R = float(spread[i])
             r = rel[i]
             b = bound(R)
             worst = float(r.max()) if np.isfinite(r).all() else math.nan
-            out.append(_row(fmt, n, name, sigma, rows, R, worst, float(np.mean(r)), b,
-                            first(R), math.sqrt(n) * u, vacuous=b >= 1, trivial=1.0,
-                            violations=_violations(r, b)))
+            out.append(
+                _row(
+                    fmt,
+                    n,
+                    name,
+                    sigma,
+                    rows,
+                    R,
+                    worst,
+                    float(np.mean(r)),
+                    b,
+                    first(R),
+                    math.sqrt(n) * u,
+                    vacuous=b >= 1,
+                    trivial=1.0,
+                    violations=_violations(r, b),
+                )
+            )
     return out
 
 
 # -- attention -------------------------------------------------------------------------
 
 
-def _flash_factors(u, eta, R, K, delta):
-    """(F, first-order F, D_lo, D_hi, T_hi) of the flash bound (module docstring)."""
-    n_u = 1 + B.summation_roundings(BLOCK) + 3 * (K - 1)  # l: exp, block sum, 3 per rescale
-    n_o = 3 * K + 1
-    d_hi = math.exp(u * R + K * math.log1p(eta) + n_u * math.log1p(u))
-    d_lo = math.exp(-u * R + K * math.log1p(-eta) + n_u * math.log1p(-u))
-    t_hi = math.exp(u * R + K * math.log1p(eta) + n_o * math.log1p(u) + math.log1p(g64(BLOCK)))
-    t_lo = math.exp(-u * R + K * math.log1p(-eta) + n_o * math.log1p(-u)
-                    + math.log1p(-g64(BLOCK)))
-    hi = t_hi * (1 + u) * math.exp(2 * delta) / d_lo
-    lo = t_lo * (1 - u) * math.exp(-2 * delta) / d_hi
-    first = (2 * R + n_o + n_u + 1) * u + 2 * K * eta + 2 * delta
-    return max(hi - 1, 1 - lo), first, d_lo, d_hi, t_hi
+def _first_order(fmt, n: int, bound, bc):
+    """The leading term of the bound's factor F, per row, times W: an estimate."""
+    u, eta = fmt.unit_roundoff, B.default_exp_error(fmt.unit_roundoff)
+    R = bound.x_range + 2 * bound.score_error
+    delta = bound.score_error
+    if bc is None:
+        first = [
+            B.softmax_bound_first_order(n, r, fmt) + 2 * u + 2 * dl
+            for r, dl in zip(R.tolist(), delta.tolist())
+        ]
+    else:
+        K = -(-n // bc)
+        n_u = 1 + B.summation_roundings(bc) + 3 * (K - 1)  # l: exp, block sum, 3 per rescale
+        n_o = 3 * K + 1
+        first = (2 * R + n_o + n_u + 1) * u + 2 * K * eta + 2 * delta
+    first = np.where(np.isfinite(bound.factor), np.asarray(first), np.inf)
+    return float((first[:, None] * bound.weights).max())
 
 
 def attention_bounds(fmt, n: int, q, k, v):
-    """Per-entry bounds (rows, d) for reference and flash, and first-order factors."""
-    u, eta = fmt.unit_roundoff, B.default_exp_error(fmt.unit_roundoff)
-    sig = fmt.smallest_subnormal if fmt.subnormals else fmt.tiny
-    c = 1.0 / math.sqrt(q.shape[-1])
-    s = (q @ k.T) * c
-    a = (np.abs(q) @ np.abs(k).T) * c
-    delta = (((1 + u) ** 2 - 1) * np.abs(s)
-             + ((1 + u) ** 2 + 1) * g64(q.shape[-1]) * a).max(axis=1)
-    delta = delta + sig
-    R = s.max(axis=1) - s.min(axis=1) + 2 * delta
-    W = np.asarray(reference_attention(q, k, np.abs(v), golden()))
-    slack = 4 * g64(max(n, q.shape[-1]))
-    K = -(-n // BLOCK)
-    vmax = float(np.abs(v).max())
-    ref_F, ref_first, fl_F, fl_first, fl_Z = [], [], [], [], []
-    for R_i, d_i in zip(R.tolist(), delta.tolist()):
-        eps = B.softmax_bound(n, R_i, fmt)
-        if math.isinf(eps):
-            ref_F.append(math.inf)
-            ref_first.append(math.inf)
-        else:
-            hi = (1 + eps) * math.exp(2 * d_i) * (1 + u) ** 2 * (1 + g64(n))
-            lo = (1 - eps) * math.exp(-2 * d_i) * (1 - u) ** 2 * (1 - g64(n))
-            ref_F.append(max(hi - 1, 1 - lo) + slack)
-            ref_first.append(B.softmax_bound_first_order(n, R_i, fmt) + 2 * u + 2 * d_i)
-        F, first, d_lo, d_hi, t_hi = _flash_factors(u, eta, R_i, K, d_i)
-        if math.isinf(B.online_softmax_bound(n, R_i, fmt, block=BLOCK)) or (
-                n * d_hi * t_hi * vmax > fmt.max):
-            F = first = math.inf
-        fl_F.append(F + slack)
-        fl_first.append(first)
-        fl_Z.append(K * sig * (1 + u) ** (3 * K + 1) / d_lo + sig / 2)
-    ref = np.asarray(ref_F)[:, None] * W + sig
-    fl = np.asarray(fl_F)[:, None] * W + np.asarray(fl_Z)[:, None]
-    ref_first = float((np.asarray(ref_first)[:, None] * W).max())
-    fl_first = float((np.asarray(fl_first)[:, None] * W).max())
-    return {"attention_reference": (ref, ref_first, float(R.max()), max(ref_F)),
-            "attention_flash": (fl, fl_first, float(R.max()), max(fl_F)),
-            "W_mean": float(W.mean()), "W_max": float(W.max())}
+    """fa_jax.bounds.attention_bound for reference and flash, and the first-order lines."""
+    ref = B.attention_bound(q, k, v, fmt)
+    fl = B.attention_bound(q, k, v, fmt, bc=BLOCK)
+    R = float((ref.x_range + 2 * ref.score_error).max())
+    return {
+        "attention_reference": (
+            ref.bound,
+            _first_order(fmt, n, ref, None),
+            R,
+            float(ref.factor.max()),
+        ),
+        "attention_flash": (fl.bound, _first_order(fmt, n, fl, BLOCK), R, float(fl.factor.max())),
+        "W_mean": float(ref.weights.mean()),
+        "W_max": float(ref.weights.max()),
+    }
 
 
 def attention_case(fmt, n: int) -> list[dict]:
@@ -237,19 +202,34 @@ def attention_case(fmt, n: int) -> list[dict]:
     q = q[:Q_ROWS]
     gold = np.asarray(reference_attention(q, k, v, golden()))
     pol = paper_uniform(fmt)
-    outs = {"attention_reference": np.asarray(reference_attention(q, k, v, pol)),
-            "attention_flash": np.asarray(flash_attention(q, k, v, pol, Blocks(BLOCK, BLOCK))[0])}
+    outs = {
+        "attention_reference": np.asarray(reference_attention(q, k, v, pol)),
+        "attention_flash": np.asarray(flash_attention(q, k, v, pol, Blocks(BLOCK, BLOCK))[0]),
+    }
     bnd = attention_bounds(fmt, n, q, k, v)
     rows = []
     for name, o in outs.items():
         err = np.abs(o - gold)
         per_entry, first, R, F = bnd[name]
         worst = float(err.max()) if np.isfinite(err).all() else math.nan
-        rows.append(_row(fmt, n, name, 1.0, q.shape[0], R, worst, float(np.mean(err)),
-                         float(per_entry.max()), float(first),
-                         math.sqrt(n) * fmt.unit_roundoff * bnd["W_mean"],
-                         vacuous=F >= 1, trivial=bnd["W_max"],
-                         violations=_violations(err, per_entry)))
+        rows.append(
+            _row(
+                fmt,
+                n,
+                name,
+                1.0,
+                q.shape[0],
+                R,
+                worst,
+                float(np.mean(err)),
+                float(per_entry.max()),
+                float(first),
+                math.sqrt(n) * fmt.unit_roundoff * bnd["W_mean"],
+                vacuous=F >= 1,
+                trivial=bnd["W_max"],
+                violations=_violations(err, per_entry),
+            )
+        )
     return rows
 
 
@@ -259,15 +239,43 @@ def _violations(err, bound) -> int:
     return int((~(err <= bound) & np.isfinite(bound)).sum())
 
 
-def _row(fmt, n, quantity, sigma, rows, R, worst, mean, bound, first, sqrt_n_u, *, vacuous,
-         trivial, violations):
+def _row(
+    fmt,
+    n,
+    quantity,
+    sigma,
+    rows,
+    R,
+    worst,
+    mean,
+    bound,
+    first,
+    sqrt_n_u,
+    *,
+    vacuous,
+    trivial,
+    violations,
+):
     """``vacuous``: the bound is no better than the trivial one, a relative error of 1
     (softmax) or a factor F >= 1 on W (attention); ``trivial`` is that level."""
     loose = bound / worst if worst > 0 and math.isfinite(bound) else math.nan
-    return {"format": fmt.name, "n": n, "quantity": quantity, "sigma": sigma, "rows": rows,
-            "x_range": R, "measured_max": worst, "measured_mean": mean, "bound": bound,
-            "bound_first_order": first, "sqrt_n_u": sqrt_n_u, "loose_by": loose,
-            "vacuous": bool(vacuous), "trivial_level": trivial, "violations": violations}
+    return {
+        "format": fmt.name,
+        "n": n,
+        "quantity": quantity,
+        "sigma": sigma,
+        "rows": rows,
+        "x_range": R,
+        "measured_max": worst,
+        "measured_mean": mean,
+        "bound": bound,
+        "bound_first_order": first,
+        "sqrt_n_u": sqrt_n_u,
+        "loose_by": loose,
+        "vacuous": bool(vacuous),
+        "trivial_level": trivial,
+        "violations": violations,
+    }
 
 
 # -- output ----------------------------------------------------------------------------
@@ -275,8 +283,14 @@ def _row(fmt, n, quantity, sigma, rows, R, worst, mean, bound, first, sqrt_n_u, 
 
 def print_table(rows) -> None:
     """bound / measured max per (format, n), one column per quantity and sigma."""
-    cols = [("safe_softmax", 1.0), ("safe_softmax", 4.0), ("online_softmax", 1.0),
-            ("online_softmax", 4.0), ("attention_reference", 1.0), ("attention_flash", 1.0)]
+    cols = [
+        ("safe_softmax", 1.0),
+        ("safe_softmax", 4.0),
+        ("online_softmax", 1.0),
+        ("online_softmax", 4.0),
+        ("attention_reference", 1.0),
+        ("attention_flash", 1.0),
+    ]
     names = ["safe s=1", "safe s=4", "online s=1", "online s=4", "attn ref", "attn flash"]
     by = {(r["format"], r["n"], r["quantity"], r["sigma"]): r for r in rows}
 
@@ -290,20 +304,30 @@ def print_table(rows) -> None:
         text = f"x{r['loose_by']:.3g}" if math.isfinite(r["loose_by"]) else "meas 0"
         return text + (" (vac.)" if r["vacuous"] else "")
 
-    print("\nbound / measured max ('loose by'); 'vac.' = vacuous: inf, a relative bound >= 1, "
-          "or an attention bound >= W (F >= 1)")
+    print(
+        "\nbound / measured max ('loose by'); 'vac.' = vacuous: inf, a relative bound >= 1, "
+        "or an attention bound >= W (F >= 1)"
+    )
     head = ["format", "n", *names]
-    body = [[f, str(n), *(cell(by.get((f, n, q, s))) for q, s in cols)]
-            for f in sorted({r["format"] for r in rows}, key=lambda f: [
-                get_format(x).name for x in FORMATS].index(f))
-            for n in sorted({r["n"] for r in rows if r["format"] == f})]
+    body = [
+        [f, str(n), *(cell(by.get((f, n, q, s))) for q, s in cols)]
+        for f in sorted(
+            {r["format"] for r in rows},
+            key=lambda f: [get_format(x).name for x in FORMATS].index(f),
+        )
+        for n in sorted({r["n"] for r in rows if r["format"] == f})
+    ]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     for r in [head, *body]:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
     bad = [r for r in rows if r["violations"]]
-    print(f"\nentries above their bound: {sum(r['violations'] for r in rows)}"
-          + "".join(f"\n  {r['format']} n={r['n']} {r['quantity']} sigma={r['sigma']}: "
-                    f"{r['violations']}" for r in bad))
+    print(
+        f"\nentries above their bound: {sum(r['violations'] for r in rows)}"
+        + "".join(
+            f"\n  {r['format']} n={r['n']} {r['quantity']} sigma={r['sigma']}: {r['violations']}"
+            for r in bad
+        )
+    )
 
 
 def plot(rows, path) -> None:
@@ -312,11 +336,14 @@ def plot(rows, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fmts = [get_format(f).name for f in FORMATS if any(r["format"] == get_format(f).name
-                                                       for r in rows)]
-    quantities = [("safe softmax: max_j |y^-y|/y", ("safe_softmax",)),
-                  ("online softmax (block 32)", ("online_softmax",)),
-                  ("attention: |O^ - O|", ("attention_reference", "attention_flash"))]
+    fmts = [
+        get_format(f).name for f in FORMATS if any(r["format"] == get_format(f).name for r in rows)
+    ]
+    quantities = [
+        ("safe softmax: max_j |y^-y|/y", ("safe_softmax",)),
+        ("online softmax (block 32)", ("online_softmax",)),
+        ("attention: |O^ - O|", ("attention_reference", "attention_flash")),
+    ]
     fig, axes = plt.subplots(3, len(fmts), figsize=(4.2 * len(fmts), 10.5), squeeze=False)
     for col, f in enumerate(fmts):
         for row, (title, names) in enumerate(quantities):
@@ -324,8 +351,14 @@ def plot(rows, path) -> None:
             for name in names:
                 for sigma in SIGMAS:
                     ls = ":" if sigma != 1.0 else "-." if name == "attention_flash" else "-"
-                    rs = sorted((r for r in rows if r["format"] == f and r["quantity"] == name
-                                 and r["sigma"] == sigma), key=lambda r: r["n"])
+                    rs = sorted(
+                        (
+                            r
+                            for r in rows
+                            if r["format"] == f and r["quantity"] == name and r["sigma"] == sigma
+                        ),
+                        key=lambda r: r["n"],
+                    )
                     if not rs:
                         continue
                     ns = [r["n"] for r in rs]
@@ -333,19 +366,45 @@ def plot(rows, path) -> None:
                     lab = f"{tag}s={sigma:g}" if len(names) == 1 else tag
                     mk = "o" if name != "attention_flash" else "^"
                     fin = lambda v: v if math.isfinite(v) and v > 0 else np.nan
-                    ax.loglog(ns, [fin(r["bound"]) for r in rs], "C3" + ls, lw=1.5,
-                              label=f"rigorous bound {lab}")
-                    ax.loglog(ns, [fin(r["bound_first_order"]) for r in rs], "C1" + ls, lw=1,
-                              label=f"first-order {lab}")
-                    ax.loglog(ns, [fin(r["measured_max"]) for r in rs], "C0" + ls + mk, ms=3,
-                              label=f"measured max {lab}")
-                    ax.loglog(ns, [fin(r["measured_mean"]) for r in rs], "C2" + ls + mk, ms=3,
-                              label=f"measured mean {lab}")
+                    ax.loglog(
+                        ns,
+                        [fin(r["bound"]) for r in rs],
+                        "C3" + ls,
+                        lw=1.5,
+                        label=f"rigorous bound {lab}",
+                    )
+                    ax.loglog(
+                        ns,
+                        [fin(r["bound_first_order"]) for r in rs],
+                        "C1" + ls,
+                        lw=1,
+                        label=f"first-order {lab}",
+                    )
+                    ax.loglog(
+                        ns,
+                        [fin(r["measured_max"]) for r in rs],
+                        "C0" + ls + mk,
+                        ms=3,
+                        label=f"measured max {lab}",
+                    )
+                    ax.loglog(
+                        ns,
+                        [fin(r["measured_mean"]) for r in rs],
+                        "C2" + ls + mk,
+                        ms=3,
+                        label=f"measured mean {lab}",
+                    )
                     if name != "attention_flash" and sigma == 1.0:
-                        ax.loglog(ns, [r["sqrt_n_u"] for r in rs], "k--", lw=0.8,
-                                  label="sqrt(n) u" + (" mean W" if len(names) > 1 else ""))
-            levels = [r["trivial_level"] for r in rows
-                      if r["format"] == f and r["quantity"] in names]
+                        ax.loglog(
+                            ns,
+                            [r["sqrt_n_u"] for r in rs],
+                            "k--",
+                            lw=0.8,
+                            label="sqrt(n) u" + (" mean W" if len(names) > 1 else ""),
+                        )
+            levels = [
+                r["trivial_level"] for r in rows if r["format"] == f and r["quantity"] in names
+            ]
             ax.axhline(max(levels), color="grey", lw=0.8)
             ax.set_ylim(top=10 * max(levels))
             ax.set_xscale("log", base=2)
@@ -354,10 +413,12 @@ def plot(rows, path) -> None:
             ax.grid(alpha=0.3, which="major")
             if col == 0:
                 ax.legend(fontsize=6, ncol=1)
-    fig.suptitle("Measured error vs analytic bounds under paper_uniform(fmt) "
-                 "(grey: the trivial level, relative error 1 or max W; panels end at 10x it; "
-                 "dotted: sigma = 4; attention: solid/o reference, dash-dot/^ flash)",
-                 fontsize=10)
+    fig.suptitle(
+        "Measured error vs analytic bounds under paper_uniform(fmt) "
+        "(grey: the trivial level, relative error 1 or max W; panels end at 10x it; "
+        "dotted: sigma = 4; attention: solid/o reference, dash-dot/^ flash)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -385,12 +446,15 @@ def main(argv=None) -> None:
     with open(out / "bounds_vs_error.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS)
         w.writeheader()
-        w.writerows({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()}
-                    for r in rows)
+        w.writerows(
+            {k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()} for r in rows
+        )
     print_table(rows)
     plot(rows, args.figure)
-    print(f"\nwrote {out / 'bounds_vs_error.csv'} and {args.figure}; "
-          f"total {time.monotonic() - t0:.1f} s")
+    print(
+        f"\nwrote {out / 'bounds_vs_error.csv'} and {args.figure}; "
+        f"total {time.monotonic() - t0:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,173 +1,92 @@
-"""Analytic forward error bounds for softmax in a floating-point format.
+"""Analytic forward error bounds for softmax and attention in a floating-point format.
 
-Every bound here is a Python float computed from scalars: the unit roundoff
-``u`` of the format (or the :class:`~fa_jax.Format` itself), the row length
-``n``, the spread of the scores ``R = x_max - x_min`` and the accumulation
-model of the sums: anything :func:`fa_jax.accumulation.get_accumulation`
-accepts (an :class:`~fa_jax.accumulation.Accumulation` such as ``EXACT``,
-``SEQUENTIAL``, ``chunked(8)`` or ``tensor_core("a100")``, or a name:
-``"exact"``, ``"sequential"``, ``"chunked"`` (chunks of 16), ``"chunked(8)"``,
-``"tensor_core(a100)"``).  The default everywhere is
-``EXACT``, the default of the precision policies.  Two kinds, named so that
-the plain name is always safe to assert against:
+Every bound is a Python float (or, for :func:`attention_bound`, a numpy array)
+computed from the unit roundoff ``u`` of the format (or the
+:class:`~fa_jax.Format` itself), the row length ``n``, the spread of the
+scores ``R = x_max - x_min`` and the accumulation model of the sums (anything
+:func:`fa_jax.accumulation.get_accumulation` accepts; default ``EXACT``, the
+default of the precision policies).  Two kinds, named so that the plain name is
+always safe to assert against:
 
-* ``softmax_bound`` and ``online_softmax_bound`` are **rigorous**: for the op
-  sequences written out below, ``max_j |y_hat_j - y_j| / y_j`` is at most the
-  returned value, with every second-order term kept (no ``O(u^2)``).
+* ``softmax_bound``, ``online_softmax_bound`` and the attention bounds are
+  **rigorous** for the op sequences their docstrings write out: every
+  second-order term is kept (no ``O(u^2)``).
 * ``softmax_bound_first_order`` and ``online_softmax_bound_first_order`` are
-  the leading terms of the same expansions; ``softmax_bound_first_order`` with
-  ``accumulation="sequential"`` (not the default) and ``exp_error=0`` is
+  the leading terms of the same expansions, estimates rather than bounds;
+  with ``accumulation="sequential"`` and ``exp_error=0`` the first is
   Blanchard, Higham & Higham's ``(n + 2 + 2(x_max - x_min)) u`` (2021,
   "Accurately computing the log-sum-exp and softmax functions", IMA J. Numer.
-  Anal. 41(4)).  They are estimates of the bound's size, not bounds: the
-  ``O(u^2)`` they drop is positive.
+  Anal. 41(4)).
 
-Model (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §2.2):
-every ``fl(.)`` rounds to nearest in one format with unit roundoff ``u``, so
-``fl(a op b) = (a op b)(1 + delta)``, ``|delta| <= u``, while no result
-underflows or overflows.  The scores ``x`` are values of the format, so
-``max`` is exact.  ``exp`` is evaluated in a wider carrier with relative
-error at most ``exp_error`` (``eta``) and then rounded, so
-``fl(exp(t)) = exp(t)(1 + theta)(1 + delta)``, ``|theta| <= eta``, and
-``exp(0) = 1`` exactly.  When a :class:`~fa_jax.Format` is passed instead of
-``u``, its exponent range is used to check this model (below); with a bare
-``u`` the exponent range is assumed unbounded, as in Blanchard et al.
+Model (Higham 2002, *Accuracy and Stability of Numerical Algorithms*, §2.2):
+``fl(a op b) = (a op b)(1 + delta)``, ``|delta| <= u``, round to nearest in one
+format, no underflow or overflow (checked when a Format is given: the bound is
+then ``inf`` where an exponential may underflow or a sum overflow, and
+subnormal results are accounted for).  The scores are values of the format, so
+``max`` is exact; ``exp`` is evaluated in a wider carrier with relative error
+at most ``exp_error`` (``eta``) and then rounded.  Sums of ``N`` non-negative
+terms that see ``r`` roundings per term have ratio computed/exact in
+``[(1 - u)^r, (1 + u)^r]`` (Higham eq. (4.3), Lemma 3.1: ``(1 + u)^r - 1 <=
+gamma_r``); ``r`` is :func:`summation_roundings`.  The "exact" sums of
+:mod:`fa_jax.accumulation` are formed in float64 by :func:`fa_jax.ops.sum`;
+their float64 error, at most about ``(N - 1) 2**-53``, is not counted by the
+softmax bounds (it is far below ``u``).
 
-The op sequences
-----------------
-SAFE (3 passes)::
+The softmax bounds work with ratios computed/exact: an exponential's argument
+error ``u |x_j - m|`` becomes a factor ``e^{+-u|x_j - m|}``; in the online
+recurrence (Milakov & Gimelshein 2018, arXiv 1805.02867) the argument errors of
+the rescalings telescope to ``u R``, while each later block costs a term three
+roundings and one carrier exp error.  The attention bounds propagate these
+through the scores ``S = Q K^T / sqrt(d)`` and the product ``P V``, whose
+float64 dot products err by at most ``gamma_k`` of float64 (Higham eq. (3.5)).
 
-    m = max_j x_j;  t_j = fl(x_j - m);  e_j = fl(exp(t_j));
-    d = SUM_j e_j  (per accumulation model);  y_j = fl(e_j / d)
-
-ONLINE (Milakov & Gimelshein 2018, arXiv 1805.02867), blocks ``B_1..B_K`` of
-``b`` consecutive indices, ``K = ceil(n / b)``::
-
-    m_0 = -inf, d_0 = 0
-    for k = 1..K:
-        m_k = max(m_{k-1}, max_{j in B_k} x_j)
-        alpha_k = fl(exp(fl(m_{k-1} - m_k)))   (alpha_1 unused; 1 if m_k == m_{k-1})
-        s_k = SUM_{j in B_k} fl(exp(fl(x_j - m_k)))   (per accumulation model)
-        d_k = fl(fl(d_{k-1} * alpha_k) + s_k)          (d_1 = s_1 exactly)
-    y_j = fl(fl(exp(fl(x_j - m_K))) / d_K)
-
-SAFE is ONLINE with a single block, and the bounds agree there.
-
-Derivation (rigorous)
----------------------
-Work with ratios computed/exact.  All terms are positive, so a sum of terms
-whose ratios lie in ``[lo, hi]`` has its ratio in ``[lo, hi]``, and a rounding
-multiplies a ratio by a factor in ``[1 - u, 1 + u]``.
-
-1. *Exponentials.*  With ``tau = x_j - m <= 0``, ``fl(tau) = tau(1 + delta)``,
-   so ``exp(fl(tau)) = exp(tau) exp(tau delta)``: the argument error is
-   amplified into a relative error factor ``exp(+-u|tau|)``.  Hence
-   ``fl(exp(fl(tau))) / exp(tau)`` lies in
-   ``[e^{-u|tau|}(1 - eta)(1 - u), e^{u|tau|}(1 + eta)(1 + u)]``, and
-   ``|tau| <= R``.
-2. *Sums.*  A sum of ``N`` non-negative terms that sees ``r`` roundings per
-   term has ratio in ``[(1 - u)^r, (1 + u)^r]`` (Higham eq. (4.3); ``(1 + u)^r -
-   1 <= gamma_r``, Lemma 3.1).  ``r`` is :func:`summation_roundings`:
-   sequential ``N - 1``; exact-then-round ``1``; chunked ``ceil(N / k)``;
-   tensor_core ``ceil(N / k)`` blocks of ``j`` roundings each, ``j`` from
-   the block's one-sided truncation (:func:`summation_roundings`).
-   These counts are for sums formed as the models of
-   :mod:`fa_jax.accumulation` describe them, with "exact" sums (and chunk
-   sums) exact.  :func:`fa_jax.ops.sum` forms those in float64, which adds a
-   relative error of at most about ``(N - 1) 2**-53`` (``(k - 1) 2**-53`` per
-   chunk) that the bounds do not count: far below ``u``, and below the
-   default ``exp_error`` slack for formats of at most 11 significand bits,
-   but not below FP32's default ``exp_error`` (``2**-50``) for long rows.
-3. *Rescaling telescopes.*  A term ``j`` of block ``i`` enters ``d_K`` as
-   ``fl(exp(fl(x_j - m_i)))`` times every later ``alpha_k``.  Its argument
-   errors add up to at most ``u(m_i - x_j) + u sum_{k>i} (m_k - m_{k-1}) =
-   u(m_K - x_j) <= uR``: the exp-argument errors of the rescalings do *not*
-   grow with the number of blocks.  What does grow is the number of
-   roundings: each later block ``k`` applies ``alpha_k`` (``eta`` and ``u``),
-   the product ``d * alpha`` (``u``) and the addition (``u``).  A term of
-   block 1 (the worst) therefore sees ``1 + r_b + 3(K - 1)`` roundings of size
-   ``u`` and ``K`` carrier exp errors, where ``r_b`` is the roundings of one
-   block sum.  So ``d_K`` has ratio in ``[D_lo, D_hi]``::
-
-       D_hi = e^{uR} (1 + eta)^K (1 + u)^{N_u},   N_u = 1 + r_b + 3(K - 1)
-       D_lo = e^{-uR} (1 - eta)^K (1 - u)^{N_u}
-
-   (SAFE: ``K = 1``, ``N_u = 1 + r``, ``r`` the sum's roundings.)
-4. *Quotient.*  ``y_hat_j / y_j`` lies in ``[lo, hi]`` with::
-
-       hi = e^{uR}(1 + eta)(1 + u) (1 + u) / D_lo
-       lo = e^{-uR}(1 - eta)(1 - u) (1 - u) / D_hi
-
-   and the bound is ``max(hi - 1, 1 - lo)``.  In closed form (Higham Lemma
-   3.3: a product of ``k`` factors ``(1 +- u)^{+-1}`` is ``1 + theta_k``,
-   ``|theta_k| <= gamma_k``)::
-
-       SAFE:   eps <= (1 + gamma_{r+3})        e^{2uR} (1+eta)/(1-eta)     - 1
-       ONLINE: eps <= (1 + gamma_{r_b+3K})     e^{2uR} (1+eta)/(1-eta)^K   - 1
-
-   with first-order parts ``(r + 3 + 2R) u + 2 eta`` and
-   ``(r_b + 3K + 2R) u + (K + 1) eta``.  (The functions evaluate the products,
-   which stay finite, and valid, even where ``gamma`` is undefined.)
-
-Exponent range (only when a Format is given)
---------------------------------------------
-With ``fmt``: (a) if ``exp(-(1 + u)R)(1 - eta) < fmt.tiny`` an exponential
-(of a score or of a rescaling factor) may underflow and lose all relative
-accuracy, and the bound returned is ``inf`` (no finite relative bound holds:
-fp16 with ``R > 9.69``).  Otherwise every ``e_j``, ``alpha_k`` and
-``d_{k-1} alpha_k`` is normal (``d_k >= 1`` since the block holding the
-running max contributes ``exp(0) = 1``).  (b) The final quotients ``e_j / d``
-can still fall below ``tiny``; their rounding error is at most ``max(u q,
-sigma/2)`` for a quotient ``q`` and smallest positive value ``sigma``, so the
-final ``u`` becomes ``max(u, sigma / (2 q_min))`` with ``q_min =
-e^{-R}(lo-factors) / (n D_hi)``.  (c) If ``n D_hi`` (which bounds every sum)
-or ``hi`` exceeds ``fmt.max``, the result is ``inf``.  (d) A format without
-subnormals may round a difference ``x_j - m`` with an absolute error
-``tiny/2``; this adds ``K tiny/2`` to the exponent errors.
-
-The bound values are computed in float64 (through ``log1p``/``expm1``); their
-own rounding error, a few float64 ulps, is far below the slack of the bound.
+The values are computed in float64 (through ``log1p``/``expm1``); their own
+rounding error, a few float64 ulps, is far below the slack of the bounds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from typing import Union
 
+import numpy as np
+
+from fa_jax._checks import non_negative_int, positive_int
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.formats import Format, get_format
 
 __all__ = [
-    "unit_roundoff",
-    "gamma",
+    "AttentionBound",
+    "attention_bound",
+    "attention_bound_factor",
     "default_exp_error",
+    "gamma",
+    "online_softmax_bound",
+    "online_softmax_bound_first_order",
+    "softmax_bound",
+    "softmax_bound_first_order",
+    "summation_bound",
     "summation_roundings",
     "tensor_core_block_roundings",
-    "summation_bound",
-    "softmax_bound_first_order",
-    "softmax_bound",
-    "online_softmax_bound_first_order",
-    "online_softmax_bound",
+    "unit_roundoff",
 ]
 
-UnitOrFormat = Union[float, Format, str]
-AccumulationLike = Union[Accumulation, str]
+UnitOrFormat = float | Format | str
+AccumulationLike = Accumulation | str
 
 
 # -- argument checks -------------------------------------------------------------
 
 
-def _check_int(v, name: str, fn: str, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"{fn}: expected {name} to be an integer >= {lo}, got {v!r}")
-    return int(v)
+def _real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
 def _check_x_range(x_range, fn: str) -> float:
-    if not isinstance(x_range, numbers.Real) or not (0 <= x_range < math.inf):
+    if not _real(x_range) or not (0 <= x_range < math.inf):
         raise ValueError(
-            f"{fn}: expected x_range = x_max - x_min, a finite number >= 0, got {x_range!r}"
+            f"{fn}: x_range: expected x_max - x_min, a finite number >= 0, got {x_range!r}"
         )
     return float(x_range)
 
@@ -178,21 +97,17 @@ def _resolve_u(u, fn: str) -> tuple[float, Format | None]:
         fmt = get_format(u)
         fmt._require_concrete(fn)
         return fmt.unit_roundoff, fmt
-    if isinstance(u, bool) or not isinstance(u, numbers.Real) or not (0 < u < 1):
-        raise ValueError(
-            f"{fn}: expected a unit roundoff 0 < u < 1 or a Format, got {u!r}"
-        )
+    if not _real(u) or not (0 < u < 1):
+        raise ValueError(f"{fn}: u: expected a unit roundoff 0 < u < 1 or a Format, got {u!r}")
     return float(u), None
 
 
 def _resolve_eta(exp_error, u: float, fn: str) -> float:
     if exp_error is None:
         return default_exp_error(u)
-    if isinstance(exp_error, bool) or not isinstance(exp_error, numbers.Real) or not (
-        0 <= exp_error < 1
-    ):
+    if not _real(exp_error) or not (0 <= exp_error < 1):
         raise ValueError(
-            f"{fn}: expected exp_error, a relative error 0 <= exp_error < 1, got {exp_error!r}"
+            f"{fn}: exp_error: expected a relative error 0 <= exp_error < 1, got {exp_error!r}"
         )
     return float(exp_error)
 
@@ -217,9 +132,9 @@ def gamma(n: int, u: float) -> float:
       ValueError: ``n`` not an integer >= 0, ``u`` not in ``[0, 1)``, or
         ``n u >= 1`` (the lemma does not apply).
     """
-    n = _check_int(n, "n", "gamma", 0)
-    if isinstance(u, bool) or not isinstance(u, numbers.Real) or not (0 <= u < 1):
-        raise ValueError(f"gamma: expected a unit roundoff 0 <= u < 1, got u={u!r}")
+    n = non_negative_int(n, "gamma: n")
+    if not _real(u) or not (0 <= u < 1):
+        raise ValueError(f"gamma: u: expected a unit roundoff 0 <= u < 1, got {u!r}")
     if n * u >= 1:
         raise ValueError(
             f"gamma: needs n*u < 1, got n={n}, u={u!r} (n*u={n * u!r}); "
@@ -240,8 +155,9 @@ def default_exp_error(u: float) -> float:
     return 2.0**-21 if u >= 2.0**-11 else 2.0**-50
 
 
-def summation_roundings(n: int, accumulation: AccumulationLike = EXACT, *,
-                        u: float | None = None) -> int:
+def summation_roundings(
+    n: int, accumulation: AccumulationLike = EXACT, *, u: float | None = None
+) -> int:
     """The most roundings any term of an ``n``-term sum goes through.
 
     ``accumulation`` is a model of :mod:`fa_jax.accumulation` (or a name
@@ -272,22 +188,29 @@ def summation_roundings(n: int, accumulation: AccumulationLike = EXACT, *,
       ValueError: an unknown model, ``n`` not a positive integer, or a
         tensor_core model without ``u`` (or one that no count bounds).
     """
-    n = _check_int(n, "n", "summation_roundings", 1)
+    n = positive_int(n, "summation_roundings: n")
     model = get_accumulation(accumulation)
-    if model.kind == "tensor_core" and u is None:
-        raise ValueError(
-            f"summation_roundings: the {model} model needs u=, the accumulator's unit "
-            "roundoff (its truncation is counted in roundings of size u)"
-        )
+    if model.kind == "tensor_core":
+        if u is None:
+            raise ValueError(
+                f"summation_roundings: u: the {model} model needs the accumulator's unit "
+                "roundoff (its truncation is counted in roundings of size u), got None"
+            )
+        return 0 if n == 1 else _chunks(n, model) * tensor_core_block_roundings(model, u)
     if n == 1:
         return 0
-    if model.kind == "tensor_core":
-        return -(-n // model.chunk) * tensor_core_block_roundings(model, u)
     if model.kind == "sequential" or (model.kind == "chunked" and model.chunk == 1):
         return n - 1
     if model.kind == "exact":
         return 1
-    return -(-n // model.chunk)
+    return _chunks(n, model)
+
+
+def _chunks(n: int, model: Accumulation) -> int:
+    """ceil(n / k) for a chunked or tensor_core model of chunk k."""
+    chunk = model.chunk
+    assert chunk is not None, model  # chunked and tensor_core models always have one
+    return -(-n // chunk)
 
 
 def tensor_core_block_roundings(accumulation: AccumulationLike, u: float) -> int:
@@ -317,7 +240,7 @@ def tensor_core_block_roundings(accumulation: AccumulationLike, u: float) -> int
     if model.kind != "tensor_core":
         raise ValueError(f"tensor_core_block_roundings: expected a tensor_core model, got {model}")
     uu, _ = _resolve_u(u, "tensor_core_block_roundings")
-    a = (model.chunk + (1 if model.fused_accumulator else 0)) * 2.0 ** (1 - model.extra_bits)
+    a = model.block_terms * 2.0 ** (1 - (model.extra_bits or 0))
     nu = 1 if model.normalization == "nearest_even" else 2
     if a * uu >= 1 or nu * uu >= 1:
         raise ValueError(
@@ -328,8 +251,9 @@ def tensor_core_block_roundings(accumulation: AccumulationLike, u: float) -> int
     hi = math.log1p(a * uu) + math.log1p(nu * uu)
     # The least j with j*log1p(-u) <= lo and j*log1p(u) >= hi; the 1e-12 margin makes
     # the float64 evaluation of the logs err only towards a larger (still sound) count.
-    j = max(math.ceil(lo / math.log1p(-uu) * (1 + 1e-12)),
-            math.ceil(hi / math.log1p(uu) * (1 + 1e-12)))
+    j = max(
+        math.ceil(lo / math.log1p(-uu) * (1 + 1e-12)), math.ceil(hi / math.log1p(uu) * (1 + 1e-12))
+    )
     return j + (0 if model.fused_accumulator else 1)
 
 
@@ -364,9 +288,15 @@ def _first_order(u: float, R: float, eta: float, K: int, r_block: int) -> float:
     return (r_block + 3 * K + 2 * R) * u + (K + 1) * eta
 
 
-def _rigorous(n: int, R: float, u: float, eta: float, K: int, r_block: int,
-              fmt: Format | None) -> float:
-    """max(hi - 1, 1 - lo) of the module docstring, steps 1-4 (+ exponent range)."""
+def _rigorous(
+    n: int, R: float, u: float, eta: float, K: int, r_block: int, fmt: Format | None
+) -> float:
+    """max(hi - 1, 1 - lo) of :func:`online_softmax_bound` (and the exponent range).
+
+    ``arg_abs``: a format without subnormals may round a difference ``x_j - m``
+    with an absolute error ``tiny / 2``, which adds ``K tiny / 2`` to the
+    exponent errors.
+    """
     arg_abs = 0.0 if fmt is None or fmt.subnormals else fmt.tiny / 2
     a_num = R * u + arg_abs  # exponent error of the numerator exp
     a_den = R * u + K * arg_abs  # telescoped exponent error of a denominator term
@@ -398,9 +328,14 @@ def _rigorous(n: int, R: float, u: float, eta: float, K: int, r_block: int,
     return max(hi_err, lo_err)
 
 
-def softmax_bound_first_order(n: int, x_range: float, u: UnitOrFormat, *,
-                              accumulation: AccumulationLike = EXACT,
-                              exp_error: float = 0.0) -> float:
+def softmax_bound_first_order(
+    n: int,
+    x_range: float,
+    u: UnitOrFormat,
+    *,
+    accumulation: AccumulationLike = EXACT,
+    exp_error: float = 0.0,
+) -> float:
     """First-order relative error of the SAFE (3-pass) softmax, not a bound.
 
     ``(r + 3 + 2R) u + 2 eta`` with ``r`` = :func:`summation_roundings` of the
@@ -421,17 +356,24 @@ def softmax_bound_first_order(n: int, x_range: float, u: UnitOrFormat, *,
     """
     # The safe softmax is the online one with a single block (K = 1).
     R, uu, _, eta, K, r = _online_args(
-        "softmax_bound_first_order", n, x_range, u, n, accumulation, exp_error)
+        "softmax_bound_first_order", n, x_range, u, n, accumulation, exp_error
+    )
     return _first_order(uu, R, eta, K, r)
 
 
-def softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
-                  accumulation: AccumulationLike = EXACT,
-                  exp_error: float | None = None) -> float:
+def softmax_bound(
+    n: int,
+    x_range: float,
+    u: UnitOrFormat,
+    *,
+    accumulation: AccumulationLike = EXACT,
+    exp_error: float | None = None,
+) -> float:
     """Rigorous bound on ``max_j |y_hat_j - y_j| / y_j`` for the SAFE softmax.
 
     ``m = max x; t = fl(x - m); e = fl(exp(t)); d = SUM e; y = fl(e / d)`` in
-    one format (module docstring, derivation steps 1-4 with ``K = 1``)::
+    one format; the online recurrence of :func:`online_softmax_bound` with a
+    single block (``K = 1``)::
 
         eps = max(hi - 1, 1 - lo),
         hi  = e^{2uR} (1 + eta)/(1 - eta) (1 + u)^2 / (1 - u)^{r+1}
@@ -447,43 +389,70 @@ def softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
       u: unit roundoff (unbounded exponent range assumed), or a Format /
         name, whose range is then checked: ``inf`` where an exponential may
         underflow or a sum overflow, and subnormal quotients accounted for
-        (module docstring, "Exponent range").
+        (below).
       accumulation: the model of the sum (:func:`summation_roundings`);
         default ``EXACT``, as in the policies.
       exp_error: ``eta``; default :func:`default_exp_error` ``(u)``.
 
+    Exponent range (only when a Format is given): the bound is ``inf`` if
+    ``e^{-(1 + u)R}(1 - eta)`` is below ``fmt.tiny`` (an exponential may
+    underflow and lose all relative accuracy: fp16 with ``R > 9.69``) or if a
+    sum, at most ``n D_hi``, or ``hi`` may exceed ``fmt.max``; a quotient
+    ``q`` below ``tiny`` errs by at most ``max(u q, sigma / 2)`` (``sigma`` the
+    smallest positive value), so the final ``u`` becomes ``max(u, sigma / (2
+    q_min))``.
+
     Returns:
       The bound, a float (possibly ``inf``).
     """
-    R, uu, fmt, eta, K, r = _online_args(
-        "softmax_bound", n, x_range, u, n, accumulation, exp_error)
+    R, uu, fmt, eta, K, r = _online_args("softmax_bound", n, x_range, u, n, accumulation, exp_error)
     return _rigorous(n, R, uu, eta, K, r, fmt)
 
 
-def online_softmax_bound_first_order(n: int, x_range: float, u: UnitOrFormat, *,
-                                     block: int = 1,
-                                     accumulation: AccumulationLike = EXACT,
-                                     exp_error: float = 0.0) -> float:
+def online_softmax_bound_first_order(
+    n: int,
+    x_range: float,
+    u: UnitOrFormat,
+    *,
+    block: int = 1,
+    accumulation: AccumulationLike = EXACT,
+    exp_error: float = 0.0,
+) -> float:
     """First-order part of :func:`online_softmax_bound`, not a bound:
     ``(r_b + 3K + 2R) u + (K + 1) eta`` with ``K = ceil(n / block)`` and ``r_b``
     the roundings of one block sum (block of ``min(block, n)`` terms).
     ``block >= n`` gives :func:`softmax_bound_first_order`.
     """
     R, uu, _, eta, K, r_b = _online_args(
-        "online_softmax_bound_first_order", n, x_range, u, block, accumulation, exp_error)
+        "online_softmax_bound_first_order", n, x_range, u, block, accumulation, exp_error
+    )
     return _first_order(uu, R, eta, K, r_b)
 
 
-def online_softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
-                         block: int = 1,
-                         accumulation: AccumulationLike = EXACT,
-                         exp_error: float | None = None) -> float:
+def online_softmax_bound(
+    n: int,
+    x_range: float,
+    u: UnitOrFormat,
+    *,
+    block: int = 1,
+    accumulation: AccumulationLike = EXACT,
+    exp_error: float | None = None,
+) -> float:
     """Rigorous bound on ``max_j |y_hat_j - y_j| / y_j`` for the ONLINE softmax.
 
     The 2-pass recurrence of Milakov & Gimelshein (2018, arXiv 1805.02867,
-    Algorithm 3) with blocks of ``block`` scores, exactly as in the module
-    docstring.  Derivation (module docstring, steps 1-4): with ``K =
-    ceil(n / block)`` blocks and ``r_b`` roundings per block sum,
+    Algorithm 3) with blocks ``B_1..B_K`` of ``block`` consecutive scores,
+    ``K = ceil(n / block)``::
+
+        m_0 = -inf, d_0 = 0
+        for k = 1..K:
+            m_k = max(m_{k-1}, max_{j in B_k} x_j)
+            alpha_k = fl(exp(fl(m_{k-1} - m_k)))          (1 if m_k == m_{k-1})
+            s_k = SUM_{j in B_k} fl(exp(fl(x_j - m_k)))   (per accumulation model)
+            d_k = fl(fl(d_{k-1} * alpha_k) + s_k)         (d_1 = s_1 exactly)
+        y_j = fl(fl(exp(fl(x_j - m_K))) / d_K)
+
+    With ``r_b`` roundings per block sum (:func:`summation_roundings`):
 
     * each rescaling ``d_{k-1} -> fl(fl(d_{k-1} alpha_k) + s_k)`` costs a term
       of an earlier block three roundings (``alpha_k``, the product, the sum)
@@ -516,16 +485,296 @@ def online_softmax_bound(n: int, x_range: float, u: UnitOrFormat, *,
       The bound, a float (possibly ``inf``).
     """
     R, uu, fmt, eta, K, r_b = _online_args(
-        "online_softmax_bound", n, x_range, u, block, accumulation, exp_error)
+        "online_softmax_bound", n, x_range, u, block, accumulation, exp_error
+    )
     return _rigorous(n, R, uu, eta, K, r_b, fmt)
 
 
 def _online_args(fn, n, x_range, u, block, accumulation, exp_error):
     """Checked arguments of the online bounds: (R, u, format or None, eta, K, r_b)."""
-    n = _check_int(n, "n", fn, 1)
-    block = _check_int(block, "block", fn, 1)
+    n = positive_int(n, f"{fn}: n")
+    block = positive_int(block, f"{fn}: block")
     R = _check_x_range(x_range, fn)
     uu, fmt = _resolve_u(u, fn)
     eta = _resolve_eta(exp_error, uu, fn)
     K, b = _blocks(n, block)
     return R, uu, fmt, eta, K, summation_roundings(b, accumulation, u=uu)
+
+
+# -- attention bounds -----------------------------------------------------------------
+
+U64 = 2.0**-53  # float64's unit roundoff: the carrier and the golden reference
+_EXP_ERROR_64 = 2.0**-50  # default_exp_error of float64: eight float64 units
+
+
+def _g64(k: int) -> float:
+    """gamma_k of float64: the relative error bound of a k-term float64 dot product."""
+    return k * U64 / (1 - k * U64)
+
+
+def _attention_factor(n, R, delta, uu, fmt, eta, K, r_b, bc, v_max) -> tuple[float, float]:
+    """(F, D_lo) of :func:`attention_bound_factor` with checked arguments; R is the
+    spread of the computed scores (the exact spread + 2 delta)."""
+    # The softmax of the computed scores: inf where an exponential may underflow or a
+    # sum overflow (the range checks of the softmax bounds).
+    eps = _rigorous(n, R, uu, eta, K, r_b, fmt)
+    if math.isinf(eps):
+        return math.inf, 0.0
+    if bc is None:  # reference: P (within eps), the P V dot and two roundings
+        hi = (1 + eps) * math.exp(2 * delta) * (1 + uu) ** 2 * (1 + _g64(n))
+        lo = (1 - eps) * math.exp(-2 * delta) * (1 - uu) ** 2 * (1 - _g64(n))
+        if fmt is not None and v_max * hi > fmt.max:
+            return math.inf, 0.0
+        return max(hi - 1, 1 - lo), 1.0
+    arg = uu * R + (0.0 if fmt is None or fmt.subnormals else K * fmt.tiny / 2)
+    n_u = 1 + r_b + 3 * (K - 1)  # l: exp, block sum, three per later block
+    n_o = 3 * K + 1  # o: exp, cast to P, P V_j, add; three per later block
+    lu_p, lu_m, le_p, le_m = (math.log1p(uu), math.log1p(-uu), math.log1p(eta), math.log1p(-eta))
+    d_hi = math.exp(arg + K * le_p + n_u * lu_p)
+    d_lo = math.exp(-arg + K * le_m + n_u * lu_m)
+    t_hi = math.exp(arg + K * le_p + n_o * lu_p + math.log1p(_g64(bc)))
+    t_lo = math.exp(-arg + K * le_m + n_o * lu_m + math.log1p(-_g64(bc)))
+    if fmt is not None and n * d_hi * t_hi * v_max > fmt.max:
+        return math.inf, d_lo  # o may overflow
+    hi = t_hi * (1 + uu) * math.exp(2 * delta) / d_lo
+    lo = t_lo * (1 - uu) * math.exp(-2 * delta) / d_hi
+    return max(hi - 1, 1 - lo), d_lo
+
+
+def _attention_args(fn, n, x_range, u, bc, score_error, v_max, exp_error):
+    n = positive_int(n, f"{fn}: n")
+    bc = None if bc is None else positive_int(bc, f"{fn}: bc")
+    R = _check_x_range(x_range, fn)
+    if not _real(score_error) or not (0 <= score_error < math.inf):
+        raise ValueError(f"{fn}: score_error: expected a finite number >= 0, got {score_error!r}")
+    if not _real(v_max) or not (0 <= v_max < math.inf):
+        raise ValueError(f"{fn}: v_max: expected a finite number >= 0, got {v_max!r}")
+    uu, fmt = _resolve_u(u, fn)
+    eta = _resolve_eta(exp_error, uu, fn)
+    K, b = _blocks(n, n if bc is None else bc)
+    r_b = summation_roundings(b, EXACT)
+    return n, bc, R + 2 * float(score_error), float(score_error), uu, fmt, eta, K, r_b
+
+
+def attention_bound_factor(
+    n: int,
+    x_range: float,
+    u: UnitOrFormat,
+    *,
+    bc: int | None = None,
+    score_error: float = 0.0,
+    v_max: float = 0.0,
+    exp_error: float | None = None,
+) -> float:
+    """Relative factor ``F`` of the attention bound of one query row, rigorous:
+    ``|O_hat_c - O_c| <= F W_c + Z`` with ``W_c = SUM_j p_j |v_jc|`` (``p`` the
+    exact softmax of the exact scores) and ``Z`` the subnormal term of
+    :func:`attention_bound`.
+
+    The row's ``n`` scores, computed with absolute error at most ``delta =
+    score_error``, go through the safe softmax (reference, ``bc=None``:
+    :func:`fa_jax.reference_attention`) or FlashAttention-2's online recurrence
+    over key blocks of ``bc`` columns (Dao 2023, Algorithm 1:
+    :func:`fa_jax.flash_attention` with ``variant="fa2"``).  Every step rounds to
+    nearest with unit roundoff ``u``; sums and dot products are EXACT (formed in
+    float64 and rounded once, the policies' default).
+
+    * Scores: ``softmax(S_hat)_j / softmax(S)_j`` lies in ``e^{+-2 delta}`` and
+      ``S_hat`` has spread ``R' <= x_range + 2 delta``.
+    * Reference: ``P_hat / softmax(S_hat)`` is within ``eps =``
+      :func:`softmax_bound` ``(n, R', u)`` (Blanchard, Higham & Higham 2021,
+      with the carrier's exp error); ``fl(P_hat V)`` is a float64 dot
+      (``gamma_n``, Higham eq. (3.5)) rounded twice (P V, then the output)::
+
+          hi = (1 + eps) e^{2 delta} (1 + u)^2 (1 + gamma_n),  F = max(hi - 1, 1 - lo)
+
+      with ``lo`` the same product with every sign flipped.
+    * Flash, ``K = ceil(n / bc)`` blocks: the accumulator is ``o_K = SUM_j
+      theta_j e^{s_j - m_K} v_j`` exactly (a rounding of a sum of mixed signs
+      is a factor ``1 + delta`` on all of its terms).  A term of the first
+      block meets its exp (``u``, ``eta``), the cast to P (``u``), the P V_j dot
+      (``u``, ``gamma_bc``), the add into o (``u``), and per later block
+      ``alpha`` (``u``, ``eta``), ``o alpha`` (``u``) and the add (``u``); its
+      exp-argument errors telescope to ``u R'`` as in
+      :func:`online_softmax_bound`.  So ``theta`` lies in ``[T_lo, T_hi]``,
+      ``T_hi = e^{uR'} (1 + eta)^K (1 + u)^{3K + 1} (1 + gamma_bc)``, the sum
+      ``l_K`` has ratio in ``[D_lo, D_hi]`` (:func:`online_softmax_bound`,
+      ``N_u = 1 + r_b + 3(K - 1)``) and ``O = fl(o_K / l_K)``::
+
+          F = max(T_hi (1 + u) e^{2 delta} / D_lo - 1,  1 - T_lo (1 - u) e^{-2 delta} / D_hi)
+
+    ``F`` is ``inf`` where the softmax bound is (with a Format: an exponential
+    may underflow, a sum overflow) or where ``v_max`` times the largest
+    possible ``|o|`` (``n D_hi T_hi v_max``, flash; ``hi v_max``, reference)
+    exceeds ``fmt.max``.  The bound holds as well for policies whose every
+    stage rounds to a format at least as precise and as wide as ``u``'s
+    (``fa2_kernel(fmt)`` as well as ``paper_uniform(fmt)``).
+
+    Args:
+      n: keys per row, >= 1.
+      x_range: ``max_j s_j - min_j s_j`` of the exact scores, >= 0.
+      u: unit roundoff or a Format / name (exponent range checked).
+      bc: flash attention's key block ``Bc``; ``None`` for the reference.
+      score_error: ``delta``, a bound on ``|s_hat_j - s_j|``, >= 0.
+      v_max: ``max |v|``, for the overflow check (only with a Format).
+      exp_error: ``eta``; default :func:`default_exp_error` ``(u)``.
+
+    Returns:
+      ``F``, a float (possibly ``inf``); the bound is meaningful where ``F < 1``.
+    """
+    n, bc, R, delta, uu, fmt, eta, K, r_b = _attention_args(
+        "attention_bound_factor", n, x_range, u, bc, score_error, v_max, exp_error
+    )
+    return _attention_factor(n, R, delta, uu, fmt, eta, K, r_b, bc, v_max)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBound:
+    """Per-entry bound of :func:`attention_bound`: ``bound = factor[:, None] *
+    weights + absolute[:, None]``, shape (N, d_v).
+
+    ``factor`` (N,) is :func:`attention_bound_factor` of each row plus the float64
+    reference's own error; ``weights`` (N, d_v) is ``W = softmax(S) |V|``;
+    ``absolute`` (N,) the subnormal term ``Z``; ``score_error`` (N,) the
+    ``delta`` of each row and ``x_range`` (N,) its exact score spread.
+    """
+
+    bound: np.ndarray
+    factor: np.ndarray
+    absolute: np.ndarray
+    weights: np.ndarray
+    score_error: np.ndarray
+    x_range: np.ndarray
+
+
+def _scale_error(fmt: Format, c: float) -> float:
+    """|fl_fmt(c) - c| / c for the softmax scale c (0 where c is a value of fmt)."""
+    from fa_jax._x64 import float64_enabled
+    from fa_jax.rounding import round_to
+
+    with float64_enabled():
+        rounded = float(round_to(np.float64(c), fmt))
+    return abs(rounded - c) / c
+
+
+def _values_of(x: np.ndarray, fmt: Format) -> bool:
+    from fa_jax._x64 import float64_enabled
+    from fa_jax.rounding import round_to
+
+    with float64_enabled():
+        return bool(np.array_equal(np.asarray(round_to(x, fmt)), x))
+
+
+def attention_bound(
+    q, k, v, fmt: Format | str, *, bc: int | None = None, exp_error: float | None = None
+) -> AttentionBound:
+    """Rigorous per-entry bound on ``|O_hat - O_golden|`` for one head of attention.
+
+    ``O_hat`` is :func:`fa_jax.reference_attention` (``bc=None``) or
+    :func:`fa_jax.flash_attention` with ``Blocks(br, bc)`` and ``variant="fa2"``
+    of ``q, k, v`` under ``paper_uniform(fmt)`` or ``fa2_kernel(fmt)`` (no
+    mask, the default scale ``1/sqrt(d)``, EXACT accumulation, the scale
+    applied to the scores); ``O_golden`` is :func:`fa_jax.reference_attention`
+    under ``golden()``.  Per entry ``(i, c)``::
+
+        |O_hat_ic - O_golden_ic| <= F_i W_ic + Z_i,   W = softmax(S) |V|
+
+    * Scores: ``S_hat = fl(fl(Q K^T) c_hat)`` with ``c_hat = c (1 + rho)`` the
+      rounded scale; the float64 dots of the carrier and of the golden err by
+      ``gamma_d A`` (``A = c |Q| |K|^T``), so with ``sigma`` the smallest
+      positive value of ``fmt`` (two possibly subnormal roundings)::
+
+          delta_i = max_j [((1+u)^2 (1+rho) - 1) |s_ij| + ((1+u)^2 (1+rho) + 1 + u_c) gamma_d A_ij
+                           + u_c |s_ij|] + sigma
+
+      (``u_c = 2**-53`` where the golden's product by ``c`` rounds, 0 where
+      ``c`` is a power of two).
+    * ``F_i`` = :func:`attention_bound_factor` ``(n, x_range_i, fmt, bc=bc,
+      score_error=delta_i, v_max=max|V|)`` widened by the golden's own error
+      ``G`` (:func:`softmax_bound` in float64 with sequential sums and
+      ``eta = 2**-50``, and its P V dot) and by the float64 error of ``W``
+      itself: ``(F + G) / ((1 - eps_64) e^{-2 delta_64} (1 - gamma_n))``.
+    * ``Z_i``: reference ``sigma`` (the P V and output roundings); flash
+      ``K sigma (1 + u)^{3K + 1} / D_lo + sigma / 2`` (a possibly subnormal
+      P V_j and ``o alpha`` per block, carried through ``alpha <= 1`` and
+      divided by ``l >= D_lo``, then the output's rounding).
+
+    Args:
+      q: (N, d) queries, values of ``fmt``.
+      k: (M, d) keys, values of ``fmt``.
+      v: (M, d_v) values, values of ``fmt``.
+      fmt: the format (a :class:`~fa_jax.Format` or name, at most FP32's
+        precision: the carrier's float64 products are then exact).
+      bc: flash attention's key block ``Bc``; ``None`` for the reference.
+      exp_error: ``eta``; default :func:`default_exp_error` ``(u)``.
+
+    Returns:
+      An :class:`AttentionBound`.
+
+    Raises:
+      ValueError: shapes that are not (N, d), (M, d), (M, d_v); inputs that are
+        not finite values of ``fmt``; a format finer than FP32; a bad ``bc``.
+    """
+    fn = "attention_bound"
+    f = get_format(fmt)
+    f._require_concrete(fn)
+    if f.man_bits > 23:
+        raise ValueError(f"{fn}: fmt: expected a format of at most FP32's precision, got {f.name}")
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    if (
+        q.ndim != 2
+        or k.ndim != 2
+        or v.ndim != 2
+        or q.shape[1] != k.shape[1]
+        or (k.shape[0] != v.shape[0])
+        or 0 in q.shape + k.shape + v.shape
+    ):
+        raise ValueError(
+            f"{fn}: q, k, v: expected shapes (N, d), (M, d), (M, d_v), "
+            f"got {q.shape}, {k.shape}, {v.shape}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not np.isfinite(t).all() or not _values_of(t, f):
+            raise ValueError(
+                f"{fn}: {name}: expected finite values of {f.name} "
+                "(round them with fa_jax.round_to first)"
+            )
+    d, n = q.shape[1], k.shape[0]
+    uu = f.unit_roundoff
+    sig = f.smallest_subnormal
+    c = 1.0 / math.sqrt(d)  # the scale as the attention functions compute it
+    rho = _scale_error(f, c)
+    u_c = 0.0 if math.frexp(c)[0] == 0.5 else U64
+    s = (q @ k.T) * c
+    a = (np.abs(q) @ np.abs(k).T) * c
+    rel = (1 + uu) ** 2 * (1 + rho)
+    delta = ((rel - 1 + u_c) * np.abs(s) + (rel + 1 + u_c) * _g64(d) * a).max(axis=1) + sig
+    delta_64 = (u_c * np.abs(s) + _g64(d) * a).max(axis=1)
+    spread = s.max(axis=1) - s.min(axis=1)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    W = (p / p.sum(axis=1, keepdims=True)) @ np.abs(v)
+    v_max = float(np.abs(v).max())
+    factor, absolute = [], []
+    for R_i, d_i, d64_i in zip(spread.tolist(), delta.tolist(), delta_64.tolist()):
+        _, bc_, R, dlt, _, _, eta, K, r_b = _attention_args(
+            fn, n, R_i, f, bc, d_i, v_max, exp_error
+        )
+        F, d_lo = _attention_factor(n, R, dlt, uu, f, eta, K, r_b, bc_, v_max)
+        eps_64 = softmax_bound(n, R, U64, accumulation="sequential", exp_error=_EXP_ERROR_64)
+        G = (1 + eps_64) * (1 + _g64(n)) - 1  # the golden's softmax and P V dot
+        w_lo = (1 - eps_64) * math.exp(-2 * d64_i) * (1 - _g64(n))  # W's own error
+        factor.append((F + G) / w_lo)
+        absolute.append(
+            sig
+            if bc is None or math.isinf(F)
+            else K * sig * (1 + uu) ** (3 * K + 1) / d_lo + sig / 2
+        )
+    factor_a, absolute_a = np.asarray(factor), np.asarray(absolute)
+    return AttentionBound(
+        bound=factor_a[:, None] * W + absolute_a[:, None],
+        factor=factor_a,
+        absolute=absolute_a,
+        weights=W,
+        score_error=delta,
+        x_range=spread,
+    )

@@ -189,7 +189,7 @@ def test_extra_bits_are_visible(x64):
 
 
 def test_tensor_core_bounds_need_u_and_count_blocks():
-    with pytest.raises(ValueError, match=r"needs u="):
+    with pytest.raises(ValueError, match=r"needs the accumulator.s unit roundoff"):
         bounds.summation_roundings(10, "tensor_core(v100)")
     assert bounds.tensor_core_block_roundings("tensor_core(v100)", FP32.unit_roundoff) == 13
     assert bounds.tensor_core_block_roundings("tensor_core(a100)", FP32.unit_roundoff) == 12
