@@ -1,4 +1,12 @@
-"""The ``fa-jax`` command: parses arguments, calls the library, prints.  No numerics here."""
+"""The ``fa-jax`` command: parses arguments, calls the library, prints.  No numerics here.
+
+Subcommands: ``formats`` (the format registry), ``round`` (one value's rounding
+and bits), ``sweep`` (a :class:`~fa_jax.studies.sweep.Grid` into tidy CSV),
+``reproduce`` (Golden et al. 2024 Figs 3-6 and 8, FlashAttention-3 Table 3) and
+``attribute`` (per-stage error attribution).  Errors in arguments are one line
+on standard error naming the flag, with exit status 2.  This is the only module
+of fa_jax that parses arguments; ``python -m fa_jax`` runs it.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,14 @@ import argparse
 import math
 import os
 import sys
+from typing import Any
 
+import fa_jax
+from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import get_format, registered_formats
 from fa_jax.rounding import ROUNDING_MODES
+from fa_jax.studies import DEFAULT_POLICIES
+from fa_jax.studies.table import print_table
 
 
 def _fmt_float(v: float) -> str:
@@ -16,17 +29,41 @@ def _fmt_float(v: float) -> str:
 
 
 def cmd_formats(args) -> int:
-    cols = ("name", "bits", "e", "m", "bias", "specials", "emin", "emax", "max", "tiny",
-            "min_subnormal", "eps", "carrier")
+    cols = (
+        "name",
+        "bits",
+        "e",
+        "m",
+        "bias",
+        "specials",
+        "emin",
+        "emax",
+        "max",
+        "tiny",
+        "min_subnormal",
+        "eps",
+        "carrier",
+    )
     rows = []
     for f in registered_formats():
-        rows.append((f.name, f.bits, f.exp_bits, f.man_bits, f.bias, f.specials, f.emin, f.emax,
-                     _fmt_float(f.max), _fmt_float(f.tiny), _fmt_float(f.smallest_subnormal),
-                     _fmt_float(f.eps), f.carrier.name))
-    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
-    print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)))
-    for r in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
+        rows.append(
+            (
+                f.name,
+                f.bits,
+                f.exp_bits,
+                f.man_bits,
+                f.bias,
+                f.specials,
+                f.emin,
+                f.emax,
+                _fmt_float(f.max),
+                _fmt_float(f.tiny),
+                _fmt_float(f.smallest_subnormal),
+                _fmt_float(f.eps),
+                f.carrier.name,
+            )
+        )
+    print_table(cols, rows)
     return 0
 
 
@@ -48,20 +85,26 @@ def cmd_round(args) -> int:
     hexw = (fmt.bits + 3) // 4
     bitstr = f"{s} {e:0{fmt.exp_bits}b} {m:0{fmt.man_bits}b}".rstrip()
     print(f"input      {x!r}  (parsed as float64)")
-    print(f"format     {fmt.name}  (e{fmt.exp_bits}m{fmt.man_bits}, bias {fmt.bias}, {fmt.specials})")
+    print(
+        f"format     {fmt.name}  (e{fmt.exp_bits}m{fmt.man_bits}, bias {fmt.bias}, {fmt.specials})"
+    )
     print(f"mode       {args.mode}")
     print(f"rounded    {r!r}")
     print(f"bits       {bitstr}  (0x{code:0{hexw}X}; sign exponent mantissa)")
     if math.isfinite(x) and not math.isfinite(r):
-        print(f"overflow   |x| rounds past max = {fmt.max!r}; {fmt.name} overflows to {r!r}"
-              + ("" if fmt.has_inf else " (it has no infinity)"))
+        print(
+            f"overflow   |x| rounds past max = {fmt.max!r}; {fmt.name} overflows to {r!r}"
+            + ("" if fmt.has_inf else " (it has no infinity)")
+        )
     if math.isfinite(x) and math.isfinite(r):
         err = abs(r - x)
         print(f"abs error  {err:.6g}")
         if x != 0:
             rel = err / abs(x)
-            print(f"rel error  {rel:.6g}  = {rel / fmt.unit_roundoff:.4g} u  "
-                  f"(u = 2^-{fmt.man_bits + 1} = {fmt.unit_roundoff:.6g})")
+            print(
+                f"rel error  {rel:.6g}  = {rel / fmt.unit_roundoff:.4g} u  "
+                f"(u = 2^-{fmt.man_bits + 1} = {fmt.unit_roundoff:.6g})"
+            )
     return 0
 
 
@@ -99,16 +142,27 @@ def _block_spec(text: str):
         br, bc = t.split("x")
         br, bc = int(br), int(bc)
     except ValueError:
-        raise ValueError(f"--blocks: expected BRxBC or sramM[_swap|_square], got {text!r}") from None
+        raise ValueError(
+            f"--blocks: expected BRxBC or sramM[_swap|_square], got {text!r}"
+        ) from None
     if br < 1 or bc < 1:
         raise ValueError(f"--blocks: expected positive tile sizes, got {text!r}")
     return Blocks(br, bc)
 
 
-_GRID_FLAGS = {"formats": "--formats", "seq_lens": "--seq-lens", "blocks": "--blocks",
-               "variants": "--variants", "policies": "--policies", "seeds": "--seeds",
-               "batch": "--batch", "heads": "--heads", "d": "--d",
-               "distribution": "--distribution", "causal": "--causal"}
+_GRID_FLAGS = {
+    "formats": "--formats",
+    "seq_lens": "--seq-lens",
+    "blocks": "--blocks",
+    "variants": "--variants",
+    "policies": "--policies",
+    "seeds": "--seeds",
+    "batch": "--batch",
+    "heads": "--heads",
+    "d": "--d",
+    "distribution": "--distribution",
+    "causal": "--causal",
+}
 
 
 def cmd_sweep(args) -> int:
@@ -120,19 +174,26 @@ def cmd_sweep(args) -> int:
             get_format(name)
         except ValueError as err:
             raise ValueError(f"--formats: {err}") from None
-    kw = dict(formats=tuple(formats), seq_lens=_ints("--seq-lens", args.seq_lens),
-              blocks=tuple(_block_spec(b) for b in _items("--blocks", args.blocks)),
-              variants=tuple(_items("--variants", args.variants)),
-              policies=tuple(_items("--policies", args.policies)),
-              seeds=_ints("--seeds", args.seeds), batch=args.batch, heads=args.heads, d=args.d,
-              distribution=args.distribution, causal=args.causal)
+    kw: dict[str, Any] = dict(
+        formats=tuple(formats),
+        seq_lens=_ints("--seq-lens", args.seq_lens),
+        blocks=tuple(_block_spec(b) for b in _items("--blocks", args.blocks)),
+        variants=tuple(_items("--variants", args.variants)),
+        policies=tuple(_items("--policies", args.policies)),
+        seeds=_ints("--seeds", args.seeds),
+        batch=args.batch,
+        heads=args.heads,
+        d=args.d,
+        distribution=args.distribution,
+        causal=args.causal,
+    )
     try:
         grid = Grid(**kw)
     except (ValueError, TypeError) as err:
         msg = str(err)
         for field, flag in _GRID_FLAGS.items():
             if msg.startswith(f"Grid.{field}:"):
-                msg = flag + msg[len(f"Grid.{field}"):]
+                msg = flag + msg[len(f"Grid.{field}") :]
                 break
         raise ValueError(msg) from None
     path = run_sweep(grid, args.out, quiet=args.quiet)
@@ -143,24 +204,29 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
+    from fa_jax.presets import PRESETS
     from fa_jax.studies.figures import reproduce
 
-    from fa_jax.presets import PRESETS
-
-    policies = _items("--policy", args.policy)
-    unknown = [p for p in policies if p not in PRESETS]
-    if unknown:
-        raise ValueError(f"--policy: expected names from {sorted(PRESETS)}, got {unknown}")
-    results = reproduce(args.figure, args.out, quick=args.quick, policies=policies,
-                        ablations=args.ablations)
+    policies = [one_of(p, sorted(PRESETS), "--policy") for p in _items("--policy", args.policy)]
+    results = reproduce(
+        args.figure, args.out, quick=args.quick, policies=policies, ablations=args.ablations
+    )
     for name, res in results.items():
         print(f"{name}: " + "  ".join(str(res[k]) for k in ("csv", "png") if res.get(k)))
     return 0
 
 
-_ATTRIBUTE_FLAGS = {"seq_len": "--n", "d": "--d", "variant": "--variant", "seeds": "--seeds",
-                    "distribution": "--distribution", "inputs": "--inputs", "kinds": "--kinds",
-                    "br": "--br", "bc": "--bc"}
+_ATTRIBUTE_FLAGS = {
+    "seq_len": "--n",
+    "d": "--d",
+    "variant": "--variant",
+    "seeds": "--seeds",
+    "distribution": "--distribution",
+    "inputs": "--inputs",
+    "kinds": "--kinds",
+    "br": "--br",
+    "bc": "--bc",
+}
 
 
 def _one_int(flag: str, text: str) -> int:
@@ -172,6 +238,7 @@ def _one_int(flag: str, text: str) -> int:
 
 def cmd_attribute(args) -> int:
     from fa_jax.attention import Blocks
+    from fa_jax.presets import get_policy
     from fa_jax.studies.attribution import (
         ATTRIBUTION_METRICS,
         AttributionConfig,
@@ -179,10 +246,8 @@ def cmd_attribute(args) -> int:
         plot_attribution,
         write_csv,
     )
-    from fa_jax.presets import get_policy
 
-    if args.metric not in ATTRIBUTION_METRICS:
-        raise ValueError(f"--metric: expected one of {ATTRIBUTION_METRICS}, got {args.metric!r}")
+    one_of(args.metric, ATTRIBUTION_METRICS, "--metric")
     try:
         fmt = get_format(args.format)
     except ValueError as err:
@@ -193,19 +258,25 @@ def cmd_attribute(args) -> int:
         raise ValueError(f"--policy: {err}") from None
     n, d, bc = (_one_int(f, v) for f, v in (("--n", args.n), ("--d", args.d), ("--bc", args.bc)))
     br = bc if args.br is None else _one_int("--br", args.br)
-    if bc < 1:
-        raise ValueError(f"--bc: expected a positive integer, got {bc}")
+    positive_int(bc, "--bc")  # before Blocks, which would name Br when Br defaults to Bc
     try:
         config = AttributionConfig(
-            policy, seq_len=n, d=d, blocks=Blocks(br, bc), variant=args.variant,
-            seeds=_ints("--seeds", args.seeds), distribution=args.distribution,
-            kinds=tuple(_items("--kinds", args.kinds)), inputs=args.inputs)
+            policy,
+            seq_len=n,
+            d=d,
+            blocks=Blocks(br, bc),
+            variant=args.variant,
+            seeds=_ints("--seeds", args.seeds),
+            distribution=args.distribution,
+            kinds=tuple(_items("--kinds", args.kinds)),
+            inputs=args.inputs,
+        )
     except (ValueError, TypeError) as err:
         msg = str(err)
         for field, flag in _ATTRIBUTE_FLAGS.items():
             for prefix in (f"AttributionConfig.{field}:", f"Blocks.{field}:"):
                 if msg.startswith(prefix):
-                    msg = flag + ":" + msg[len(prefix):]
+                    msg = flag + ":" + msg[len(prefix) :]
         raise ValueError(msg) from None
     result = attribute(config)
     print(result.table(args.metric))
@@ -223,25 +294,40 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fa-jax",
         description="Bit-exact floating-point format emulation and FlashAttention numerics.",
     )
+    p.add_argument("--version", action="version", version=f"fa-jax {fa_jax.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("formats", help="print the format registry")
     f.set_defaults(func=cmd_formats)
     r = sub.add_parser("round", help="round one value to a format and show its bits")
     r.add_argument("value", help="a decimal number, inf or nan (negative: put -- before it)")
-    r.add_argument("--format", "-f", required=True, help="format name: bf16, fp16, e4m3fn, e5m4, ...")
+    r.add_argument(
+        "--format", "-f", required=True, help="format name: bf16, fp16, e4m3fn, e5m4, ..."
+    )
     r.add_argument("--mode", default="nearest_even", choices=ROUNDING_MODES)
     r.add_argument("--seed", type=int, default=0, help="PRNG seed for --mode stochastic")
     r.set_defaults(func=cmd_round)
 
     sw = sub.add_parser("sweep", help="run a grid of configurations; write results.csv")
-    sw.add_argument("--formats", nargs="*", required=True,
-                    help="format names (bf16 fp16 e5m4 ...); spaces or commas")
+    sw.add_argument(
+        "--formats",
+        nargs="*",
+        required=True,
+        help="format names (bf16 fp16 e5m4 ...); spaces or commas",
+    )
     sw.add_argument("--seq-lens", nargs="*", required=True, help="sequence lengths")
-    sw.add_argument("--blocks", nargs="*", required=True,
-                    help="tiles: BRxBC (e.g. 64x64) or sramM[_swap|_square] (FA1 tiles)")
+    sw.add_argument(
+        "--blocks",
+        nargs="*",
+        required=True,
+        help="tiles: BRxBC (e.g. 64x64) or sramM[_swap|_square] (FA1 tiles)",
+    )
     sw.add_argument("--variants", nargs="*", default=["fa2"], help="flash loop orders (fa1 fa2)")
-    sw.add_argument("--policies", nargs="*", default=["paper_uniform"],
-                    help="policy presets (paper_uniform fa2_kernel torch_math)")
+    sw.add_argument(
+        "--policies",
+        nargs="*",
+        default=["paper_uniform"],
+        help="policy presets (paper_uniform fa2_kernel torch_math)",
+    )
     sw.add_argument("--seeds", nargs="*", default=["0"], help="input seeds")
     sw.add_argument("--batch", type=int, default=1)
     sw.add_argument("--heads", type=int, default=1)
@@ -253,19 +339,28 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("reproduce", help="Golden et al. 2024 figures: CSV, table and PNG")
-    rp.add_argument("figure", choices=("fig3", "fig4", "fig5", "fig6", "all", "fig8",
-                                       "fa3-table"))
+    rp.add_argument("figure", choices=("fig3", "fig4", "fig5", "fig6", "all", "fig8", "fa3-table"))
     rp.add_argument("--quick", action="store_true", help="small grids (under a minute each on CPU)")
     rp.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
-    rp.add_argument("--policy", nargs="*", default=["paper_uniform", "fa2_kernel"],
-                    help="policy presets (default paper_uniform fa2_kernel)")
-    rp.add_argument("--ablations", action="store_true",
-                    help="fa3-table only: add rows that locate the FP8 error (not in the paper)")
+    rp.add_argument(
+        "--policy",
+        nargs="*",
+        default=list(DEFAULT_POLICIES),
+        help=f"policy presets (default {' '.join(DEFAULT_POLICIES)})",
+    )
+    rp.add_argument(
+        "--ablations",
+        action="store_true",
+        help="fa3-table only: add rows that locate the FP8 error (not in the paper)",
+    )
     rp.set_defaults(func=cmd_reproduce)
 
     at = sub.add_parser("attribute", help="per-stage error attribution: table, CSV, bar chart")
-    at.add_argument("--policy", default="paper_uniform",
-                    help="policy preset: paper_uniform, fa2_kernel, torch_math or golden")
+    at.add_argument(
+        "--policy",
+        default="paper_uniform",
+        help="policy preset: paper_uniform, fa2_kernel, torch_math or golden",
+    )
     at.add_argument("--format", default="bf16", help="the preset's format (bf16, fp16, ...)")
     at.add_argument("--n", default="1024", help="sequence length N")
     at.add_argument("--d", default="64", help="head dimension")
@@ -273,15 +368,28 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--br", default=None, help="query tile size Br (default: Bc)")
     at.add_argument("--seeds", nargs="*", default=["0,1"], help="input seeds")
     at.add_argument("--variant", default="fa2", help="flash loop order: fa1, fa2 or rowwise")
-    at.add_argument("--kinds", nargs="*", default=["flash,reference"],
-                    help="attention paths: flash and/or reference")
+    at.add_argument(
+        "--kinds",
+        nargs="*",
+        default=["flash,reference"],
+        help="attention paths: flash and/or reference",
+    )
     at.add_argument("--distribution", default="normal", help="normal, uniform or outliers")
-    at.add_argument("--inputs", default="rounded",
-                    help="rounded (Q, K, V rounded once for all runs, golden too) or exact")
-    at.add_argument("--metric", default="max_abs_diff",
-                    help="table and chart metric: max_abs_diff or mean_abs_diff (CSV: both)")
-    at.add_argument("--out", default="fa_jax_out/attribute",
-                    help="output folder for attribution.csv and attribution.png")
+    at.add_argument(
+        "--inputs",
+        default="rounded",
+        help="rounded (Q, K, V rounded once for all runs, golden too) or exact",
+    )
+    at.add_argument(
+        "--metric",
+        default="max_abs_diff",
+        help="table and chart metric: max_abs_diff or mean_abs_diff (CSV: both)",
+    )
+    at.add_argument(
+        "--out",
+        default="fa_jax_out/attribute",
+        help="output folder for attribution.csv and attribution.png",
+    )
     at.add_argument("--no-plot", action="store_true", help="skip the bar chart")
     at.set_defaults(func=cmd_attribute)
     return p

@@ -10,9 +10,14 @@ import math
 
 import numpy as np
 import pytest
+from helpers import x64_enabled
 
 from fa_jax import BF16, FP16, FP64, Blocks, fa2_kernel, golden, metrics, paper_uniform
 from fa_jax.attention import flash_attention, reference_attention
+from fa_jax.cli import main
+from fa_jax.inputs import make_inputs
+from fa_jax.policy import STAGES
+from fa_jax.rounding import round_to
 from fa_jax.studies.attribution import (
     ATTRIBUTION_METRICS,
     CSV_COLUMNS,
@@ -24,12 +29,6 @@ from fa_jax.studies.attribution import (
     variants,
     write_csv,
 )
-from fa_jax.cli import main
-from fa_jax.policy import STAGES
-from fa_jax.rounding import round_to
-from fa_jax.inputs import make_inputs
-
-from helpers import x64_enabled
 
 TINY = {"seq_len": 32, "d": 8, "blocks": Blocks(8, 8), "seeds": (0,)}
 
@@ -48,10 +47,14 @@ def test_forward_stages_are_policy_stages():
     assert len(FORWARD_STAGES) == 9 and set(FORWARD_STAGES) <= set(STAGES)
 
 
-@pytest.mark.parametrize("policy", [
-    golden(),
-    paper_uniform(BF16).replace(**{s: FP64 for s in FORWARD_STAGES}),
-], ids=["golden", "every_stage_raised"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        golden(),
+        paper_uniform(BF16).replace(**{s: FP64 for s in FORWARD_STAGES}),
+    ],
+    ids=["golden", "every_stage_raised"],
+)
 def test_fp64_policies_deviate_by_nothing(policy):
     """golden, and a policy with every forward stage raised to FP64, give exactly
     zero deviation and zero shares (traced-width FP64 runs equal golden bitwise)."""
@@ -110,9 +113,11 @@ def test_paper_uniform_matches_direct_calls_and_writes_rows(tmp_path):
         q, k, v = (round_to(np.asarray(t), BF16) for t in make_inputs(0, 32, d=8))
         golds = {kind: _direct(kind, q, k, v, golden()) for kind in KINDS}
         for kind, direction, stage, pol in (
-                ("flash", "full", "", policy), ("reference", "full", "", policy),
-                ("flash", "raised", "o_acc", policy.replace(o_acc=FP64)),
-                ("reference", "lowered", "stats", golden().replace(stats=BF16))):
+            ("flash", "full", "", policy),
+            ("reference", "full", "", policy),
+            ("flash", "raised", "o_acc", policy.replace(o_acc=FP64)),
+            ("reference", "lowered", "stats", golden().replace(stats=BF16)),
+        ):
             o = _direct(kind, q, k, v, pol)
             for m in ATTRIBUTION_METRICS:
                 want = float(getattr(metrics, m)(o, golds[kind]))
@@ -137,8 +142,14 @@ def test_paper_uniform_matches_direct_calls_and_writes_rows(tmp_path):
     with open(path, newline="") as fh:
         back = list(csv.DictReader(fh))
     assert tuple(back[0]) == CSV_COLUMNS and len(back) == len(rows)
-    r = next(r for r in back if r["kind"] == "flash" and r["direction"] == "raised"
-             and r["stage"] == "stats" and r["metric"] == "max_abs_diff")
+    r = next(
+        r
+        for r in back
+        if r["kind"] == "flash"
+        and r["direction"] == "raised"
+        and r["stage"] == "stats"
+        and r["metric"] == "max_abs_diff"
+    )
     assert float(r["deviation"]) == res.deviation("flash", "raised", "stats")
     assert float(r["share"]) == res.share("flash", "raised", "stats")
 
@@ -150,9 +161,11 @@ def test_paper_uniform_matches_direct_calls_and_writes_rows(tmp_path):
 
 def test_shares_of_a_zero_deviation():
     cfg = AttributionConfig(golden(), **TINY)
-    devs = {("flash", "full", "", "max_abs_diff"): 0.0,
-            ("flash", "raised", "exp", "max_abs_diff"): 0.0,
-            ("flash", "lowered", "exp", "max_abs_diff"): 1e-3}
+    devs = {
+        ("flash", "full", "", "max_abs_diff"): 0.0,
+        ("flash", "raised", "exp", "max_abs_diff"): 0.0,
+        ("flash", "lowered", "exp", "max_abs_diff"): 1e-3,
+    }
     res = Attribution(cfg, devs, 0.0)
     assert res.share("flash", "raised", "exp") == 0.0
     assert math.isnan(res.share("flash", "lowered", "exp"))
@@ -160,16 +173,19 @@ def test_shares_of_a_zero_deviation():
         res.share("flash", "full", "exp")
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"seq_len": 0}, "seq_len: expected a positive integer, got 0"),
-    ({"variant": "fa3"}, "variant: expected one of"),
-    ({"seeds": ()}, "seeds: expected distinct entries"),
-    ({"seeds": (0, -1)}, "seeds: expected non-negative integers"),
-    ({"kinds": ("flash", "pytorch")}, "kinds: expected names in"),
-    ({"inputs": "raw"}, "inputs: expected one of"),
-    ({"distribution": "cauchy"}, "distribution: expected one of"),
-    ({"blocks": (8, 8)}, r"blocks: expected Blocks\(br, bc\)"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"seq_len": 0}, "seq_len: expected a positive integer, got 0"),
+        ({"variant": "fa3"}, "variant: expected one of"),
+        ({"seeds": ()}, "seeds: expected distinct entries"),
+        ({"seeds": (0, -1)}, "seeds: expected non-negative integers"),
+        ({"kinds": ("flash", "pytorch")}, "kinds: expected one of"),
+        ({"inputs": "raw"}, "inputs: expected one of"),
+        ({"distribution": "cauchy"}, "distribution: expected one of"),
+        ({"blocks": (8, 8)}, r"blocks: expected Blocks\(br, bc\)"),
+    ],
+)
 def test_config_errors_name_the_field(kw, match):
     with pytest.raises((ValueError, TypeError), match=f"AttributionConfig.{match}"):
         AttributionConfig(fa2_kernel(FP16), **kw)
@@ -178,8 +194,24 @@ def test_config_errors_name_the_field(kw, match):
 
 
 def test_cli_attribute_prints_table_and_writes_files(tmp_path, capsys):
-    assert main(["attribute", "--n", "32", "--d", "8", "--bc", "8", "--seeds", "0",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "attribute",
+                "--n",
+                "32",
+                "--d",
+                "8",
+                "--bc",
+                "8",
+                "--seeds",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "raise one stage to FP64" in out and "lower one stage from FP64" in out
     assert "paper_uniform(bfloat16)" in out and "o_acc" in out
@@ -190,16 +222,19 @@ def test_cli_attribute_prints_table_and_writes_files(tmp_path, capsys):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--n", "x"], "--n: expected an integer"),
-    (["--bc", "0"], "--bc: expected a positive integer"),
-    (["--br", "0"], "--br: expected a positive integer"),
-    (["--policy", "fast"], "--policy: unknown policy"),
-    (["--format", "bf17"], "--format: unknown format"),
-    (["--variant", "fa9"], "--variant: expected one of"),
-    (["--seeds", "a"], "--seeds: expected integers"),
-    (["--metric", "rmse"], "--metric: expected one of"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--n", "x"], "--n: expected an integer"),
+        (["--bc", "0"], "--bc: expected a positive integer"),
+        (["--br", "0"], "--br: expected a positive integer"),
+        (["--policy", "fast"], "--policy: unknown policy"),
+        (["--format", "bf17"], "--format: unknown format"),
+        (["--variant", "fa9"], "--variant: expected one of"),
+        (["--seeds", "a"], "--seeds: expected integers"),
+        (["--metric", "rmse"], "--metric: expected one of"),
+    ],
+)
 def test_cli_attribute_bad_arguments_exit_2_in_one_line(argv, flag, capsys):
     assert main(["attribute", *argv]) == 2
     err = capsys.readouterr().err.strip()

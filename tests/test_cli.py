@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 
 from fa_jax.cli import main
 
@@ -40,7 +41,10 @@ def test_unparsable_value_is_an_error(capsys):
 
 def test_console_script_survives_a_closed_pipe():
     proc = subprocess.run(
-        f"{sys.executable} -m fa_jax.cli formats | head -1", shell=True, capture_output=True, text=True
+        f"{sys.executable} -m fa_jax.cli formats | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.stdout.startswith("name") and "Traceback" not in proc.stderr
 
@@ -51,3 +55,34 @@ def test_round_leaves_the_x64_setting_alone(capsys):
     before = jax.config.jax_enable_x64
     main(["round", "0.1", "-f", "fp16"])
     assert jax.config.jax_enable_x64 == before
+
+
+def test_version_flag(capsys):
+    import fa_jax
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fa-jax {fa_jax.__version__}"
+
+
+def test_python_dash_m_fa_jax_help_and_version():
+    import fa_jax
+
+    help_ = subprocess.run(
+        [sys.executable, "-m", "fa_jax", "--help"], capture_output=True, text=True, check=True
+    )
+    assert help_.stdout.startswith("usage: fa-jax") and "reproduce" in help_.stdout
+    version = subprocess.run(
+        [sys.executable, "-m", "fa_jax", "--version"], capture_output=True, text=True, check=True
+    )
+    assert version.stdout.strip() == f"fa-jax {fa_jax.__version__}"
+
+
+def test_formats_table_columns_line_up(capsys):
+    assert main(["formats"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, first = lines[0], lines[1]
+    at = header.index("bits")  # cells start under their headers
+    assert first[at - 2 : at] == "  " and first[at] != " "
+    assert all(line == line.rstrip() for line in lines)

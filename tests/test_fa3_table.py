@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fa_jax.studies import fa3_table as t3
 from fa_jax import metrics, ops
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.formats import E4M3FN, FP16, FP32
+from fa_jax.inputs import make_inputs
 from fa_jax.presets import golden
 from fa_jax.quantization import incoherent_transform, quantize_per_tensor
 from fa_jax.rounding import round_to
-from fa_jax.inputs import make_inputs
+from fa_jax.studies import fa3_table as t3
 
 ROWS = {r.key: r for r in t3.ROWS}
 # N=128, d=32 rather than smaller: the FP8 claim below held for each of 20 seeds tried
@@ -48,21 +48,44 @@ def fp16_inputs(seed, n, d):
 
 def test_rows_are_the_papers_table():
     assert [(r.label, r.published) for r in t3.ROWS] == [
-        ("Baseline FP16", 3.2e-4), ("FA2 FP16", 1.9e-4), ("FA3 FP16", 1.9e-4),
-        ("Baseline FP8 (per-tensor)", 2.4e-2), ("FA3 FP8 (block + incoherent)", 9.1e-3),
-        ("FA3 FP8 no block quant.", 9.3e-3), ("FA3 FP8 no incoherent", 2.4e-2)]
+        ("Baseline FP16", 3.2e-4),
+        ("FA2 FP16", 1.9e-4),
+        ("FA3 FP16", 1.9e-4),
+        ("Baseline FP8 (per-tensor)", 2.4e-2),
+        ("FA3 FP8 (block + incoherent)", 9.1e-3),
+        ("FA3 FP8 no block quant.", 9.3e-3),
+        ("FA3 FP8 no incoherent", 2.4e-2),
+    ]
     fp8 = [r for r in t3.ROWS if r.quant is not None]
     assert all(r.quant == E4M3FN and r.policy.p == E4M3FN for r in fp8)
     assert [(r.scaling, r.incoherent) for r in fp8] == [
-        ("tensor", False), ("block", True), ("tensor", True), ("block", False)]
+        ("tensor", False),
+        ("block", True),
+        ("tensor", True),
+        ("block", False),
+    ]
     assert ROWS["baseline_fp8"].stage_map() == {
-        "inputs": "float64", "qk_acc": "float32", "scores": "float16", "stats": "float16",
-        "exp": "float16", "p": "float8_e4m3fn", "pv_acc": "float32", "o_acc": "float32",
-        "out": "float16"}
+        "inputs": "float64",
+        "qk_acc": "float32",
+        "scores": "float16",
+        "stats": "float16",
+        "exp": "float16",
+        "p": "float8_e4m3fn",
+        "pv_acc": "float32",
+        "o_acc": "float32",
+        "out": "float16",
+    }
     assert ROWS["fa3_fp8"].stage_map() == {
-        "inputs": "float64", "qk_acc": "float32", "scores": "float32", "stats": "float32",
-        "exp": "float32", "p": "float8_e4m3fn", "pv_acc": "float32", "o_acc": "float32",
-        "out": "bfloat16"}
+        "inputs": "float64",
+        "qk_acc": "float32",
+        "scores": "float32",
+        "stats": "float32",
+        "exp": "float32",
+        "p": "float8_e4m3fn",
+        "pv_acc": "float32",
+        "o_acc": "float32",
+        "out": "bfloat16",
+    }
     # FA3 FP16 keeps FA2's numerics; the rows differ in their tiles only
     assert ROWS["fa2_fp16"].stage_map() == ROWS["fa3_fp16"].stage_map()
     assert t3.TILES["fa2"][128] != t3.TILES["fa3_fp16"][128]
@@ -76,14 +99,18 @@ def test_p_scaled_format_is_e4m3fn_times_two_to_the_minus_8(x64):
     assert np.array_equal(np.asarray(round_to(p, fmt)), np.asarray(scaled))
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"head_dims": (96,)}, "powers of 2"),
-    ({"seq_lens": (72,)}, "must divide every seq_len; got seq_len 72"),
-    ({"seq_lens": ()}, "non-empty"),
-    ({"seeds": (-1,)}, "integers >= 0"),
-    ({"heads": 0}, "integers >= 1"),
-    ({"tiles": None}, "no fa2 tile sizes for d=16"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"head_dims": (96,)}, "powers of 2"),
+        ({"seq_lens": (72,)}, "must divide every seq_len; got seq_len 72"),
+        ({"seq_lens": ()}, "non-empty"),
+        ({"seeds": (-1,)}, r"TableConfig.seeds: expected non-negative integers, got -1"),
+        ({"seeds": (1, 1)}, "seeds: expected distinct entries"),
+        ({"heads": 0}, "TableConfig.heads: expected a positive integer, got 0"),
+        ({"tiles": None}, "no fa2 tile sizes for d=16"),
+    ],
+)
 def test_config_errors(changes, match):
     kw = {"seq_lens": (64,), "head_dims": (16,), "tiles": Blocks(16, 16)}
     kw.update(changes)
@@ -121,7 +148,8 @@ def test_tiny_run_writes_every_row(tiny):
     rows = read(res["csv"])
     assert len(rows) == len(t3.ROWS) * len(t3.REFERENCES) * 3
     assert {(r["row"], r["reference"], r["seed"]) for r in rows} == {
-        (k, ref, str(s)) for k in ROWS for ref in t3.REFERENCES for s in (0, 1, 2)}
+        (k, ref, str(s)) for k in ROWS for ref in t3.REFERENCES for s in (0, 1, 2)
+    }
     for r in rows:
         assert math.isfinite(float(r["rmse"])) and float(r["rmse"]) > 0
         assert (r["seq_len"], r["d"], r["batch"], r["heads"]) == ("128", "32", "1", "2")
@@ -135,7 +163,8 @@ def test_tiny_run_writes_every_row(tiny):
         assert (float(r["rmse_min"]), float(r["rmse_max"])) == (min(vals), max(vals))
     ratios = {(r["reference"], r["ratio"]): float(r["measured"]) for r in read(res["ratios"])}
     assert ratios[("draws", "baseline/FA3 FP8")] == (
-        mean[("baseline_fp8", "draws")] / mean[("fa3_fp8", "draws")])
+        mean[("baseline_fp8", "draws")] / mean[("fa3_fp8", "draws")]
+    )
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["config"] == TINY.to_json() and len(meta["rows"]) == len(t3.ROWS)
     assert meta["rows"][3]["stages"]["scores"] == "float16"
@@ -189,8 +218,8 @@ def test_descale_order_changes_the_fp8_rmse_negligibly(x64):
 
 
 def test_reproduce_routes_fa3_table_and_all_stays_figures(monkeypatch, tmp_path, capsys):
-    from fa_jax.studies import figures as reproduce
     from fa_jax.cli import main
+    from fa_jax.studies import figures as reproduce
 
     calls = []
 

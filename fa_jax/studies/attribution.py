@@ -14,8 +14,8 @@ tiles, loop order, seeds), the deviation of the output O from the golden output
 for flash attention and for the reference (baseline) attention.  Each kind
 is measured against its own algorithm under golden (flash against FP64 flash,
 reference against FP64 reference), so every deviation is rounding alone: the
-FP64 flash/reference difference (order of operations, ~4e-16 at N=1024) is not
-counted, and the ``full`` deviations differ from the sweep's
+FP64 flash/reference difference (order of operations) is not counted, and the
+``full`` deviations differ from the sweep's
 ``flash_vs_golden`` / ``baseline_vs_golden`` (whose golden is always the
 reference) by at most that difference.  A stage's *share* of the full
 deviation D::
@@ -37,7 +37,7 @@ the statistic of the paper's figures (Golden et al. 2024, Figs 3-6: "max
 diff"), whose "order of magnitude" at BF16 this attribution explains; the mean
 is less noisy and is in the CSV.
 
-Inputs: :func:`fa_jax.studies.sweep.make_inputs` (same seeds and distributions as the
+Inputs: :func:`fa_jax.inputs.make_inputs` (same seeds and distributions as the
 sweep).  With ``inputs="rounded"`` (the default, the sweep's convention) Q, K
 and V are rounded to the policy's input format *once, for every run including
 golden*: the deviation is then the computation's alone, and the ``inputs``
@@ -51,16 +51,11 @@ structure (formats of one kind: :class:`~fa_jax.formats.Format` widths are the
 pytree leaves) goes through one jitted program, ``jax.lax.map`` over the
 stacked policies, so an attribution compiles a handful of programs instead of
 one per variant; the results equal direct calls bitwise
-(``tests/test_attribution.py``).  Measured on a shared 2-core CPU (jax 0.10.2,
-paper_uniform(BF16), fa2, 32x32 tiles, d=64, seeds 0,1, both kinds, 19 policy
-variants each): ``fa-jax attribute`` with its defaults (N=1024) 27 s wall,
-13 s CPU, import included; N=4096 91-171 s and N=8192 423 s (3.0 GB peak RSS)
-for the attribution alone, depending on the machine's load.
+(``tests/test_attribution.py``).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
 import math
@@ -72,14 +67,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._checks import non_negative_ints, one_of, positive_int
 from fa_jax._x64 import float64_enabled
-from fa_jax.studies.results import pyplot
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.formats import FP64, Format
-from fa_jax.presets import golden
-from fa_jax.policy import STAGES, Policy
-from fa_jax.rounding import round_to
 from fa_jax.inputs import DISTRIBUTIONS, make_inputs
+from fa_jax.policy import FORWARD_STAGES, STAGES, Policy
+from fa_jax.presets import golden
+from fa_jax.rounding import round_to
+from fa_jax.studies.results import pyplot
+from fa_jax.studies.results import write_csv as _write_rows
+from fa_jax.studies.table import format_table
 
 __all__ = [
     "ATTRIBUTION_METRICS",
@@ -95,22 +93,28 @@ __all__ = [
     "write_csv",
 ]
 
-# The stages the forward pass reads: fa_jax.policy.STAGES as it stood when
-# attribution was written.  STAGES may grow (backward-pass stages); the forward
-# attention never reads those, so attribution stays over these nine.
-FORWARD_STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "o_acc", "out")
 KINDS = ("flash", "reference")
 DIRECTIONS = ("full", "raised", "lowered")
 ATTRIBUTION_METRICS = ("max_abs_diff", "mean_abs_diff")
 INPUT_MODES = ("rounded", "exact")
-CSV_COLUMNS = ("policy", "seq_len", "d", "br", "bc", "variant", "seeds", "distribution",
-               "inputs", "kind", "direction", "stage", "stage_format", "metric", "deviation",
-               "share")
-
-_missing = set(FORWARD_STAGES) - set(STAGES)
-if _missing:  # pragma: no cover - guards against a renamed stage in fa_jax.policy
-    raise ImportError(f"fa_jax.studies.attribution: stages {sorted(_missing)} are not in "
-                      f"fa_jax.policy.STAGES {STAGES}")
+CSV_COLUMNS = (
+    "policy",
+    "seq_len",
+    "d",
+    "br",
+    "bc",
+    "variant",
+    "seeds",
+    "distribution",
+    "inputs",
+    "kind",
+    "direction",
+    "stage",
+    "stage_format",
+    "metric",
+    "deviation",
+    "share",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +122,7 @@ class AttributionConfig:
     """One attribution: the policy and the attention configuration it runs.
 
     ``seeds`` and ``distribution`` pick the inputs of
-    :func:`fa_jax.studies.sweep.make_inputs` (batch = heads = 1); ``kinds`` the
+    :func:`fa_jax.inputs.make_inputs` (batch = heads = 1); ``kinds`` the
     attention paths (``"flash"``, ``"reference"``); ``inputs`` how Q, K, V meet
     the input format (module docstring).
     """
@@ -137,45 +141,35 @@ class AttributionConfig:
         if not isinstance(self.policy, Policy):
             raise TypeError(f"AttributionConfig.policy: expected a Policy, got {self.policy!r}")
         for name in ("seq_len", "d"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"AttributionConfig.{name}: expected a positive integer, "
-                                 f"got {v!r}")
+            positive_int(getattr(self, name), f"AttributionConfig.{name}")
         if not isinstance(self.blocks, Blocks):
-            raise TypeError(f"AttributionConfig.blocks: expected Blocks(br, bc), "
-                            f"got {self.blocks!r}")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"AttributionConfig.variant: expected one of {VARIANTS}, "
-                             f"got {self.variant!r}")
-        for name, allowed in (("seeds", None), ("kinds", KINDS)):
+            raise TypeError(
+                f"AttributionConfig.blocks: expected Blocks(br, bc), got {self.blocks!r}"
+            )
+        one_of(self.variant, VARIANTS, "AttributionConfig.variant")
+        for name in ("seeds", "kinds"):
             v = getattr(self, name)
             if isinstance(v, (str, bytes, int)) or not hasattr(v, "__iter__"):
                 raise TypeError(f"AttributionConfig.{name}: expected a tuple, got {v!r}")
             v = tuple(v)
             if not v or len(set(v)) != len(v):
-                raise ValueError(f"AttributionConfig.{name}: expected distinct entries, "
-                                 f"at least one, got {v!r}")
+                raise ValueError(
+                    f"AttributionConfig.{name}: expected distinct entries, at least one, got {v!r}"
+                )
             object.__setattr__(self, name, v)
-        for s in self.seeds:
-            if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
-                raise ValueError(f"AttributionConfig.seeds: expected non-negative integers, "
-                                 f"got {s!r} in {self.seeds!r}")
+        object.__setattr__(self, "seeds", non_negative_ints(self.seeds, "AttributionConfig.seeds"))
         for k in self.kinds:
-            if k not in KINDS:
-                raise ValueError(f"AttributionConfig.kinds: expected names in {KINDS}, "
-                                 f"got {k!r}")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(f"AttributionConfig.distribution: expected one of "
-                             f"{DISTRIBUTIONS}, got {self.distribution!r}")
-        if self.inputs not in INPUT_MODES:
-            raise ValueError(f"AttributionConfig.inputs: expected one of {INPUT_MODES}, "
-                             f"got {self.inputs!r}")
+            one_of(k, KINDS, "AttributionConfig.kinds")
+        one_of(self.distribution, DISTRIBUTIONS, "AttributionConfig.distribution")
+        one_of(self.inputs, INPUT_MODES, "AttributionConfig.inputs")
 
     def describe(self) -> str:
         b = self.blocks
-        return (f"{self.policy.name}, N={self.seq_len}, d={self.d}, {self.variant}, "
-                f"Br={b.br} Bc={b.bc}, seeds {','.join(map(str, self.seeds))}, "
-                f"{self.distribution} inputs ({self.inputs})")
+        return (
+            f"{self.policy.name}, N={self.seq_len}, d={self.d}, {self.variant}, "
+            f"Br={b.br} Bc={b.bc}, seeds {','.join(map(str, self.seeds))}, "
+            f"{self.distribution} inputs ({self.inputs})"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,16 +184,18 @@ class Attribution:
     deviations: dict
     seconds: float
 
-    def deviation(self, kind: str, direction: str, stage: str = "",
-                  metric: str = "max_abs_diff") -> float:
+    def deviation(
+        self, kind: str, direction: str, stage: str = "", metric: str = "max_abs_diff"
+    ) -> float:
         return self.deviations[(kind, direction, stage if direction != "full" else "", metric)]
 
     def share(self, kind: str, direction: str, stage: str, metric: str = "max_abs_diff") -> float:
         """The stage's share of the full deviation (module docstring); 0/0 is 0 and
         x/0 (a deviation where the full policy has none) is nan."""
         if direction not in ("raised", "lowered"):
-            raise ValueError(f"Attribution.share: expected direction 'raised' or 'lowered', "
-                             f"got {direction!r}")
+            raise ValueError(
+                f"Attribution.share: expected direction 'raised' or 'lowered', got {direction!r}"
+            )
         full = self.deviation(kind, "full", metric=metric)
         d = self.deviation(kind, direction, stage, metric)
         part = full - d if direction == "raised" else d
@@ -213,63 +209,101 @@ class Attribution:
     def rows(self) -> list[dict]:
         """Tidy records, one per (kind, direction, stage, metric): the CSV's rows."""
         c, pol = self.config, self.config.policy
-        base = {"policy": pol.name, "seq_len": c.seq_len, "d": c.d, "br": c.blocks.br,
-                "bc": c.blocks.bc, "variant": c.variant,
-                "seeds": " ".join(map(str, c.seeds)), "distribution": c.distribution,
-                "inputs": c.inputs}
+        base = {
+            "policy": pol.name,
+            "seq_len": c.seq_len,
+            "d": c.d,
+            "br": c.blocks.br,
+            "bc": c.blocks.bc,
+            "variant": c.variant,
+            "seeds": " ".join(map(str, c.seeds)),
+            "distribution": c.distribution,
+            "inputs": c.inputs,
+        }
         out = []
         for kind in c.kinds:
             for metric in ATTRIBUTION_METRICS:
-                out.append({**base, "kind": kind, "direction": "full", "stage": "",
-                            "stage_format": "", "metric": metric,
-                            "deviation": repr(self.deviation(kind, "full", metric=metric)),
-                            "share": ""})
+                out.append(
+                    {
+                        **base,
+                        "kind": kind,
+                        "direction": "full",
+                        "stage": "",
+                        "stage_format": "",
+                        "metric": metric,
+                        "deviation": repr(self.deviation(kind, "full", metric=metric)),
+                        "share": "",
+                    }
+                )
                 for direction in ("raised", "lowered"):
                     for s in FORWARD_STAGES:
-                        out.append({**base, "kind": kind, "direction": direction, "stage": s,
-                                    "stage_format": getattr(pol, s).name, "metric": metric,
-                                    "deviation": repr(self.deviation(kind, direction, s, metric)),
-                                    "share": repr(self.share(kind, direction, s, metric))})
+                        out.append(
+                            {
+                                **base,
+                                "kind": kind,
+                                "direction": direction,
+                                "stage": s,
+                                "stage_format": getattr(pol, s).name,
+                                "metric": metric,
+                                "deviation": repr(self.deviation(kind, direction, s, metric)),
+                                "share": repr(self.share(kind, direction, s, metric)),
+                            }
+                        )
         return out
 
     def table(self, metric: str = "max_abs_diff") -> str:
         """The raised and lowered tables for ``metric``, side by side per kind."""
         c, pol = self.config, self.config.policy
         kinds = c.kinds
-        lines = [f"attribution: {c.describe()}",
-                 f"deviation: {metric} of |O - golden| (mean over seeds); golden = FP64"]
-        lines.append("full policy:  " + "   ".join(
-            f"{k} {self.deviation(k, 'full', metric=metric):.3e}" for k in kinds)
-            + (f"   (flash / reference {_ratio(self, metric):.3g}x)"
-               if set(kinds) == set(KINDS) else ""))
+        lines = [
+            f"attribution: {c.describe()}",
+            f"deviation: {metric} of |O - golden| (mean over seeds); golden = FP64",
+        ]
+        lines.append(
+            "full policy:  "
+            + "   ".join(f"{k} {self.deviation(k, 'full', metric=metric):.3e}" for k in kinds)
+            + (
+                f"   (flash / reference {_ratio(self, metric):.3g}x)"
+                if set(kinds) == set(KINDS)
+                else ""
+            )
+        )
         head = ["stage", "format"]
         for k in kinds:
-            head += [f"{k} dev", "share"]
+            head += [f"{k} dev", f"{k} share"]
         for direction, title in (
-                ("raised", "raise one stage to FP64: share = (D - D_raised) / D"),
-                ("lowered", ("lower one stage from FP64 to the policy's format: "
-                             "share = D_lowered / D"))):
+            ("raised", "raise one stage to FP64: share = (D - D_raised) / D"),
+            (
+                "lowered",
+                ("lower one stage from FP64 to the policy's format: share = D_lowered / D"),
+            ),
+        ):
             body = []
             for s in FORWARD_STAGES:
                 row = [s, getattr(pol, s).name]
                 for k in kinds:
-                    row += [f"{self.deviation(k, direction, s, metric):.3e}",
-                            _pct(self.share(k, direction, s, metric))]
+                    row += [
+                        f"{self.deviation(k, direction, s, metric):.3e}",
+                        _pct(self.share(k, direction, s, metric)),
+                    ]
                 body.append(row)
             total = ["sum of shares", ""]
             for k in kinds:
                 total += ["", _pct(self.share_sum(k, direction, metric))]
-            widths = [max(len(r[i]) for r in [head, *body, total]) for i in range(len(head))]
-            lines += ["", title]
-            for r in [head, *body, total]:
-                lines.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w)
-                                       for i, (v, w) in enumerate(zip(r, widths))).rstrip())
-        lines += ["", ("Shares need not sum to 100%: stages interact (an error one stage "
-                       "makes is amplified or cancelled by another)."),
-                  "A stage already in FP64 contributes nothing by construction."]
+            lines += ["", format_table(head, [*body, total], title=title, right=head[2:])]
+        lines += [
+            "",
+            (
+                "Shares need not sum to 100%: stages interact (an error one stage "
+                "makes is amplified or cancelled by another)."
+            ),
+            "A stage already in FP64 contributes nothing by construction.",
+        ]
         if c.inputs == "rounded":
-            lines.append("Q, K, V are rounded to the input format once for every run, golden "
-                         "included: the inputs row only counts other roundings in that stage.")
+            lines.append(
+                "Q, K, V are rounded to the input format once for every run, golden "
+                "included: the inputs row only counts other roundings in that stage."
+            )
         return "\n".join(lines)
 
 
@@ -288,7 +322,11 @@ def _pct(share: float) -> str:
 
 def _is_fp64(fmt: Format) -> bool:
     return (fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.specials) == (
-        FP64.exp_bits, FP64.man_bits, FP64.bias, FP64.specials)
+        FP64.exp_bits,
+        FP64.man_bits,
+        FP64.bias,
+        FP64.specials,
+    )
 
 
 def variants(policy: Policy) -> dict:
@@ -318,18 +356,26 @@ def _relabelled(policy: Policy) -> Policy:
     for s in STAGES:
         f = getattr(policy, s)
         if isinstance(f, Format):
-            fmts[s] = Format("stage", f.exp_bits, f.man_bits, bias=f.bias,
-                             subnormals=f.subnormals, specials=f.specials, overflow=f.overflow)
+            fmts[s] = Format(
+                "stage",
+                f.exp_bits,
+                f.man_bits,
+                bias=f.bias,
+                subnormals=f.subnormals,
+                specials=f.specials,
+                overflow=f.overflow,
+            )
     return policy.replace(**fmts, name="attribution")
 
 
 @functools.partial(jax.jit, static_argnames=("treedef", "kind", "blocks", "variant"))
 def _program(leaves, q, k, v, *, treedef, kind, blocks, variant):
     """O of every stacked policy (leading axis of ``leaves``), one after another."""
+
     def one(ls):
         policy = jax.tree_util.tree_unflatten(treedef, ls)
         if kind == "flash":
-            return flash_attention(q, k, v, policy, blocks, variant=variant)[0]
+            return flash_attention(q, k, v, policy, blocks, variant=variant)[0]  # pyright: ignore[reportIndexIssue]
         return reference_attention(q, k, v, policy)
 
     return jax.lax.map(one, leaves)
@@ -344,8 +390,18 @@ def _outputs(kind: str, policies: dict, q, k, v, config: AttributionConfig) -> d
     out = {}
     for treedef, members in groups.items():
         stacked = [np.array(col, dtype=np.int32) for col in zip(*(ls for _, ls in members))]
-        o = np.asarray(_program(stacked, q, k, v, treedef=treedef, kind=kind,
-                                blocks=config.blocks, variant=config.variant))
+        o = np.asarray(
+            _program(
+                stacked,
+                q,
+                k,
+                v,
+                treedef=treedef,
+                kind=kind,
+                blocks=config.blocks,
+                variant=config.variant,
+            )
+        )
         for i, (key, _) in enumerate(members):
             out[key] = o[i]
     return out
@@ -369,16 +425,19 @@ def attribute(config: AttributionConfig) -> Attribution:
 def _golden(kind: str, q, k, v, config: AttributionConfig):
     """The kind's own algorithm under golden() (FP64 everywhere, exact sums)."""
     if kind == "flash":
-        return np.asarray(flash_attention(q, k, v, golden(), config.blocks,
-                                          variant=config.variant)[0])
+        return np.asarray(
+            flash_attention(q, k, v, golden(), config.blocks, variant=config.variant)[0]  # pyright: ignore[reportIndexIssue]
+        )
     return np.asarray(reference_attention(q, k, v, golden()))
 
 
 def _attribute(config: AttributionConfig) -> Attribution:
     start = time.monotonic()
     policy = config.policy
-    raw = [make_inputs(s, config.seq_len, d=config.d, distribution=config.distribution)
-           for s in config.seeds]
+    raw = [
+        make_inputs(s, config.seq_len, d=config.d, distribution=config.distribution)
+        for s in config.seeds
+    ]
     q, k, v = (jnp.asarray(np.stack([r[i] for r in raw])) for i in range(3))  # (S,1,1,N,d)
     if config.inputs == "rounded":
         q, k, v = (round_to(t, policy.inputs) for t in (q, k, v))
@@ -407,12 +466,7 @@ def write_csv(results, path) -> pathlib.Path:
     results = [results] if isinstance(results, Attribution) else list(results)
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in results:
-            w.writerows(r.rows())
-    return path
+    return _write_rows(path, CSV_COLUMNS, [row for r in results for row in r.rows()])
 
 
 def plot_attribution(results, path, *, metric: str = "max_abs_diff") -> pathlib.Path:
@@ -438,25 +492,39 @@ def plot_attribution(results, path, *, metric: str = "max_abs_diff") -> pathlib.
                 x = xs + (i - (len(c.kinds) - 1) / 2) * w
                 ax.bar(x, dev, w, color=colors[kind], label=kind)
                 for xi, s, d in zip(x, FORWARD_STAGES, dev):
-                    ax.annotate(_pct(res.share(kind, direction, s, metric)), (xi, d),
-                                ha="center", va="bottom", fontsize=6, rotation=90,
-                                xytext=(0, 2), textcoords="offset points")
+                    ax.annotate(
+                        _pct(res.share(kind, direction, s, metric)),
+                        (xi, d),
+                        ha="center",
+                        va="bottom",
+                        fontsize=6,
+                        rotation=90,
+                        xytext=(0, 2),
+                        textcoords="offset points",
+                    )
                 full = res.deviation(kind, "full", metric=metric)
-                ax.axhline(full, color=colors[kind], ls="--", lw=1,
-                           label=f"{kind}, full policy {full:.2e}")
+                ax.axhline(
+                    full, color=colors[kind], ls="--", lw=1, label=f"{kind}, full policy {full:.2e}"
+                )
             ax.set_ylim(0, 1.45 * top if top > 0 else 1.0)
-            ax.set_xticks(xs, [f"{s}\n{getattr(c.policy, s).name}" for s in FORWARD_STAGES],
-                          fontsize=7)
-            what = ("one stage raised to FP64; share = (D - D_raised) / D"
-                    if direction == "raised"
-                    else "one stage lowered from FP64, rest FP64; share = D_lowered / D")
+            ax.set_xticks(
+                xs, [f"{s}\n{getattr(c.policy, s).name}" for s in FORWARD_STAGES], fontsize=7
+            )
+            what = (
+                "one stage raised to FP64; share = (D - D_raised) / D"
+                if direction == "raised"
+                else "one stage lowered from FP64, rest FP64; share = D_lowered / D"
+            )
             ax.set_title(f"{c.policy.name}: {what}", fontsize=9)
             ax.legend(fontsize=7, loc="upper center", ncol=4)
         row[0].set_ylabel(f"{metric} vs golden")
     c0 = results[0].config
-    fig.suptitle(f"Per-stage attribution of |O - golden| (N={c0.seq_len}, d={c0.d}, "
-                 f"{c0.variant}, Br={c0.blocks.br} Bc={c0.blocks.bc}, seeds "
-                 f"{','.join(map(str, c0.seeds))}, mean over seeds)", fontsize=10)
+    fig.suptitle(
+        f"Per-stage attribution of |O - golden| (N={c0.seq_len}, d={c0.d}, "
+        f"{c0.variant}, Br={c0.blocks.br} Bc={c0.blocks.bc}, seeds "
+        f"{','.join(map(str, c0.seeds))}, mean over seeds)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

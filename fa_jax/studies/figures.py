@@ -2,8 +2,8 @@
 
 One function per figure, ``figN(out_dir, *, quick, policies) -> dict``: it builds a
 :class:`~fa_jax.studies.sweep.Grid`, runs :func:`~fa_jax.studies.sweep.run_sweep` into
-``out_dir/figN/`` (resumable), averages each metric over seeds with the ``csv``
-module, prints a table, writes ``out_dir/figN/figN.png`` and returns::
+``out_dir/figN/`` (resumable), averages each metric over seeds, prints a table,
+writes ``out_dir/figN/figN.png`` and returns::
 
     {"figure": "figN", "csv": path, "png": path, "grid": Grid.to_json(), "rows": [dict, ...]}
 
@@ -29,31 +29,25 @@ fig6   bf16; N=1024; M=32768 default/swap/square    N=8192; same tiles
 
 Quick grids run as one sweep each; full grids run one sweep per sequence length
 and per chunk of 4 formats (same CSV, resumable), which bounds peak memory.
-
-Cost measured on a 2-core CPU (jax 0.10.2, fresh process each, compiles
-included): quick fig3 14 s, fig4 9 s, fig5 12 s, fig6 35 s (``reproduce all
---quick`` 71 s); full fig3 148 s (3.9 GB peak RSS), fig4 43 s (2.9 GB), fig5
-88 s (4.1 GB), fig6 120 s (3.8 GB): about 7 minutes for all four.  Full fig5 stops at N=8192: an N=16384 point would need about
-4x that memory (the reference materialises N² float64 scores per configuration,
-3 seeds vmapped); add it with ``grid_overrides={"seq_lens": ...}`` on a machine
-with ≥ 32 GB.  ``grid_overrides`` (any :class:`Grid` field) shrinks or grows
-any grid; the tests pass tiny ones.
+``grid_overrides`` (any :class:`Grid` field) shrinks or grows any grid, e.g. an
+N=16384 point for Fig 5 on a machine with the memory for N² float64 scores.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import math
 import pathlib
+from typing import Any
 
-from fa_jax.studies.results import pyplot
-from fa_jax.studies.sweep import Grid, SramBlocks, run_sweep
+from fa_jax._checks import one_of
+from fa_jax.studies import DEFAULT_POLICIES
+from fa_jax.studies.results import pyplot, read_csv, write_json
+from fa_jax.studies.sweep import COLUMNS, Grid, SramBlocks, run_sweep
+from fa_jax.studies.table import print_table
 
-__all__ = ["FIGURES", "DEFAULT_POLICIES", "fig3", "fig4", "fig5", "fig6", "reproduce"]
+__all__ = ["DEFAULT_POLICIES", "FIGURES", "fig3", "fig4", "fig5", "fig6", "reproduce"]
 
-DEFAULT_POLICIES = ("paper_uniform", "fa2_kernel")
 _BASE = dict(d=64, batch=1, heads=1, distribution="normal", variants=("fa2",))
 _NAMED = ("bf16", "fp16", "tf32", "fp32")
 _MANTISSAS = tuple(range(2, 24))
@@ -64,27 +58,35 @@ _FORMAT_CHUNK = 4
 
 
 def _grid(quick: bool, quick_kw: dict, full_kw: dict, policies, overrides) -> Grid:
-    kw = dict(_BASE, **(quick_kw if quick else full_kw))
+    kw: dict[str, Any] = dict(_BASE, **(quick_kw if quick else full_kw))
     kw["policies"] = tuple(policies)
     kw.update(overrides or {})
     return Grid(**kw)
 
 
-def _load(csv_path) -> dict:
+def _load(csv_path) -> tuple[dict, dict]:
     """Mean over seeds: {(policy, format, seq_len, blocks, comparison, metric): value},
     plus per-configuration info {(format, blocks): row}."""
     sums: dict = {}
     info: dict = {}
-    with open(csv_path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            key = (r["policy"], r["format"], int(r["seq_len"]), r["blocks"],
-                   r["comparison"], r["metric"])
-            s = sums.setdefault(key, [0.0, 0])
-            s[0] += float(r["value"])
-            s[1] += 1
-            info[(r["format"], r["blocks"])] = {"exp_bits": int(r["exp_bits"]),
-                                                "man_bits": int(r["man_bits"]),
-                                                "br": int(r["br"]), "bc": int(r["bc"])}
+    for r in read_csv(csv_path, COLUMNS):
+        key = (
+            r["policy"],
+            r["format"],
+            int(r["seq_len"]),
+            r["blocks"],
+            r["comparison"],
+            r["metric"],
+        )
+        s = sums.setdefault(key, [0.0, 0])
+        s[0] += float(r["value"])
+        s[1] += 1
+        info[(r["format"], r["blocks"])] = {
+            "exp_bits": int(r["exp_bits"]),
+            "man_bits": int(r["man_bits"]),
+            "br": int(r["br"]),
+            "bc": int(r["bc"]),
+        }
     return {k: s / n for k, (s, n) in sums.items()}, info
 
 
@@ -98,34 +100,26 @@ def _run(name: str, grid: Grid, out_dir, quiet: bool, *, split: bool = False):
     out.mkdir(parents=True, exist_ok=True)
     fmts = grid.formats
     if split:
-        chunks = [fmts[i:i + _FORMAT_CHUNK] for i in range(0, len(fmts), _FORMAT_CHUNK)]
+        chunks = [fmts[i : i + _FORMAT_CHUNK] for i in range(0, len(fmts), _FORMAT_CHUNK)]
         for n in sorted(grid.seq_lens):
             for c in chunks:
                 sub = dataclasses.replace(grid, seq_lens=(n,), formats=c)
                 csv_path = run_sweep(sub, out, quiet=quiet)
     else:
         csv_path = run_sweep(grid, out, quiet=quiet)
-    (out / "grid.json").write_text(json.dumps(grid.to_json(), indent=2))
+    write_json(out / "grid.json", grid.to_json())
     means, info = _load(csv_path)
     return out, csv_path, means, info
 
 
-def _table(title: str, cols, rows) -> None:
-    def cell(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    body = [[cell(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
-              for i, c in enumerate(cols)]
-    print(f"\n{title}")
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for b in body:
-        print("  ".join(v.ljust(w) for v, w in zip(b, widths)))
-
-
 def _result(name, grid, csv_path, png, rows) -> dict:
-    return {"figure": name, "csv": str(csv_path), "png": str(png), "grid": grid.to_json(),
-            "rows": rows}
+    return {
+        "figure": name,
+        "csv": str(csv_path),
+        "png": str(png),
+        "grid": grid.to_json(),
+        "rows": rows,
+    }
 
 
 def _finish(fig, title: str, out, name: str, grid, csv_path, rows) -> dict:
@@ -150,114 +144,186 @@ def _per_format(name, fmts, out_dir, quick, policies, grid_overrides, quiet):
     """Figs 3 and 4: each format at one N and one tiling; rows of max |out - golden|
     for flash and baseline, max |flash - baseline| and the flash/baseline ratio."""
     blocks = (SramBlocks(8192),)
-    grid = _grid(quick, dict(formats=fmts, seq_lens=(512,), blocks=blocks, seeds=(0, 1)),
-                 dict(formats=fmts, seq_lens=(4096,), blocks=blocks, seeds=(0, 1, 2)),
-                 policies, grid_overrides)
+    grid = _grid(
+        quick,
+        dict(formats=fmts, seq_lens=(512,), blocks=blocks, seeds=(0, 1)),
+        dict(formats=fmts, seq_lens=(4096,), blocks=blocks, seeds=(0, 1, 2)),
+        policies,
+        grid_overrides,
+    )
     out, csv_path, means, info = _run(name, grid, out_dir, quiet, split=not quick)
     n, blk = grid.seq_lens[0], grid.resolved_blocks()[0][0]
     rows = []
     for p in grid.policies:
         for f in _fmt_names(grid):
-            fl, bl, fb = (means[(p, f, n, blk, c, "max_abs_diff")] for c in
-                          ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline"))
-            rows.append({"policy": p, "format": f, "exp_bits": info[(f, blk)]["exp_bits"],
-                         "man_bits": info[(f, blk)]["man_bits"], "flash_vs_golden": fl,
-                         "baseline_vs_golden": bl, "flash_vs_baseline": fb,
-                         "ratio": _ratio(fl, bl)})
+            fl, bl, fb = (
+                means[(p, f, n, blk, c, "max_abs_diff")]
+                for c in ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
+            )
+            rows.append(
+                {
+                    "policy": p,
+                    "format": f,
+                    "exp_bits": info[(f, blk)]["exp_bits"],
+                    "man_bits": info[(f, blk)]["man_bits"],
+                    "flash_vs_golden": fl,
+                    "baseline_vs_golden": bl,
+                    "flash_vs_baseline": fb,
+                    "ratio": _ratio(fl, bl),
+                }
+            )
     return grid, out, csv_path, rows, n, blk
 
 
 # -- Fig 3: deviation vs format (mantissa bits) ------------------------------------
 
 
-def fig3(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None,
-         quiet: bool = False) -> dict:
+def fig3(
+    out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None, quiet: bool = False
+) -> dict:
     """Max abs diff vs golden of flash and baseline per format: bf16, fp16, tf32,
     fp32 and the mantissa sweep e8m2..e8m23 (paper Fig 3: shrinks with mantissa bits)."""
     fmts = _NAMED + tuple((8, m) for m in _MANTISSAS)
-    grid, out, csv_path, rows, n, blk = _per_format("fig3", fmts, out_dir, quick, policies,
-                                                    grid_overrides, quiet)
-    _table(f"Fig 3: max |out - golden| by format (N={n}, tiles {blk}, mean over "
-           f"{len(grid.seeds)} seeds)",
-           ("policy", "format", "man_bits", "flash_vs_golden", "baseline_vs_golden", "ratio"),
-           rows)
+    grid, out, csv_path, rows, n, blk = _per_format(
+        "fig3", fmts, out_dir, quick, policies, grid_overrides, quiet
+    )
+    print_table(
+        ("policy", "format", "man_bits", "flash_vs_golden", "baseline_vs_golden", "ratio"),
+        rows,
+        title=f"Fig 3: max |out - golden| by format (N={n}, tiles {blk}, mean over "
+        f"{len(grid.seeds)} seeds)",
+    )
 
     plt = pyplot("fa_jax.studies.figures: plotting")
-    fig, axes = plt.subplots(1, len(grid.policies), figsize=(5.5 * len(grid.policies), 4),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(grid.policies), figsize=(5.5 * len(grid.policies), 4), squeeze=False, sharey=True
+    )
     for ax, p in zip(axes[0], grid.policies):
-        sweep = sorted((r for r in rows if r["policy"] == p and r["format"].startswith("e8m")),
-                       key=lambda r: r["man_bits"])
+        sweep = sorted(
+            (r for r in rows if r["policy"] == p and r["format"].startswith("e8m")),
+            key=lambda r: r["man_bits"],
+        )
         named = [r for r in rows if r["policy"] == p and not r["format"].startswith("e8m")]
         for comp, style in (("flash_vs_golden", "o-"), ("baseline_vs_golden", "s--")):
             if sweep:
-                ax.semilogy([r["man_bits"] for r in sweep], [max(r[comp], 1e-300) for r in sweep],
-                            style, label=comp.replace("_vs_", " vs "), ms=4)
+                ax.semilogy(
+                    [r["man_bits"] for r in sweep],
+                    [max(r[comp], 1e-300) for r in sweep],
+                    style,
+                    label=comp.replace("_vs_", " vs "),
+                    ms=4,
+                )
             for r in named:
                 ax.semilogy(r["man_bits"], max(r[comp], 1e-300), "k*" if comp[0] == "f" else "kx")
         for r in named:
-            ax.annotate(r["format"], (r["man_bits"], max(r["flash_vs_golden"], 1e-300)),
-                        fontsize=7, xytext=(3, -10 if r["format"] == "tf32" else 3),
-                        textcoords="offset points")
+            ax.annotate(
+                r["format"],
+                (r["man_bits"], max(r["flash_vs_golden"], 1e-300)),
+                fontsize=7,
+                xytext=(3, -10 if r["format"] == "tf32" else 3),
+                textcoords="offset points",
+            )
         ax.set_title(p)
         ax.set_xlabel("mantissa bits (8 exponent bits)")
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    return _finish(fig, f"Fig 3: deviation vs mantissa bits (N={n}, tiles {blk})", out, "fig3", grid, csv_path, rows)
+    return _finish(
+        fig,
+        f"Fig 3: deviation vs mantissa bits (N={n}, tiles {blk})",
+        out,
+        "fig3",
+        grid,
+        csv_path,
+        rows,
+    )
 
 
 # -- Fig 4: flash vs baseline against golden ---------------------------------------
 
 
-def fig4(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None,
-         quiet: bool = False) -> dict:
+def fig4(
+    out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None, quiet: bool = False
+) -> dict:
     """Per format, max abs diff vs golden of flash and baseline and their ratio
     (paper Fig 4: ~10x at BF16 under uniform low precision)."""
-    grid, out, csv_path, rows, n, blk = _per_format("fig4", ("bf16", "fp16", "fp32"), out_dir,
-                                                    quick, policies, grid_overrides, quiet)
-    _table(f"Fig 4: max |out - golden|, ratio = flash / baseline (N={n}, tiles {blk}, "
-           f"mean over {len(grid.seeds)} seeds)",
-           ("policy", "format", "flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline",
-            "ratio"), rows)
+    grid, out, csv_path, rows, n, blk = _per_format(
+        "fig4", ("bf16", "fp16", "fp32"), out_dir, quick, policies, grid_overrides, quiet
+    )
+    print_table(
+        ("policy", "format", "flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline", "ratio"),
+        rows,
+        title=f"Fig 4: max |out - golden|, ratio = flash / baseline (N={n}, tiles {blk}, "
+        f"mean over {len(grid.seeds)} seeds)",
+    )
 
     plt = pyplot("fa_jax.studies.figures: plotting")
     fmts_ = _fmt_names(grid)
-    fig, axes = plt.subplots(1, len(grid.policies), figsize=(5 * len(grid.policies), 4),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(grid.policies), figsize=(5 * len(grid.policies), 4), squeeze=False, sharey=True
+    )
     w = 0.38
     for ax, p in zip(axes[0], grid.policies):
         pr = [r for r in rows if r["policy"] == p]
         xs = range(len(fmts_))
-        ax.bar([x - w / 2 for x in xs], [max(r["flash_vs_golden"], 1e-300) for r in pr], w,
-               label="flash vs golden")
-        ax.bar([x + w / 2 for x in xs], [max(r["baseline_vs_golden"], 1e-300) for r in pr], w,
-               label="baseline vs golden")
+        ax.bar(
+            [x - w / 2 for x in xs],
+            [max(r["flash_vs_golden"], 1e-300) for r in pr],
+            w,
+            label="flash vs golden",
+        )
+        ax.bar(
+            [x + w / 2 for x in xs],
+            [max(r["baseline_vs_golden"], 1e-300) for r in pr],
+            w,
+            label="baseline vs golden",
+        )
         for x, r in zip(xs, pr):
-            ax.annotate(f"{r['ratio']:.2g}x", (x, max(r["flash_vs_golden"], 1e-300)),
-                        ha="center", fontsize=8, xytext=(0, 3), textcoords="offset points")
+            ax.annotate(
+                f"{r['ratio']:.2g}x",
+                (x, max(r["flash_vs_golden"], 1e-300)),
+                ha="center",
+                fontsize=8,
+                xytext=(0, 3),
+                textcoords="offset points",
+            )
         ax.set_xticks(list(xs), fmts_)
         ax.set_yscale("log")
         ax.set_title(p)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    return _finish(fig, f"Fig 4: flash vs baseline deviation from FP64 golden (N={n}, tiles {blk})", out, "fig4", grid, csv_path, rows)
+    return _finish(
+        fig,
+        f"Fig 4: flash vs baseline deviation from FP64 golden (N={n}, tiles {blk})",
+        out,
+        "fig4",
+        grid,
+        csv_path,
+        rows,
+    )
 
 
 # -- Fig 5: deviation vs sequence length ---------------------------------------------
 
 
-def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None,
-         quiet: bool = False) -> dict:
+def fig5(
+    out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None, quiet: bool = False
+) -> dict:
     """BF16 at fixed tiles, vs N: max, mean and std of |out - golden| for flash and
     baseline (paper Fig 5: grows with N)."""
     blocks = (SramBlocks(8192),)
-    grid = _grid(quick,
-                 dict(formats=("bf16",), seq_lens=(128, 256, 512, 1024), blocks=blocks,
-                      seeds=(0, 1)),
-                 dict(formats=("bf16",), seq_lens=tuple(2 ** k for k in range(7, 14)),
-                      blocks=blocks, seeds=(0, 1, 2)),
-                 policies, grid_overrides)
-    out, csv_path, means, info = _run("fig5", grid, out_dir, quiet, split=not quick)
+    grid = _grid(
+        quick,
+        dict(formats=("bf16",), seq_lens=(128, 256, 512, 1024), blocks=blocks, seeds=(0, 1)),
+        dict(
+            formats=("bf16",),
+            seq_lens=tuple(2**k for k in range(7, 14)),
+            blocks=blocks,
+            seeds=(0, 1, 2),
+        ),
+        policies,
+        grid_overrides,
+    )
+    out, csv_path, means, _ = _run("fig5", grid, out_dir, quiet, split=not quick)
     blk = grid.resolved_blocks()[0][0]
     bc = grid.resolved_blocks()[0][1].bc
     f = _fmt_names(grid)[0]
@@ -266,14 +332,30 @@ def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
         for n in sorted(grid.seq_lens):
             r = {"policy": p, "format": f, "seq_len": n, "kv_blocks": math.ceil(n / bc)}
             for comp, short in (("flash_vs_golden", "flash"), ("baseline_vs_golden", "baseline")):
-                for m, ms in (("max_abs_diff", "max"), ("mean_abs_diff", "mean"),
-                              ("std_abs_diff", "std")):
+                for m, ms in (
+                    ("max_abs_diff", "max"),
+                    ("mean_abs_diff", "mean"),
+                    ("std_abs_diff", "std"),
+                ):
                     r[f"{short}_{ms}"] = means[(p, f, n, blk, comp, m)]
             r["ratio_max"] = _ratio(r["flash_max"], r["baseline_max"])
             rows.append(r)
-    _table(f"Fig 5: |out - golden| vs N ({f}, tiles {blk}, mean over {len(grid.seeds)} seeds)",
-           ("policy", "seq_len", "kv_blocks", "flash_max", "baseline_max", "ratio_max",
-            "flash_mean", "baseline_mean", "flash_std", "baseline_std"), rows)
+    print_table(
+        (
+            "policy",
+            "seq_len",
+            "kv_blocks",
+            "flash_max",
+            "baseline_max",
+            "ratio_max",
+            "flash_mean",
+            "baseline_mean",
+            "flash_std",
+            "baseline_std",
+        ),
+        rows,
+        title=f"Fig 5: |out - golden| vs N ({f}, tiles {blk}, mean over {len(grid.seeds)} seeds)",
+    )
 
     plt = pyplot("fa_jax.studies.figures: plotting")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
@@ -281,11 +363,23 @@ def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
         pr = [r for r in rows if r["policy"] == p]
         ns = [r["seq_len"] for r in pr]
         for who, style in (("flash", "o-"), ("baseline", "s--")):
-            axes[0][0].loglog(ns, [max(r[f"{who}_max"], 1e-300) for r in pr], style, color=color,
-                              label=f"{p}: {who}", base=2)
-            axes[0][1].errorbar(ns, [r[f"{who}_mean"] for r in pr],
-                                yerr=[r[f"{who}_std"] for r in pr], fmt=style, color=color,
-                                capsize=3, label=f"{p}: {who}")
+            axes[0][0].loglog(
+                ns,
+                [max(r[f"{who}_max"], 1e-300) for r in pr],
+                style,
+                color=color,
+                label=f"{p}: {who}",
+                base=2,
+            )
+            axes[0][1].errorbar(
+                ns,
+                [r[f"{who}_mean"] for r in pr],
+                yerr=[r[f"{who}_std"] for r in pr],
+                fmt=style,
+                color=color,
+                capsize=3,
+                label=f"{p}: {who}",
+            )
     axes[0][0].set_title("max |out - golden|")
     axes[0][1].set_title("mean ± std of |out - golden|")
     axes[0][1].set_xscale("log", base=2)
@@ -293,7 +387,15 @@ def fig5(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
     for ax in axes[0]:
         ax.set_xlabel("sequence length N")
         ax.legend(fontsize=7)
-    return _finish(fig, f"Fig 5: deviation vs sequence length ({f}, tiles {blk})", out, "fig5", grid, csv_path, rows)
+    return _finish(
+        fig,
+        f"Fig 5: deviation vs sequence length ({f}, tiles {blk})",
+        out,
+        "fig5",
+        grid,
+        csv_path,
+        rows,
+    )
 
 
 # -- Fig 6: deviation vs tile sizes ---------------------------------------------------
@@ -307,18 +409,30 @@ def _config_name(label: str) -> str:
     return "default" if label.startswith("sram") else "explicit"
 
 
-def fig6(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None,
-         quiet: bool = False) -> dict:
+def fig6(
+    out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None, quiet: bool = False
+) -> dict:
     """BF16 at fixed N: FA1 tiles vs swapped (6a) vs square (6b) vs larger SRAM (6c);
     max |flash - golden| and the number of KV blocks ceil(N/Bc) per configuration."""
     m6 = 32768  # Bc = 128 > Br = 64 at d=64, so swap and square differ from the default
-    blocks = (SramBlocks(m6), SramBlocks(m6, swap=True), SramBlocks(m6, square=True),
-              SramBlocks(4096), SramBlocks(8192), SramBlocks(16384), SramBlocks(65536),
-              SramBlocks(131072))
-    grid = _grid(quick, dict(formats=("bf16",), seq_lens=(1024,), blocks=blocks, seeds=(0, 1)),
-                 dict(formats=("bf16",), seq_lens=(8192,), blocks=blocks, seeds=(0, 1, 2)),
-                 policies, grid_overrides)
-    out, csv_path, means, info = _run("fig6", grid, out_dir, quiet, split=not quick)
+    blocks = (
+        SramBlocks(m6),
+        SramBlocks(m6, swap=True),
+        SramBlocks(m6, square=True),
+        SramBlocks(4096),
+        SramBlocks(8192),
+        SramBlocks(16384),
+        SramBlocks(65536),
+        SramBlocks(131072),
+    )
+    grid = _grid(
+        quick,
+        dict(formats=("bf16",), seq_lens=(1024,), blocks=blocks, seeds=(0, 1)),
+        dict(formats=("bf16",), seq_lens=(8192,), blocks=blocks, seeds=(0, 1, 2)),
+        policies,
+        grid_overrides,
+    )
+    out, csv_path, means, _ = _run("fig6", grid, out_dir, quiet, split=not quick)
     n = grid.seq_lens[0]
     f = _fmt_names(grid)[0]
     rows = []
@@ -326,29 +440,62 @@ def fig6(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
         for label, b in grid.resolved_blocks():
             fl = means[(p, f, n, label, "flash_vs_golden", "max_abs_diff")]
             bl = means[(p, f, n, label, "baseline_vs_golden", "max_abs_diff")]
-            rows.append({"policy": p, "blocks": label, "config": _config_name(label),
-                         "br": b.br, "bc": b.bc, "kv_blocks": math.ceil(n / b.bc),
-                         "flash_vs_golden": fl, "baseline_vs_golden": bl,
-                         "ratio": _ratio(fl, bl)})
-    _table(f"Fig 6: max |out - golden| by tiles ({f}, N={n}, mean over {len(grid.seeds)} seeds)",
-           ("policy", "blocks", "config", "br", "bc", "kv_blocks", "flash_vs_golden",
-            "baseline_vs_golden", "ratio"), rows)
+            rows.append(
+                {
+                    "policy": p,
+                    "blocks": label,
+                    "config": _config_name(label),
+                    "br": b.br,
+                    "bc": b.bc,
+                    "kv_blocks": math.ceil(n / b.bc),
+                    "flash_vs_golden": fl,
+                    "baseline_vs_golden": bl,
+                    "ratio": _ratio(fl, bl),
+                }
+            )
+    print_table(
+        (
+            "policy",
+            "blocks",
+            "config",
+            "br",
+            "bc",
+            "kv_blocks",
+            "flash_vs_golden",
+            "baseline_vs_golden",
+            "ratio",
+        ),
+        rows,
+        title=f"Fig 6: max |out - golden| by tiles ({f}, N={n}, mean over {len(grid.seeds)} seeds)",
+    )
 
     plt = pyplot("fa_jax.studies.figures: plotting")
-    fig, axes = plt.subplots(1, len(grid.policies), figsize=(6 * len(grid.policies), 4.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(grid.policies), figsize=(6 * len(grid.policies), 4.5), squeeze=False
+    )
     for ax, p in zip(axes[0], grid.policies):
         pr = [r for r in rows if r["policy"] == p]
         xs = range(len(pr))
-        ax.bar(list(xs), [max(r["flash_vs_golden"], 1e-300) for r in pr], color="C0",
-               label="flash vs golden")
+        ax.bar(
+            list(xs),
+            [max(r["flash_vs_golden"], 1e-300) for r in pr],
+            color="C0",
+            label="flash vs golden",
+        )
         ax.axhline(pr[0]["baseline_vs_golden"], color="C1", ls="--", label="baseline vs golden")
-        ax.set_xticks(list(xs), [f"{r['blocks']}\n{r['br']}x{r['bc']}, {r['kv_blocks']} blk"
-                                 for r in pr], fontsize=7, rotation=45, ha="right")
+        ax.set_xticks(
+            list(xs),
+            [f"{r['blocks']}\n{r['br']}x{r['bc']}, {r['kv_blocks']} blk" for r in pr],
+            fontsize=7,
+            rotation=45,
+            ha="right",
+        )
         ax.set_title(p)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    return _finish(fig, f"Fig 6: deviation vs tile sizes ({f}, N={n})", out, "fig6", grid, csv_path, rows)
+    return _finish(
+        fig, f"Fig 6: deviation vs tile sizes ({f}, N={n})", out, "fig6", grid, csv_path, rows
+    )
 
 
 # -- all ------------------------------------------------------------------------------
@@ -356,8 +503,15 @@ def fig6(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
 FIGURES = {"fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6}
 
 
-def reproduce(which: str, out_dir, *, quick: bool, policies=DEFAULT_POLICIES,
-              quiet: bool = False, ablations: bool = False) -> dict:
+def reproduce(
+    which: str,
+    out_dir,
+    *,
+    quick: bool,
+    policies=DEFAULT_POLICIES,
+    quiet: bool = False,
+    ablations: bool = False,
+) -> dict:
     """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, or the training
     study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all");
     returns {name: result}."""
@@ -369,17 +523,14 @@ def reproduce(which: str, out_dir, *, quick: bool, policies=DEFAULT_POLICIES,
         from fa_jax.studies.fa3_table import fa3_table
 
         if tuple(policies) != DEFAULT_POLICIES:
-            raise ValueError(f"--policy: fa3-table's rows fix their own policies "
-                             f"(fa_jax.studies.fa3_table.ROWS), got {list(policies)}")
+            raise ValueError(
+                f"--policy: fa3-table's rows fix their own policies "
+                f"(fa_jax.studies.fa3_table.ROWS), got {list(policies)}"
+            )
         return {"fa3-table": fa3_table(out_dir, quick=quick, quiet=quiet, ablations=ablations)}
     if ablations:
         raise ValueError(f"--ablations: only fa3-table has ablation rows, got {which!r}")
-    if which == "all":
-        names = list(FIGURES)
-    elif which in FIGURES:
-        names = [which]
-    else:
-        raise ValueError(f"reproduce: which: expected one of {sorted(FIGURES)}, 'all', "
-                         f"'fig8' or 'fa3-table', got {which!r}")
+    one_of(which, (*FIGURES, "all", "fig8", "fa3-table"), "reproduce: which")
+    names = list(FIGURES) if which == "all" else [which]
     policies = tuple(policies)
     return {n: FIGURES[n](out_dir, quick=quick, policies=policies, quiet=quiet) for n in names}

@@ -1,24 +1,66 @@
-"""Shared plumbing of the experiment drivers: atomic file writes, a float64 scope, and
-matplotlib behind the optional ``plot`` extra."""
+"""The files every study writes: tidy CSV, resume reading, ``metadata.json``, plots.
+
+A study's results are *tidy* CSV rows (one measured value per row, the columns
+that identify it first) written by :func:`write_csv`: the whole file is
+rewritten atomically (:func:`atomic_write`: a temporary file beside the target,
+flushed, fsynced and renamed over it), so a reader, or a resumed run after a
+kill, sees the previous complete file or the new one, never a torn one.
+:func:`read_complete` is the resume side: it keeps the rows of the
+configurations whose every expected row is present and reports which those are,
+so a re-run computes only what is missing.  Files are created with the
+permissions ``0o666 & ~umask``, as ``open`` would create them.
+
+:func:`run_metadata` is the record of how a run was made (package versions,
+backend, devices, the run's configuration, the command line, the start time),
+written beside the results by :func:`write_json`.  :func:`pyplot` loads
+matplotlib (the optional ``plot`` extra) for the figures.
+"""
 
 from __future__ import annotations
 
+import csv
+import datetime
+import json
 import os
 import pathlib
-import tempfile
+import secrets
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import IO, Any
+
+__all__ = [
+    "append_csv",
+    "atomic_write",
+    "pyplot",
+    "read_complete",
+    "read_csv",
+    "run_metadata",
+    "write_csv",
+    "write_json",
+]
+
+PACKAGES = ("fa_jax", "jax", "jaxlib", "ml_dtypes", "numpy")
 
 
-__all__ = ["atomic_write", "pyplot"]
+def _create(path: pathlib.Path) -> tuple[int, str]:
+    """A new file beside ``path``, opened for writing with mode ``0o666 & ~umask``."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"atomic_write: no free temporary name beside {path}")
 
 
-def atomic_write(path, write, *, binary: bool = False) -> None:
+def atomic_write(path, write: Callable[[IO], Any], *, binary: bool = False) -> pathlib.Path:
     """Call ``write(fh)`` on a temporary file beside ``path``, flush and fsync it,
-    then rename it over ``path``: readers see the old file or the new one, never
-    a torn one (the resumable sweeps and studies rely on this)."""
+    then rename it over ``path``: readers see the old file or the new one, never a
+    torn one.  On any error the temporary file is removed and ``path`` is unchanged."""
     path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create(path)
     try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as fh:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -27,6 +69,94 @@ def atomic_write(path, write, *, binary: bool = False) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return path
+
+
+def write_csv(path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> pathlib.Path:
+    """``rows`` (dicts keyed by ``columns``) as a CSV with a header, written atomically."""
+
+    def write(fh):
+        w = csv.DictWriter(fh, fieldnames=list(columns))
+        w.writeheader()
+        w.writerows(rows)
+
+    return atomic_write(path, write)
+
+
+def read_csv(path, columns: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """The rows of a CSV as str dicts; ``[]`` if it does not exist.  With ``columns``,
+    a file whose header differs is an error (it belongs to another study)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        header = tuple(reader.fieldnames or ())
+    if columns is not None and header != tuple(columns):
+        raise ValueError(f"{path}: expected the columns {tuple(columns)}, got {header}")
+    return rows
+
+
+def append_csv(
+    path, columns: Sequence[str], old: list, new: Iterable[Mapping[str, Any]]
+) -> pathlib.Path:
+    """Extend ``old`` (the rows already in ``path``) by ``new`` and rewrite the file
+    atomically: an append that a kill cannot tear."""
+    old.extend(new)
+    return write_csv(path, columns, old)
+
+
+def read_complete(
+    path,
+    columns: Sequence[str],
+    key: Sequence[str],
+    part: Sequence[str],
+    expected: Collection[tuple],
+) -> tuple[list[dict[str, str]], set[tuple]]:
+    """Resume reading of a tidy CSV: ``(rows, done)``.
+
+    A configuration is the tuple of its ``key`` columns' values; a row within it is
+    named by its ``part`` columns.  ``done`` holds the configurations whose parts are
+    exactly ``expected`` (as str tuples); ``rows`` are their rows, in file order.
+    Rows of incomplete configurations are dropped, to be computed again.
+    """
+    rows = read_csv(path, columns)
+    want = {tuple(str(v) for v in p) for p in expected}
+    parts: dict[tuple, set] = {}
+    for r in rows:
+        parts.setdefault(tuple(r[c] for c in key), set()).add(tuple(r[c] for c in part))
+    done = {k for k, got in parts.items() if got == want}
+    return [r for r in rows if tuple(r[c] for c in key) in done], done
+
+
+def run_metadata(config: Mapping, *, packages: Sequence[str] = (), **extra) -> dict:
+    """How a run was made: versions of fa_jax, jax, jaxlib, ml_dtypes, numpy (and
+    ``packages``), backend, device kind and count, ``config``, the command line, the
+    start time (UTC, ISO 8601), then ``extra``."""
+    import importlib
+
+    import jax
+
+    versions = {}
+    for name in (*PACKAGES, *packages):
+        versions[name] = getattr(importlib.import_module(name), "__version__", None)
+    devices = jax.devices()
+    return {
+        **versions,
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "command": list(sys.argv),
+        "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "config": dict(config),
+        **extra,
+    }
+
+
+def write_json(path, obj) -> pathlib.Path:
+    """``obj`` as indented JSON, written atomically."""
+    return atomic_write(path, lambda fh: json.dump(obj, fh, indent=2))
 
 
 def pyplot(purpose: str):
@@ -35,8 +165,9 @@ def pyplot(purpose: str):
     try:
         import matplotlib
     except ImportError as err:
-        raise ImportError(f"{purpose} needs matplotlib; install it with "
-                          "pip install 'fa-jax[plot]'") from err
+        raise ImportError(
+            f"{purpose} needs matplotlib; install it with pip install 'fa-jax[plot]'"
+        ) from err
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,6 +1,10 @@
 """Sweeps: a :class:`Grid` of configurations -> one vmapped program per static
-signature -> tidy ``results.csv`` (:mod:`.grid` what is swept, :mod:`.engine`
-how it runs)."""
+signature -> tidy ``results.csv`` (Golden et al. 2024, §4).
+
+:mod:`.grid` says what is swept, :mod:`.programs` what is computed per
+configuration, :mod:`.batch` how configurations are batched over lengths,
+memory and devices, and :mod:`.engine` runs it all into the CSV.
+"""
 
 from fa_jax.studies.sweep.engine import MEMORY_BUDGET, length_buckets, run_sweep
 from fa_jax.studies.sweep.grid import (

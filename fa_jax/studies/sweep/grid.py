@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fa_jax._checks import non_negative_ints, positive_int, positive_ints
+from fa_jax._checks import non_negative_ints, one_of, positive_int, positive_ints
 from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram
 from fa_jax.formats import Format, custom, get_format
 from fa_jax.inputs import DISTRIBUTIONS
@@ -23,9 +23,24 @@ __all__ = ["COLUMNS", "COMPARISONS", "KEY_COLUMNS", "METRICS", "Grid", "SramBloc
 
 COMPARISONS = ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
 METRICS = ("max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse")
-KEY_COLUMNS = ("policy", "format", "exp_bits", "man_bits", "seq_len", "blocks", "br", "bc",
-               "variant", "seed", "distribution", "batch", "heads", "d", "causal")
-COLUMNS = KEY_COLUMNS + ("comparison", "metric", "value")
+KEY_COLUMNS = (
+    "policy",
+    "format",
+    "exp_bits",
+    "man_bits",
+    "seq_len",
+    "blocks",
+    "br",
+    "bc",
+    "variant",
+    "seed",
+    "distribution",
+    "batch",
+    "heads",
+    "d",
+    "causal",
+)
+COLUMNS = (*KEY_COLUMNS, "comparison", "metric", "value")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +60,11 @@ class SramBlocks:
         return blocks_from_sram(self.sram_elems, d, swap=self.swap, square=self.square)
 
     def label(self) -> str:
-        return f"sram{self.sram_elems}" + ("_swap" if self.swap else "") + (
-            "_square" if self.square else "")
+        return (
+            f"sram{self.sram_elems}"
+            + ("_swap" if self.swap else "")
+            + ("_square" if self.square else "")
+        )
 
 
 BlockSpec = Blocks | SramBlocks
@@ -98,21 +116,17 @@ class Grid:
             object.__setattr__(self, name, v)
         for name in ("batch", "heads", "d"):
             positive_int(getattr(self, name), f"Grid.{name}")
-        positive_ints(self.seq_lens, "Grid.seq_lens")
-        non_negative_ints(self.seeds, "Grid.seeds")
+        object.__setattr__(self, "seq_lens", positive_ints(self.seq_lens, "Grid.seq_lens"))
+        object.__setattr__(self, "seeds", non_negative_ints(self.seeds, "Grid.seeds"))
         fmts = tuple(_resolve_format(f) for f in self.formats)
         names = [f.name for f in fmts]
         if len(set(names)) != len(names):
             raise ValueError(f"Grid.formats: expected distinct format names, got {names}")
         for p in self.policies:
-            if p not in PRESETS:
-                raise ValueError(f"Grid.policies: expected names in {sorted(PRESETS)}, got {p!r}")
+            one_of(p, sorted(PRESETS), "Grid.policies")
         for v in self.variants:
-            if v not in VARIANTS:
-                raise ValueError(f"Grid.variants: expected names in {VARIANTS}, got {v!r}")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(
-                f"Grid.distribution: expected one of {DISTRIBUTIONS}, got {self.distribution!r}")
+            one_of(v, VARIANTS, "Grid.variants")
+        one_of(self.distribution, DISTRIBUTIONS, "Grid.distribution")
         if not isinstance(self.causal, bool):
             raise TypeError(f"Grid.causal: expected a bool, got {self.causal!r}")
         n_max = max(self.seq_lens)
@@ -124,11 +138,16 @@ class Grid:
             if max(r.br, r.bc) > n_max:
                 raise ValueError(
                     f"Grid.blocks: {b!r} gives br={r.br}, bc={r.bc}; expected both <= the "
-                    f"largest seq_len {n_max}")
+                    f"largest seq_len {n_max}"
+                )
             labels.append(_block_label(b))
-        for name, vals in (("seq_lens", self.seq_lens), ("seeds", self.seeds),
-                           ("blocks", labels), ("variants", self.variants),
-                           ("policies", self.policies)):
+        for name, vals in (
+            ("seq_lens", self.seq_lens),
+            ("seeds", self.seeds),
+            ("blocks", labels),
+            ("variants", self.variants),
+            ("policies", self.policies),
+        ):
             if len(set(vals)) != len(vals):
                 raise ValueError(f"Grid.{name}: expected distinct entries, got {vals!r}")
 
@@ -139,33 +158,66 @@ class Grid:
 
     def resolved_blocks(self) -> tuple[tuple[str, Blocks], ...]:
         """(label, Blocks) per blocks entry, in grid order."""
-        return tuple((_block_label(b), b.resolve(self.d) if isinstance(b, SramBlocks) else b)
-                     for b in self.blocks)
+        return tuple(
+            (_block_label(b), b.resolve(self.d) if isinstance(b, SramBlocks) else b)
+            for b in self.blocks
+        )
 
     def to_json(self) -> dict:
         def fmt(f: Format):
-            return {"name": f.name, "exp_bits": f.exp_bits, "man_bits": f.man_bits,
-                    "bias": f.bias, "subnormals": f.subnormals, "specials": f.specials,
-                    "overflow": f.overflow}
+            return {
+                "name": f.name,
+                "exp_bits": f.exp_bits,
+                "man_bits": f.man_bits,
+                "bias": f.bias,
+                "subnormals": f.subnormals,
+                "specials": f.specials,
+                "overflow": f.overflow,
+            }
 
         def blk(b):
             if isinstance(b, SramBlocks):
                 r = b.resolve(self.d)
-                return {"sram_elems": b.sram_elems, "swap": b.swap, "square": b.square,
-                        "br": r.br, "bc": r.bc}
+                return {
+                    "sram_elems": b.sram_elems,
+                    "swap": b.swap,
+                    "square": b.square,
+                    "br": r.br,
+                    "bc": r.bc,
+                }
             return {"br": b.br, "bc": b.bc}
 
-        return {"formats": [fmt(f) for f in self.resolved_formats()],
-                "seq_lens": list(self.seq_lens), "blocks": [blk(b) for b in self.blocks],
-                "variants": list(self.variants), "policies": list(self.policies),
-                "seeds": list(self.seeds), "batch": self.batch, "heads": self.heads,
-                "d": self.d, "distribution": self.distribution, "causal": self.causal}
+        return {
+            "formats": [fmt(f) for f in self.resolved_formats()],
+            "seq_lens": list(self.seq_lens),
+            "blocks": [blk(b) for b in self.blocks],
+            "variants": list(self.variants),
+            "policies": list(self.policies),
+            "seeds": list(self.seeds),
+            "batch": self.batch,
+            "heads": self.heads,
+            "d": self.d,
+            "distribution": self.distribution,
+            "causal": self.causal,
+        }
 
 
 def row_key(grid, preset, f, n, label, blocks, variant, seed):
-    vals = {"policy": preset, "format": f.name, "exp_bits": f.exp_bits,
-            "man_bits": f.man_bits, "seq_len": n, "blocks": label, "br": blocks.br,
-            "bc": blocks.bc, "variant": variant, "seed": seed,
-            "distribution": grid.distribution, "batch": grid.batch, "heads": grid.heads,
-            "d": grid.d, "causal": grid.causal}
+    vals = {
+        "policy": preset,
+        "format": f.name,
+        "exp_bits": f.exp_bits,
+        "man_bits": f.man_bits,
+        "seq_len": n,
+        "blocks": label,
+        "br": blocks.br,
+        "bc": blocks.bc,
+        "variant": variant,
+        "seed": seed,
+        "distribution": grid.distribution,
+        "batch": grid.batch,
+        "heads": grid.heads,
+        "d": grid.d,
+        "causal": grid.causal,
+    }
     return {c: str(vals[c]) for c in KEY_COLUMNS}

@@ -23,13 +23,13 @@ from fa_jax.studies.train.loop import (
     train_step,
 )
 from fa_jax.studies.train.model import ModelConfig, forward, init_params, loss_fn
-from fa_jax.studies.train.precision import BF16_MIXED, FP16_MIXED, FP32, TrainPrecision
+from fa_jax.studies.train.precision import BF16_MIXED, FP16_MIXED, FP32_TRAINING, TrainPrecision
 from fa_jax.studies.train.study import FULL, QUICK, StudyConfig, fig8, load_overall, run_study
 
 __all__ = [
     "BF16_MIXED",
     "FP16_MIXED",
-    "FP32",
+    "FP32_TRAINING",
     "FULL",
     "QUICK",
     "AttentionSpec",

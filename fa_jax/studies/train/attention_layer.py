@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from fa_jax._checks import one_of
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.policy import Policy
 
@@ -54,27 +55,23 @@ class AttentionSpec:
     backward: str = "emulated"
 
     def __post_init__(self):
-        if self.kind not in ("reference", "flash"):
-            raise ValueError(f"AttentionSpec.kind: expected 'reference' or 'flash', "
-                             f"got {self.kind!r}")
+        one_of(self.kind, ("reference", "flash"), "AttentionSpec.kind")
         if not isinstance(self.policy, Policy):
             raise TypeError(f"AttentionSpec.policy: expected a Policy, got {self.policy!r}")
         if self.kind == "flash" and not isinstance(self.blocks, Blocks):
-            raise ValueError(f"AttentionSpec: flash attention needs blocks=Blocks(br, bc), "
-                             f"got {self.blocks!r}")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"AttentionSpec.variant: expected one of {VARIANTS}, "
-                             f"got {self.variant!r}")
-        if self.backward not in BACKWARDS:
-            raise ValueError(f"AttentionSpec.backward: expected one of {BACKWARDS}, "
-                             f"got {self.backward!r}")
+            raise ValueError(
+                f"AttentionSpec: flash attention needs blocks=Blocks(br, bc), got {self.blocks!r}"
+            )
+        one_of(self.variant, VARIANTS, "AttentionSpec.variant")
+        one_of(self.backward, BACKWARDS, "AttentionSpec.backward")
 
     def forward(self, q, k, v) -> jax.Array:
         """O (..., N, d_v) for float64 carriers q, k, v: the fa_jax function's output."""
         if self.kind == "reference":
-            return reference_attention(q, k, v, self.policy, causal=True)
-        return flash_attention(q, k, v, self.policy, self.blocks, variant=self.variant,
-                               causal=True)[0]
+            return reference_attention(q, k, v, self.policy, causal=True)  # pyright: ignore[reportReturnType]
+        assert self.blocks is not None  # __post_init__: flash attention has blocks
+        o = flash_attention(q, k, v, self.policy, self.blocks, variant=self.variant, causal=True)
+        return o[0]  # pyright: ignore[reportIndexIssue]  # (O, lse), untyped in fa_jax.attention
 
     def __call__(self, q, k, v) -> jax.Array:
         """O for q, k, v (..., N, d) float64 carriers, differentiable per ``backward``."""
@@ -83,8 +80,11 @@ class AttentionSpec:
         return _float64_vjp_attention(self, q, k, v)
 
     def label(self) -> str:
-        where = ("reference" if self.kind == "reference" else
-                 f"flash {self.variant} Br={self.blocks.br} Bc={self.blocks.bc}")
+        b = self.blocks
+        if self.kind == "reference" or b is None:
+            where = "reference"
+        else:
+            where = f"flash {self.variant} Br={b.br} Bc={b.bc}"
         return f"{where}, {self.policy.name}, {self.backward} backward"
 
 
@@ -123,7 +123,8 @@ def _fwd(spec, q, k, v):
 
 
 def _bwd(spec, res, d_o):
-    return float64_attention_vjp(*res, d_o)
+    q, k, v, o = res
+    return float64_attention_vjp(q, k, v, o, d_o)
 
 
 _float64_vjp_attention.defvjp(_fwd, _bwd)

@@ -24,12 +24,9 @@ import dataclasses
 
 import numpy as np
 
+from fa_jax._checks import non_negative_int, positive_int
+
 __all__ = ["MarkovData"]
-
-
-def _positive_int(owner: str, name: str, v) -> None:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{owner}.{name}: expected a positive integer, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,12 +42,12 @@ class MarkovData:
 
     def __post_init__(self):
         for name in ("vocab", "context", "batch", "branching"):
-            _positive_int("MarkovData", name, getattr(self, name))
+            object.__setattr__(self, name, positive_int(getattr(self, name), f"MarkovData.{name}"))
         if self.branching > self.vocab:
-            raise ValueError(f"MarkovData.branching: expected at most vocab={self.vocab}, "
-                             f"got {self.branching}")
-        if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"MarkovData.seed: expected a non-negative integer, got {self.seed!r}")
+            raise ValueError(
+                f"MarkovData.branching: expected at most vocab={self.vocab}, got {self.branching}"
+            )
+        object.__setattr__(self, "seed", non_negative_int(self.seed, "MarkovData.seed"))
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """(successors ``(vocab, branching)``, cumulative probabilities
@@ -69,15 +66,15 @@ class MarkovData:
         knew the table would reach, if contexts were uniform."""
         _, cdf = self.table()
         p = np.diff(cdf, axis=1, prepend=0.0)
-        return float(np.mean(-np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0),
-                                     axis=1)))
+        return float(
+            np.mean(-np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1))
+        )
 
     def batch_at(self, step: int, table=None) -> np.ndarray:
         """The tokens of training step ``step`` (module docstring), int32
         ``(batch, context + 1)``.  ``table`` is ``self.table()``, passed to save
         recomputing it."""
-        if not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"MarkovData.batch_at: expected a step >= 0, got {step!r}")
+        non_negative_int(step, "MarkovData.batch_at: step")
         successors, cdf = self.table() if table is None else table
         rng = np.random.default_rng([self.seed, int(step)])
         n, t = self.batch, self.context + 1

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fa_jax._checks import non_negative_int, positive_number
 from fa_jax.studies.results import atomic_write
 from fa_jax.studies.train.attention_layer import AttentionSpec
 from fa_jax.studies.train.data import MarkovData
@@ -44,8 +45,16 @@ from fa_jax.studies.train.precision import (
     get_precision,
 )
 
-__all__ = ["Optim", "RunSpec", "TrainState", "advance", "init_state",
-           "load_checkpoint", "save_checkpoint", "train_step"]
+__all__ = [
+    "Optim",
+    "RunSpec",
+    "TrainState",
+    "advance",
+    "init_state",
+    "load_checkpoint",
+    "save_checkpoint",
+    "train_step",
+]
 
 
 def _optax():
@@ -70,21 +79,20 @@ class Optim:
 
     def __post_init__(self):
         for name in ("lr", "eps", "clip"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"Optim.{name}: expected a positive number, got {v!r}")
+            positive_number(getattr(self, name), f"Optim.{name}")
         for name in ("b1", "b2"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 <= v < 1):
                 raise ValueError(f"Optim.{name}: expected a number in [0, 1), got {v!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"Optim.warmup: expected a non-negative integer, got {self.warmup!r}")
+        non_negative_int(self.warmup, "Optim.warmup")
 
     def transform(self):
         """The optax GradientTransformation."""
         optax = _optax()
-        return optax.chain(optax.clip_by_global_norm(self.clip),
-                           optax.adam(self.learning_rate, b1=self.b1, b2=self.b2, eps=self.eps))
+        return optax.chain(
+            optax.clip_by_global_norm(self.clip),
+            optax.adam(self.learning_rate, b1=self.b1, b2=self.b2, eps=self.eps),
+        )
 
     def learning_rate(self, count) -> jax.Array:
         """lr · min(1, (count + 1) / warmup) in float32: step 0 already moves."""
@@ -105,14 +113,13 @@ class RunSpec:
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c in "_-" for c in self.name):
-            raise ValueError(f"RunSpec.name: expected letters, digits, '_' or '-', "
-                             f"got {self.name!r}")
+            raise ValueError(
+                f"RunSpec.name: expected letters, digits, '_' or '-', got {self.name!r}"
+            )
         if not isinstance(self.attention, AttentionSpec):
             raise TypeError(f"RunSpec.attention: expected an AttentionSpec, got {self.attention!r}")
         object.__setattr__(self, "precision", get_precision(self.precision))
-        if not isinstance(self.init_seed, int) or self.init_seed < 0:
-            raise ValueError(f"RunSpec.init_seed: expected a non-negative integer, "
-                             f"got {self.init_seed!r}")
+        non_negative_int(self.init_seed, "RunSpec.init_seed")
 
 
 class TrainState(NamedTuple):
@@ -128,13 +135,18 @@ class TrainState(NamedTuple):
 def init_state(run: RunSpec, cfg: ModelConfig, optim: Optim) -> TrainState:
     """The state before step 0."""
     params = init_params(cfg, run.init_seed)
-    return TrainState(jnp.asarray(0, jnp.int32), params, optim.transform().init(params),
-                      LossScale.init(run.precision))
+    return TrainState(
+        jnp.asarray(0, jnp.int32),
+        params,
+        optim.transform().init(params),
+        LossScale.init(get_precision(run.precision)),
+    )
 
 
 @functools.cache
-def _compiled_step(cfg: ModelConfig, attention: AttentionSpec, precision: TrainPrecision,
-                   optim: Optim):
+def _compiled_step(
+    cfg: ModelConfig, attention: AttentionSpec, precision: TrainPrecision, optim: Optim
+):
     tx = optim.transform()
     dtype = precision.dtype
 
@@ -149,11 +161,15 @@ def _compiled_step(cfg: ModelConfig, attention: AttentionSpec, precision: TrainP
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = jax.tree_util.tree_map(lambda p, u: p + u, state.params, updates)
         if precision.dynamic:  # skip the update where the gradients overflowed
-            keep = lambda new, old: jnp.where(finite, new, old)
+
+            def keep(new, old):
+                return jnp.where(finite, new, old)
+
             params = jax.tree_util.tree_map(keep, params, state.params)
             opt_state = jax.tree_util.tree_map(keep, opt_state, state.opt_state)
-        new = TrainState(state.step + 1, params, opt_state,
-                         state.loss_scale.adjust(finite, precision))
+        new = TrainState(
+            state.step + 1, params, opt_state, state.loss_scale.adjust(finite, precision)
+        )
         return new, loss
 
     return jax.jit(step, compiler_options=COMPILER_OPTIONS)
@@ -165,8 +181,16 @@ def train_step(state: TrainState, tokens, run: RunSpec, cfg: ModelConfig, optim:
     return step(state, jnp.asarray(tokens, jnp.int32))
 
 
-def advance(state: TrainState, losses: list, until: int, run: RunSpec, cfg: ModelConfig,
-            optim: Optim, data: MarkovData, table=None):
+def advance(
+    state: TrainState,
+    losses: list,
+    until: int,
+    run: RunSpec,
+    cfg: ModelConfig,
+    optim: Optim,
+    data: MarkovData,
+    table=None,
+):
     """Train from ``state.step`` to step ``until``, appending each step's loss (a
     Python float) to ``losses``; returns the new state."""
     table = data.table() if table is None else table
@@ -188,7 +212,8 @@ def save_checkpoint(path, state: TrainState, losses) -> None:
     arrays["losses"] = np.asarray(losses, np.float64)
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda fh: np.savez(fh, **arrays), binary=True)
+    # numpy's stubs cannot tell the array keywords from savez's own options
+    atomic_write(path, lambda fh: np.savez(fh, **arrays), binary=True)  # pyright: ignore[reportArgumentType]
 
 
 def load_checkpoint(path, like: TrainState) -> tuple[TrainState, list]:
@@ -198,15 +223,20 @@ def load_checkpoint(path, like: TrainState) -> tuple[TrainState, list]:
     with np.load(path) as z:
         got = [z[f"leaf_{i:04d}"] for i in range(len(leaves)) if f"leaf_{i:04d}" in z]
         if len(got) != len(leaves) or len(z.files) != len(leaves) + 1:
-            raise ValueError(f"checkpoint {path}: expected {len(leaves)} state leaves, "
-                             f"found {len(z.files) - 1}")
+            raise ValueError(
+                f"checkpoint {path}: expected {len(leaves)} state leaves, found {len(z.files) - 1}"
+            )
         for i, (a, b) in enumerate(zip(got, leaves)):
             if a.shape != b.shape or a.dtype != b.dtype:
-                raise ValueError(f"checkpoint {path}: leaf {i}: expected {b.dtype}{list(b.shape)}, "
-                                 f"got {a.dtype}{list(a.shape)}")
+                raise ValueError(
+                    f"checkpoint {path}: leaf {i}: expected {b.dtype}{list(b.shape)}, "
+                    f"got {a.dtype}{list(a.shape)}"
+                )
         losses = [float(x) for x in z["losses"]]
     state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(a) for a in got])
     if len(losses) != int(state.step):
-        raise ValueError(f"checkpoint {path}: expected {int(state.step)} losses for step "
-                         f"{int(state.step)}, got {len(losses)}")
+        raise ValueError(
+            f"checkpoint {path}: expected {int(state.step)} losses for step "
+            f"{int(state.step)}, got {len(losses)}"
+        )
     return state, losses

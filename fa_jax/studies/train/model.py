@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fa_jax._checks import positive_int
 from fa_jax.studies.train.attention_layer import AttentionSpec
 from fa_jax.studies.train.precision import cast, to_carrier
 
@@ -60,12 +61,11 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("vocab", "context", "d_model", "n_heads", "n_layers", "d_ff"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"ModelConfig.{name}: expected a positive integer, got {v!r}")
+            object.__setattr__(self, name, positive_int(getattr(self, name), f"ModelConfig.{name}"))
         if self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig: d_model={self.d_model} is not a multiple of "
-                             f"n_heads={self.n_heads}")
+            raise ValueError(
+                f"ModelConfig: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}"
+            )
 
     @property
     def d_head(self) -> int:
@@ -75,16 +75,23 @@ class ModelConfig:
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in a fixed order."""
     d, f = cfg.d_model, cfg.d_ff
-    shapes = {"embed": (cfg.vocab, d), "pos": (cfg.context, d)}
+    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab, d), "pos": (cfg.context, d)}
     for i in range(cfg.n_layers):
         p = f"layer{i}."
-        shapes.update({
-            p + "ln1.scale": (d,), p + "ln1.bias": (d,),
-            p + "attn.wq": (d, d), p + "attn.wk": (d, d), p + "attn.wv": (d, d),
-            p + "attn.wo": (d, d),
-            p + "ln2.scale": (d,), p + "ln2.bias": (d,),
-            p + "mlp.w1": (d, f), p + "mlp.w2": (f, d),
-        })
+        shapes.update(
+            {
+                p + "ln1.scale": (d,),
+                p + "ln1.bias": (d,),
+                p + "attn.wq": (d, d),
+                p + "attn.wk": (d, d),
+                p + "attn.wv": (d, d),
+                p + "attn.wo": (d, d),
+                p + "ln2.scale": (d,),
+                p + "ln2.bias": (d,),
+                p + "mlp.w1": (d, f),
+                p + "mlp.w2": (f, d),
+            }
+        )
     shapes.update({"ln_f.scale": (d,), "ln_f.bias": (d,), "unembed": (d, cfg.vocab)})
     return shapes
 
@@ -101,7 +108,7 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, jax.Array]:
             value = np.zeros(shape, np.float32)
         else:
             std = resid_std if name.endswith((".wo", ".w2")) else 0.02
-            value = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+            value = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
         params[name] = jnp.asarray(value, jnp.float32)
     return params
 
@@ -127,8 +134,15 @@ def _heads(x, cfg: ModelConfig):
     return jnp.transpose(x.reshape(b, t, cfg.n_heads, cfg.d_head), (0, 2, 1, 3))
 
 
-def forward(params, tokens, cfg: ModelConfig, attention: AttentionSpec, dtype=jnp.float32,
-            *, return_activations: bool = False):
+def forward(
+    params,
+    tokens,
+    cfg: ModelConfig,
+    attention: AttentionSpec,
+    dtype=jnp.float32,
+    *,
+    return_activations: bool = False,
+):
     """Logits (B, T, vocab) in ``dtype`` for int tokens (B, T), T <= context.
 
     ``dtype`` is the compute dtype (module docstring).  With

@@ -11,7 +11,7 @@ Training", §3):
   residual stream, Q, K, V, the attention output, the MLP — is a native array of
   that dtype; XLA rounds after every operation because the train step is
   compiled with ``xla_allow_excess_precision=False`` (:data:`COMPILER_OPTIONS`;
-  DESIGN §3: otherwise it may keep bf16 chains in float32).  Matmuls take
+  otherwise it may keep bf16 chains in float32).  Matmuls take
   compute-dtype operands and return compute-dtype results (one rounding of an
   accumulation the backend does in float32, as tensor cores do);
 * layer-norm statistics and the softmax cross-entropy are computed in float32
@@ -40,13 +40,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from fa_jax._checks import one_of, positive_int, positive_number
 
 __all__ = [
     "BF16_MIXED",
     "COMPILER_OPTIONS",
     "FP16_MIXED",
-    "FP32",
+    "FP32_TRAINING",
     "PRECISIONS",
     "LossScale",
     "TrainPrecision",
@@ -71,15 +72,9 @@ class TrainPrecision:
     growth_interval: int = 2000
 
     def __post_init__(self):
-        if self.compute not in _DTYPES:
-            raise ValueError(f"TrainPrecision.compute: expected one of {sorted(_DTYPES)}, "
-                             f"got {self.compute!r}")
-        if not (self.loss_scale > 0 and np.isfinite(self.loss_scale)):
-            raise ValueError(f"TrainPrecision.loss_scale: expected a positive finite number, "
-                             f"got {self.loss_scale!r}")
-        if not isinstance(self.growth_interval, int) or self.growth_interval < 1:
-            raise ValueError(f"TrainPrecision.growth_interval: expected a positive integer, "
-                             f"got {self.growth_interval!r}")
+        one_of(self.compute, tuple(_DTYPES), "TrainPrecision.compute")
+        positive_number(self.loss_scale, "TrainPrecision.loss_scale")
+        positive_int(self.growth_interval, "TrainPrecision.growth_interval")
 
     @property
     def dtype(self):
@@ -92,19 +87,17 @@ class TrainPrecision:
         return self.dynamic or self.loss_scale != 1.0
 
 
-FP32 = TrainPrecision("fp32", "float32")
+FP32_TRAINING = TrainPrecision("fp32", "float32")
 BF16_MIXED = TrainPrecision("bf16", "bfloat16")
 FP16_MIXED = TrainPrecision("fp16", "float16", loss_scale=2.0**15, dynamic=True)
-PRECISIONS = {p.name: p for p in (FP32, BF16_MIXED, FP16_MIXED)}
+PRECISIONS = {p.name: p for p in (FP32_TRAINING, BF16_MIXED, FP16_MIXED)}
 
 
 def get_precision(spec) -> TrainPrecision:
     """A TrainPrecision, or its name: "fp32", "bf16" or "fp16"."""
     if isinstance(spec, TrainPrecision):
         return spec
-    if spec not in PRECISIONS:
-        raise ValueError(f"training precision: expected one of {sorted(PRECISIONS)}, got {spec!r}")
-    return PRECISIONS[spec]
+    return PRECISIONS[one_of(spec, tuple(PRECISIONS), "training precision")]
 
 
 def cast(x, dtype) -> jax.Array:
@@ -117,7 +110,7 @@ def to_carrier(x) -> jax.Array:
 
     Every such value is a float64 value, and ``convert_element_type`` is
     differentiable, so gradients reach Q, K and V.  (XLA on CPU flushes float32
-    subnormals, |x| < 2**-126, to zero in this conversion: DESIGN §3.)
+    subnormals, |x| < 2**-126, to zero in this conversion.)
     """
     return jax.lax.convert_element_type(x, jnp.float64)
 
@@ -148,8 +141,11 @@ class LossScale(NamedTuple):
         if not precision.dynamic:
             return self
         grow = finite & (self.good_steps + 1 >= precision.growth_interval)
-        scale = jnp.where(finite, jnp.where(grow, self.scale * 2, self.scale),
-                          jnp.maximum(self.scale / 2, jnp.float32(1)))
+        scale = jnp.where(
+            finite,
+            jnp.where(grow, self.scale * 2, self.scale),
+            jnp.maximum(self.scale / 2, jnp.float32(1)),
+        )
         good = jnp.where(finite & ~grow, self.good_steps + 1, jnp.int32(0))
         return LossScale(cast(scale, jnp.float32), cast(good, jnp.int32))
 

@@ -18,15 +18,12 @@ and over all parameters concatenated (``"overall"``): ``max |w_a - w_x|`` and th
 Wasserstein-1 distance between the two runs' weight distributions
 (:func:`fa_jax.metrics.wasserstein_1d`), both in float64.
 
-Why these pairs.  Training is chaotic: any perturbation of the arithmetic grows
-over the steps, so the size of a weight difference means nothing alone.  (a, b)
-differ *only* in the attention algorithm — same policy, init, data, order and
-training precision — so their drift is the effect of FlashAttention's numerics.
-(a, d) differ only in the precision of the rest of the model, a perturbation
-practitioners accept routinely: the paper's yardstick, and ``drift(a, d) /
-drift(a, b)`` is the number it reports as 2-5x.  (a, c) are two unrelated
-trainings of the same model: the ceiling, the drift of runs that share nothing
-but the recipe.
+Why these pairs (Golden et al. 2024, §5).  Training is chaotic, so a weight
+difference means nothing alone.  (a, b) differ *only* in the attention
+algorithm, so their drift is the effect of FlashAttention's numerics; (a, d)
+differ only in the precision of the rest of the model, the paper's yardstick:
+``drift(a, d) / drift(a, b)`` is the number it reports as 2-5x; (a, c) share
+nothing but the recipe, the ceiling.
 
 With several ``policies`` (default ``paper_uniform`` and ``fa2_kernel``, as the
 other figures) the study trains an (a, b) pair under each (runs
@@ -36,54 +33,54 @@ yardstick (their baselines differ from the first one's only inside attention).
 
 Files in ``out_dir/fig8/``: ``results.csv`` (tidy rows ``step, policy, pair,
 param, metric, value``; metrics ``max_abs_diff``, ``wasserstein_1d``, and for
-``param = "loss"`` the training loss at that step of the pair's two runs,
-``loss_a`` and ``loss_x``), ``losses.csv`` (``step, run, loss`` for every step),
-``metadata.json`` (versions, backend, the configuration, the runs), ``summary.json``
-(ratios, final drift and losses, wall time), ``fig8.png`` and
-``checkpoints/<run>.npz``.  The CSV is rewritten atomically after every record;
-checkpoints are saved at every record.  Re-running into the same folder resumes:
-complete records are kept, every run continues from its checkpoint, and the
-result equals an uninterrupted run bitwise.  A folder holding a different
-configuration is an error, not a resume.
+``param = "loss"`` the pair's training losses ``loss_a`` and ``loss_x``),
+``losses.csv`` (``step, run, loss``), ``metadata.json``, ``summary.json``
+(ratios, final drift and losses), ``fig8.png`` and ``checkpoints/<run>.npz``,
+all rewritten atomically at every record.  Re-running into the same folder
+resumes from the checkpoints and equals an uninterrupted run bitwise; a folder
+holding another configuration is an error.
 
 Ratios: ``drift(a, d) / drift(a, b)`` per policy and metric, at the final record
 and as the geometric mean of the per-record ratios over the records after step 0
 (a geometric mean, so that early records where (a, b) has barely moved do not
 dominate).
 
-Presets: ``QUICK`` (2 layers, d_model 128, 4 heads, MLP 512, vocab 32, context
-128, batch 8, 150 steps of Adam at 3e-3 after a 20-step warm-up, a record every
-10 steps) and ``FULL`` (4 layers, context 256, 600 steps, a record every 20).
-
-Deliberate differences from the paper's workload: a small decoder-only language
-model on a synthetic second-order Markov language (:mod:`fa_jax.studies.train.data`)
-for a few hundred steps on a CPU, instead of a text-to-image model trained on
-Shutterstock on A100s, so that the study runs anywhere in minutes and its data
-ship as code; and attention *emulated* under a precision policy, where the paper
-compared real kernels.  The ratio is therefore a measurement of this toolkit's
-setting, set beside the paper's, not a reproduction of its number.
+Presets: ``QUICK`` (2 layers, d_model 128, context 128, 150 steps, a record
+every 10) and ``FULL`` (4 layers, context 256, 600 steps, a record every 20).
+Unlike the paper's text-to-image model, this is a small decoder-only language
+model on a synthetic Markov language (:mod:`fa_jax.studies.train.data`) with
+attention *emulated* under a policy: its ratio is set beside the paper's, not
+a reproduction of it.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import datetime
 import json
 import math
 import pathlib
-import sys
 import time
 
 import jax
 import numpy as np
 
 from fa_jax import metrics
+from fa_jax._checks import one_of, positive_int
 from fa_jax._x64 import float64_enabled
-from fa_jax.studies.results import atomic_write, pyplot
 from fa_jax.attention import VARIANTS, Blocks
 from fa_jax.formats import get_format
 from fa_jax.presets import get_policy
+from fa_jax.studies import DEFAULT_POLICIES
+from fa_jax.studies.progress import track
+from fa_jax.studies.results import (
+    pyplot,
+    read_complete,
+    read_csv,
+    run_metadata,
+    write_csv,
+    write_json,
+)
+from fa_jax.studies.table import print_table
 from fa_jax.studies.train.attention_layer import BACKWARDS, AttentionSpec
 from fa_jax.studies.train.data import MarkovData
 from fa_jax.studies.train.loop import (
@@ -96,19 +93,29 @@ from fa_jax.studies.train.loop import (
     save_checkpoint,
 )
 from fa_jax.studies.train.model import ModelConfig, param_shapes
-from fa_jax.studies.train.precision import PRECISIONS
 
-__all__ = ["COLUMNS", "DEFAULT_POLICIES", "FULL", "METRICS", "PAPER_RATIO", "QUICK",
-           "StudyConfig", "fig8", "load_overall", "run_study"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_POLICIES",
+    "FULL",
+    "METRICS",
+    "PAPER_RATIO",
+    "QUICK",
+    "StudyConfig",
+    "fig8",
+    "load_overall",
+    "run_study",
+]
 
 COLUMNS = ("step", "policy", "pair", "param", "metric", "value")
 METRICS = ("max_abs_diff", "wasserstein_1d")
 LOSS_METRICS = ("loss_a", "loss_x")
 PAPER_RATIO = (2.0, 5.0)
-DEFAULT_POLICIES = ("paper_uniform", "fa2_kernel")  # as fa_jax.studies.figures
-PAIR_LABELS = {"flash": "(a,b) flash vs baseline attention",
-               "seed": "(a,c) another init seed",
-               "lowp": "(a,d) low-precision vs FP32 training"}
+PAIR_LABELS = {
+    "flash": "(a,b) flash vs baseline attention",
+    "seed": "(a,c) another init seed",
+    "lowp": "(a,d) low-precision vs FP32 training",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,30 +150,28 @@ class StudyConfig:
 
     def __post_init__(self):
         for name in ("steps", "record_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"StudyConfig.{name}: expected a positive integer, got {v!r}")
-        if self.low_precision not in PRECISIONS or self.low_precision == "fp32":
-            raise ValueError(f"StudyConfig.low_precision: expected 'bf16' or 'fp16', "
-                             f"got {self.low_precision!r}")
-        if self.backward not in BACKWARDS:
-            raise ValueError(f"StudyConfig.backward: expected one of {BACKWARDS}, "
-                             f"got {self.backward!r}")
+            positive_int(getattr(self, name), f"StudyConfig.{name}")
+        one_of(self.low_precision, ("bf16", "fp16"), "StudyConfig.low_precision")
+        one_of(self.backward, BACKWARDS, "StudyConfig.backward")
         if self.init_seed == self.other_seed:
-            raise ValueError(f"StudyConfig: other_seed must differ from init_seed "
-                             f"({self.init_seed}), got {self.other_seed}")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"StudyConfig.variant: expected one of {VARIANTS}, "
-                             f"got {self.variant!r}")
+            raise ValueError(
+                f"StudyConfig: other_seed must differ from init_seed "
+                f"({self.init_seed}), got {self.other_seed}"
+            )
+        one_of(self.variant, VARIANTS, "StudyConfig.variant")
         try:
             get_format(self.format)
         except ValueError as err:
             raise ValueError(f"StudyConfig.format: {err}") from None
-        self.model(), self.data(), self.optim(), Blocks(self.br, self.bc)  # validate
+        self.model()  # each validates its fields
+        self.data()
+        self.optim()
+        Blocks(self.br, self.bc)
 
     def model(self) -> ModelConfig:
-        return ModelConfig(self.vocab, self.context, self.d_model, self.n_heads, self.n_layers,
-                           self.d_ff)
+        return ModelConfig(
+            self.vocab, self.context, self.d_model, self.n_heads, self.n_layers, self.d_ff
+        )
 
     def data(self) -> MarkovData:
         return MarkovData(self.vocab, self.context, self.batch, self.branching, self.data_seed)
@@ -191,8 +196,7 @@ class StudyConfig:
             pairs.append((name, "flash", a.name, f"flash-{name}"))
             if i == 0:
                 c = RunSpec(f"seed{self.other_seed}-{name}", ref, "fp32", self.other_seed)
-                d = RunSpec(f"{self.low_precision}-{name}", ref, self.low_precision,
-                            self.init_seed)
+                d = RunSpec(f"{self.low_precision}-{name}", ref, self.low_precision, self.init_seed)
                 runs += [c, d]
                 pairs += [(name, "seed", a.name, c.name), (name, "lowp", a.name, d.name)]
         return runs, pairs
@@ -210,8 +214,9 @@ def _host64(x) -> np.ndarray:
     return np.asarray(jax.device_get(x), np.float64)
 
 
-def _pair_rows(step: int, policy: str, pair: str, a: TrainState, x: TrainState,
-               loss_a: float, loss_x: float) -> list[dict]:
+def _pair_rows(
+    step: int, policy: str, pair: str, a: TrainState, x: TrainState, loss_a: float, loss_x: float
+) -> list[dict]:
     rows = []
     wa = {n: _host64(p) for n, p in a.params.items()}
     wx = {n: _host64(p) for n, p in x.params.items()}
@@ -220,34 +225,36 @@ def _pair_rows(step: int, policy: str, pair: str, a: TrainState, x: TrainState,
     for name, w in wa.items():
         vals = (metrics.max_abs_diff(w, wx[name]), metrics.wasserstein_1d(w, wx[name]))
         for m, v in zip(METRICS, vals):
-            rows.append({"step": step, "policy": policy, "pair": pair, "param": name,
-                         "metric": m, "value": repr(float(v))})
+            rows.append(
+                {
+                    "step": step,
+                    "policy": policy,
+                    "pair": pair,
+                    "param": name,
+                    "metric": m,
+                    "value": repr(float(v)),
+                }
+            )
     for m, v in zip(LOSS_METRICS, (loss_a, loss_x)):
-        rows.append({"step": step, "policy": policy, "pair": pair, "param": "loss",
-                     "metric": m, "value": repr(float(v))})
+        rows.append(
+            {
+                "step": step,
+                "policy": policy,
+                "pair": pair,
+                "param": "loss",
+                "metric": m,
+                "value": repr(float(v)),
+            }
+        )
     return rows
 
 
-def _write_csv(path, columns, rows) -> None:
-    def write(fh):
-        w = csv.DictWriter(fh, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-
-    atomic_write(path, write)
-
-
-def _read_done(path: pathlib.Path, n_rows_per_step: int):
-    """Rows of complete record steps (as str dicts) and those steps."""
-    if not path.exists():
-        return [], set()
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    count: dict = {}
-    for r in rows:
-        count[int(r["step"])] = count.get(int(r["step"]), 0) + 1
-    done = {s for s, n in count.items() if n == n_rows_per_step}
-    return [r for r in rows if int(r["step"]) in done], done
+def _expected_parts(model: ModelConfig, pairs) -> list[tuple]:
+    """The (policy, pair, param, metric) of the rows of one complete record step."""
+    names = [*param_shapes(model), "overall"]
+    return [(p, k, n, m) for p, k, _, _ in pairs for n in names for m in METRICS] + [
+        (p, k, "loss", m) for p, k, _, _ in pairs for m in LOSS_METRICS
+    ]
 
 
 def _loss_at(losses: list, step: int) -> float:
@@ -256,33 +263,30 @@ def _loss_at(losses: list, step: int) -> float:
 
 
 def _metadata(cfg: StudyConfig, policies, runs, pairs) -> dict:
-    import jaxlib
-    import ml_dtypes
-    import optax
-
-    import fa_jax
-
-    devices = jax.devices()
-    return {
-        "fa_jax": fa_jax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-        "ml_dtypes": ml_dtypes.__version__, "optax": optax.__version__,
-        "numpy": np.__version__, "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind, "device_count": len(devices),
-        "config": dataclasses.asdict(cfg), "policies": list(policies),
-        "runs": [{"name": r.name, "attention": r.attention.label(),
-                  "precision": dataclasses.asdict(r.precision), "init_seed": r.init_seed}
-                 for r in runs],
-        "pairs": [{"policy": p, "pair": k, "a": a, "x": x, "label": PAIR_LABELS[k]}
-                  for p, k, a, x in pairs],
-        "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-    }
+    return run_metadata(
+        dataclasses.asdict(cfg),
+        packages=("optax",),
+        policies=list(policies),
+        runs=[
+            {
+                "name": r.name,
+                "attention": r.attention.label(),
+                "precision": dataclasses.asdict(r.precision),
+                "init_seed": r.init_seed,
+            }
+            for r in runs
+        ],
+        pairs=[
+            {"policy": p, "pair": k, "a": a, "x": x, "label": PAIR_LABELS[k]}
+            for p, k, a, x in pairs
+        ],
+    )
 
 
 # -- the study -----------------------------------------------------------------
 
 
-def run_study(cfg: StudyConfig, out_dir, *, policies=DEFAULT_POLICIES,
-              quiet: bool = False) -> dict:
+def run_study(cfg: StudyConfig, out_dir, *, policies=DEFAULT_POLICIES, quiet: bool = False) -> dict:
     """Train the runs, write the records and return the summary (module docstring).
 
     Enables ``jax_enable_x64`` while it runs (the attention emulation needs float64
@@ -306,61 +310,83 @@ def _study(cfg: StudyConfig, out: pathlib.Path, policies, quiet: bool) -> dict:
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         if (old.get("config"), old.get("policies")) != (meta["config"], meta["policies"]):
-            raise ValueError(f"fig8: {out} holds a study with another configuration "
-                             f"({old.get('config')}, policies {old.get('policies')}); "
-                             "choose another output folder")
-    atomic_write(meta_path, lambda fh: json.dump(meta, fh, indent=2))
+            raise ValueError(
+                f"fig8: {out} holds a study with another configuration "
+                f"({old.get('config')}, policies {old.get('policies')}); "
+                "choose another output folder"
+            )
+    write_json(meta_path, meta)
 
     model, data, optim = cfg.model(), cfg.data(), cfg.optim()
     table = data.table()
-    n_params = len(param_shapes(model)) + 1  # and "overall"
-    per_step = len(pairs) * (n_params * len(METRICS) + len(LOSS_METRICS))
     csv_path = out / "results.csv"
-    rows, done = _read_done(csv_path, per_step)
+    rows, done_keys = read_complete(
+        csv_path,
+        COLUMNS,
+        ("step",),
+        ("policy", "pair", "param", "metric"),
+        _expected_parts(model, pairs),
+    )
+    done = {int(k[0]) for k in done_keys}
 
     ckpt = out / "checkpoints"
     states, losses = {}, {}
     for r in runs:
         fresh = init_state(r, model, optim)
         path = ckpt / f"{r.name}.npz"
-        states[r.name], losses[r.name] = (load_checkpoint(path, fresh) if path.exists()
-                                          else (fresh, []))
-    progress = not quiet
-    for target in cfg.record_steps():
+        states[r.name], losses[r.name] = (
+            load_checkpoint(path, fresh) if path.exists() else (fresh, [])
+        )
+    for target in track(cfg.record_steps(), desc="fig8", unit="record", quiet=quiet):
         if target in done:
             continue
         for r in runs:
             at = int(states[r.name].step)
             if at > target:
-                raise ValueError(f"fig8: checkpoint of run {r.name} is at step {at}, past "
-                                 f"record step {target} whose rows are missing; "
-                                 f"remove {out} and run again")
+                raise ValueError(
+                    f"fig8: checkpoint of run {r.name} is at step {at}, past "
+                    f"record step {target} whose rows are missing; "
+                    f"remove {out} and run again"
+                )
             if at < target or not (ckpt / f"{r.name}.npz").exists():
-                states[r.name] = advance(states[r.name], losses[r.name], target, r, model,
-                                         optim, data, table)
+                states[r.name] = advance(
+                    states[r.name], losses[r.name], target, r, model, optim, data, table
+                )
                 save_checkpoint(ckpt / f"{r.name}.npz", states[r.name], losses[r.name])
         for policy, pair, a, x in pairs:
-            rows += _pair_rows(target, policy, pair, states[a], states[x],
-                               _loss_at(losses[a], target), _loss_at(losses[x], target))
+            rows += _pair_rows(
+                target,
+                policy,
+                pair,
+                states[a],
+                states[x],
+                _loss_at(losses[a], target),
+                _loss_at(losses[x], target),
+            )
         done.add(target)
         rows.sort(key=lambda r: int(r["step"]))
-        _write_csv(csv_path, COLUMNS, rows)
+        write_csv(csv_path, COLUMNS, rows)
         _write_losses(out / "losses.csv", runs, losses)
-        if progress:
-            print(f"fig8: step {target}/{cfg.steps}, {time.monotonic() - start:.0f} s",
-                  file=sys.stderr, flush=True)
     _write_losses(out / "losses.csv", runs, losses)
     wall = time.monotonic() - start
     summary = _summarise(csv_path, pairs, losses, wall)
-    atomic_write(out / "summary.json", lambda fh: json.dump(summary, fh, indent=2))
-    return {"csv": str(csv_path), "losses_csv": str(out / "losses.csv"),
-            "metadata": str(meta_path), "summary": summary, "out": str(out)}
+    write_json(out / "summary.json", summary)
+    return {
+        "csv": str(csv_path),
+        "losses_csv": str(out / "losses.csv"),
+        "metadata": str(meta_path),
+        "summary": summary,
+        "out": str(out),
+    }
 
 
 def _write_losses(path, runs, losses) -> None:
-    rows = [{"step": s, "run": r.name, "loss": repr(v)}
-            for r in runs for s, v in enumerate(losses[r.name])]
-    _write_csv(path, ("step", "run", "loss"), rows)
+    rows = [
+        {"step": s, "run": r.name, "loss": repr(v)}
+        for r in runs
+        for s, v in enumerate(losses[r.name])
+    ]
+    write_csv(path, ("step", "run", "loss"), rows)
 
 
 # -- summary: ratios -----------------------------------------------------------
@@ -370,11 +396,11 @@ def load_overall(csv_path) -> dict:
     """{(policy, pair, metric): [(step, value), ...]} of the "overall" rows, plus the
     loss rows under metric "loss_a"/"loss_x"."""
     out: dict = {}
-    with open(csv_path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            if r["param"] in ("overall", "loss"):
-                out.setdefault((r["policy"], r["pair"], r["metric"]), []).append(
-                    (int(r["step"]), float(r["value"])))
+    for r in read_csv(csv_path, COLUMNS):
+        if r["param"] in ("overall", "loss"):
+            out.setdefault((r["policy"], r["pair"], r["metric"]), []).append(
+                (int(r["step"]), float(r["value"]))
+            )
     for v in out.values():
         v.sort()
     return out
@@ -398,14 +424,25 @@ def _summarise(csv_path, pairs, losses, wall: float) -> dict:
             flash = overall[(policy, "flash", m)]
             for other in ("lowp", "seed"):
                 o = overall[(first, other, m)]
-                ratios.append({"policy": policy, "metric": m, "ratio": f"{other}/flash",
-                               "final": o[-1][1] / flash[-1][1] if flash[-1][1] > 0 else math.inf,
-                               "geomean": _geomean_ratio(o, flash)})
-    final = {p[0] + ":" + p[1]: {m: overall[(p[0], p[1], m)][-1][1] for m in METRICS}
-             for p in pairs}
-    return {"ratios": ratios, "final_drift": final,
-            "final_loss": {r: v[-1] for r, v in losses.items()},
-            "wall_s": wall, "paper_ratio": list(PAPER_RATIO)}
+                ratios.append(
+                    {
+                        "policy": policy,
+                        "metric": m,
+                        "ratio": f"{other}/flash",
+                        "final": o[-1][1] / flash[-1][1] if flash[-1][1] > 0 else math.inf,
+                        "geomean": _geomean_ratio(o, flash),
+                    }
+                )
+    final = {
+        p[0] + ":" + p[1]: {m: overall[(p[0], p[1], m)][-1][1] for m in METRICS} for p in pairs
+    }
+    return {
+        "ratios": ratios,
+        "final_drift": final,
+        "final_loss": {r: v[-1] for r, v in losses.items()},
+        "wall_s": wall,
+        "paper_ratio": list(PAPER_RATIO),
+    }
 
 
 # -- figure --------------------------------------------------------------------
@@ -416,32 +453,40 @@ def _table(res: dict, pairs) -> list[dict]:
     rows = []
     for policy, pair, a, x in pairs:
         la, lx = (overall[(policy, pair, m)][-1][1] for m in LOSS_METRICS)
-        rows.append({"policy": policy, "pair": pair, "runs": f"{a} / {x}",
-                     "max_abs_diff": overall[(policy, pair, "max_abs_diff")][-1][1],
-                     "wasserstein_1d": overall[(policy, pair, "wasserstein_1d")][-1][1],
-                     "loss_a": la, "loss_x": lx})
+        rows.append(
+            {
+                "policy": policy,
+                "pair": pair,
+                "runs": f"{a} / {x}",
+                "max_abs_diff": overall[(policy, pair, "max_abs_diff")][-1][1],
+                "wasserstein_1d": overall[(policy, pair, "wasserstein_1d")][-1][1],
+                "loss_a": la,
+                "loss_x": lx,
+            }
+        )
     return rows
 
 
 def _print(cfg: StudyConfig, rows: list[dict], summary: dict) -> None:
-    def cell(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    cols = ("policy", "pair", "runs", "max_abs_diff", "wasserstein_1d", "loss_a", "loss_x")
-    body = [[cell(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-    print(f"\nFig 8: weight drift over all parameters at step {cfg.steps} "
-          f"(pairs: {', '.join(PAIR_LABELS.values())})")
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for b in body:
-        print("  ".join(v.ljust(w) for v, w in zip(b, widths)))
+    print_table(
+        ("policy", "pair", "runs", "max_abs_diff", "wasserstein_1d", "loss_a", "loss_x"),
+        rows,
+        title=f"Fig 8: weight drift over all parameters at step {cfg.steps} "
+        f"(pairs: {', '.join(PAIR_LABELS.values())})",
+    )
     lo, hi = PAPER_RATIO
-    print(f"\ndrift(low precision, {cfg.low_precision}) / drift(flash), overall weights "
-          f"(paper: {lo:g}-{hi:g}x); geomean over the records at steps > 0:")
-    for r in summary["ratios"]:
-        if r["ratio"] == "lowp/flash":
-            print(f"  {r['policy']:<14} {r['metric']:<15} final {r['final']:.3g}x   "
-                  f"geomean {r['geomean']:.3g}x")
+    ratios = [
+        {**r, "final": f"{r['final']:.3g}x", "geomean": f"{r['geomean']:.3g}x"}
+        for r in summary["ratios"]
+        if r["ratio"] == "lowp/flash"
+    ]
+    print_table(
+        ("policy", "metric", "final", "geomean"),
+        ratios,
+        right=("final", "geomean"),
+        title=f"drift(low precision, {cfg.low_precision}) / drift(flash), overall "
+        f"weights (paper: {lo:g}-{hi:g}x); geomean over the records at steps > 0",
+    )
     print(f"wall time {summary['wall_s']:.0f} s")
 
 
@@ -461,10 +506,9 @@ def _plot(out: pathlib.Path, cfg: StudyConfig, pairs, csv_path, losses_csv):
             pts = [(s, v) for s, v in overall[(policy, pair, m)] if v > 0]
             if pts:
                 ax.semilogy(*zip(*pts), styles[pair], ms=3, label=label)
-    with open(losses_csv, newline="") as fh:
-        by_run: dict = {}
-        for r in csv.DictReader(fh):
-            by_run.setdefault(r["run"], []).append((int(r["step"]), float(r["loss"])))
+    by_run: dict = {}
+    for r in read_csv(losses_csv):
+        by_run.setdefault(r["run"], []).append((int(r["step"]), float(r["loss"])))
     for run, pts in by_run.items():
         axes[2].plot(*zip(*sorted(pts)), lw=1, label=run)
     axes[0].set_title("max |w_a - w_x| over all weights")
@@ -473,8 +517,10 @@ def _plot(out: pathlib.Path, cfg: StudyConfig, pairs, csv_path, losses_csv):
     for ax in axes:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    fig.suptitle(f"Fig 8: weight drift over training ({cfg.n_layers}-layer d_model "
-                 f"{cfg.d_model} LM, context {cfg.context}; flash tiles {cfg.br}x{cfg.bc})")
+    fig.suptitle(
+        f"Fig 8: weight drift over training ({cfg.n_layers}-layer d_model "
+        f"{cfg.d_model} LM, context {cfg.context}; flash tiles {cfg.br}x{cfg.bc})"
+    )
     fig.tight_layout()
     png = out / "fig8.png"
     fig.savefig(png, dpi=120)
@@ -482,8 +528,9 @@ def _plot(out: pathlib.Path, cfg: StudyConfig, pairs, csv_path, losses_csv):
     return png
 
 
-def fig8(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None,
-         quiet: bool = False) -> dict:
+def fig8(
+    out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None, quiet: bool = False
+) -> dict:
     """The study (module docstring) into ``out_dir/fig8/``: QUICK or FULL, with any
     :class:`StudyConfig` field overridden by ``grid_overrides``; prints the table and
     the ratio drift(low precision) / drift(flash) beside the paper's 2-5x.
@@ -498,5 +545,11 @@ def fig8(out_dir, *, quick: bool, policies=DEFAULT_POLICIES, grid_overrides=None
     rows = _table(res, pairs)
     _print(cfg, rows, res["summary"])
     png = _plot(out, cfg, pairs, res["csv"], res["losses_csv"])
-    return {"figure": "fig8", "csv": res["csv"], "png": None if png is None else str(png),
-            "grid": dataclasses.asdict(cfg), "rows": rows, "summary": res["summary"]}
+    return {
+        "figure": "fig8",
+        "csv": res["csv"],
+        "png": None if png is None else str(png),
+        "grid": dataclasses.asdict(cfg),
+        "rows": rows,
+        "summary": res["summary"],
+    }
