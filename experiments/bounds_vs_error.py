@@ -365,7 +365,10 @@ def plot(rows, path) -> None:
                     tag = "" if len(names) == 1 else name.split("_")[1] + " "
                     lab = f"{tag}s={sigma:g}" if len(names) == 1 else tag
                     mk = "o" if name != "attention_flash" else "^"
-                    fin = lambda v: v if math.isfinite(v) and v > 0 else np.nan
+
+                    def fin(v):
+                        return v if math.isfinite(v) and v > 0 else np.nan
+
                     ax.loglog(
                         ns,
                         [fin(r["bound"]) for r in rs],

@@ -121,9 +121,7 @@ class Accumulation:
 
     def __post_init__(self):
         if self.kind not in _KINDS:
-            raise ValueError(
-                f"Accumulation.kind: expected one of {_KINDS}, got {self.kind!r}"
-            )
+            raise ValueError(f"Accumulation.kind: expected one of {_KINDS}, got {self.kind!r}")
         tc_fields = ("extra_bits", "normalization", "fused_accumulator")
         if self.kind == "tensor_core":
             for name, default in _TC_DEFAULTS.items():
@@ -152,9 +150,7 @@ class Accumulation:
     def _validate_tensor_core(self) -> None:
         e = self.extra_bits
         if not isinstance(e, int) or isinstance(e, bool) or e < 0:
-            raise ValueError(
-                f"Accumulation.extra_bits: expected an integer >= 0, got {e!r}"
-            )
+            raise ValueError(f"Accumulation.extra_bits: expected an integer >= 0, got {e!r}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(
                 f"Accumulation.normalization: expected one of {NORMALIZATIONS}, "
@@ -204,14 +200,24 @@ def chunked(k: int = 16) -> Accumulation:
     return Accumulation("chunked", k)
 
 
-def tensor_core_model(k: int, *, extra_bits: int = 0, normalization: str = "toward_zero",
-                      fused_accumulator: bool = True) -> Accumulation:
+def tensor_core_model(
+    k: int,
+    *,
+    extra_bits: int = 0,
+    normalization: str = "toward_zero",
+    fused_accumulator: bool = True,
+) -> Accumulation:
     """A tensor-core block FMA model with any parameters (module docstring):
     blocks of ``k`` exact products, aligned to the largest exponent with
     ``extra_bits`` extra bits and truncated, summed exactly, normalised to the
     accumulator format in ``normalization`` mode."""
-    return Accumulation("tensor_core", k, extra_bits=extra_bits, normalization=normalization,
-                        fused_accumulator=fused_accumulator)
+    return Accumulation(
+        "tensor_core",
+        k,
+        extra_bits=extra_bits,
+        normalization=normalization,
+        fused_accumulator=fused_accumulator,
+    )
 
 
 # Fasi, Higham, Mikaitis & Pranesh (2021), binary32 accumulation:
@@ -258,9 +264,11 @@ def tensor_core(preset: str) -> Accumulation:
     return TENSOR_CORE_PRESETS[key]
 
 
-_EXPECTED = ("'exact', 'sequential', 'chunked', 'chunked(k)', 'tensor_core(PRESET)' "
-             f"(PRESET one of {', '.join(TENSOR_CORE_PRESETS)}) or "
-             "'tensor_core(k=K, extra_bits=E[, normalization=MODE][, fused_accumulator=BOOL])'")
+_EXPECTED = (
+    "'exact', 'sequential', 'chunked', 'chunked(k)', 'tensor_core(PRESET)' "
+    f"(PRESET one of {', '.join(TENSOR_CORE_PRESETS)}) or "
+    "'tensor_core(k=K, extra_bits=E[, normalization=MODE][, fused_accumulator=BOOL])'"
+)
 
 
 def _parse_tensor_core(inner: str, spec) -> Accumulation:

@@ -86,7 +86,7 @@ from fa_jax.softmax import (
     shifted_exp,
 )
 
-__all__ = ["Blocks", "blocks_from_sram", "reference_attention", "flash_attention", "VARIANTS"]
+__all__ = ["VARIANTS", "Blocks", "blocks_from_sram", "flash_attention", "reference_attention"]
 
 VARIANTS = ("fa1", "fa2", "rowwise")
 
@@ -105,7 +105,9 @@ class Blocks:
                 raise ValueError(f"Blocks.{name}: expected a positive integer, got {v!r}")
 
 
-def blocks_from_sram(sram_elems: int, d: int, *, swap: bool = False, square: bool = False) -> Blocks:
+def blocks_from_sram(
+    sram_elems: int, d: int, *, swap: bool = False, square: bool = False
+) -> Blocks:
     """FlashAttention-1's tile sizes for an SRAM of M elements (Dao et al. 2022, Alg. 1):
     Bc = ceil(M / 4d), Br = min(Bc, d).
 
@@ -262,8 +264,18 @@ def _clear_masked(q, k, v, d_o, d_lse, causal, q_lengths, kv_lengths):
 
 
 @jit_config("policy", "causal", "return_lse")
-def reference_attention(q, k, v, policy: Policy, *, causal=False, q_lengths=None,
-                        kv_lengths=None, scale=None, return_lse=False):
+def reference_attention(
+    q,
+    k,
+    v,
+    policy: Policy,
+    *,
+    causal=False,
+    q_lengths=None,
+    kv_lengths=None,
+    scale=None,
+    return_lse=False,
+):
     """Baseline attention with the N×M score matrix materialised (module docstring).
 
     Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
@@ -315,8 +327,19 @@ _reference_vjp.defvjp(_reference_vjp_fwd, _reference_vjp_bwd)
 # -- flash attention ----------------------------------------------------------------
 
 
-def flash_attention(q, k, v, policy: Policy, blocks: Blocks, *, variant: str = "fa2",
-                    causal=False, q_lengths=None, kv_lengths=None, scale=None):
+def flash_attention(
+    q,
+    k,
+    v,
+    policy: Policy,
+    blocks: Blocks,
+    *,
+    variant: str = "fa2",
+    causal=False,
+    q_lengths=None,
+    kv_lengths=None,
+    scale=None,
+):
     """Tiled FlashAttention forward (module docstring).
 
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
@@ -328,14 +351,25 @@ def flash_attention(q, k, v, policy: Policy, blocks: Blocks, *, variant: str = "
         raise ValueError(f"flash_attention: variant must be one of {VARIANTS}, got {variant!r}")
     if not isinstance(blocks, Blocks):
         raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
-    return _flash(q, k, v, policy=policy, blocks=blocks, variant=variant, causal=causal,
-                  q_lengths=q_lengths, kv_lengths=kv_lengths, scale=scale)
+    return _flash(
+        q,
+        k,
+        v,
+        policy=policy,
+        blocks=blocks,
+        variant=variant,
+        causal=causal,
+        q_lengths=q_lengths,
+        kv_lengths=kv_lengths,
+        scale=scale,
+    )
 
 
 @jit_config("policy", "blocks", "variant", "causal")
 def _flash(q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale):
-    call, q, k, v, dynamic = _call_of(q, k, v, (policy, q_lengths, kv_lengths, scale), causal,
-                                      blocks, variant)
+    call, q, k, v, dynamic = _call_of(
+        q, k, v, (policy, q_lengths, kv_lengths, scale), causal, blocks, variant
+    )
     return _flash_vjp(call, q, k, v, dynamic)
 
 
@@ -407,8 +441,9 @@ def _flash_vjp_bwd(call: _Call, residuals, cotangents):
         """S_j as the forward computes it, masked entries -inf."""
         return _masked_scores(q, k_j, scale, policy, causal, q_lengths, kv_len, col0)
 
-    d_q, d_k, d_v = flash_backward(q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores,
-                                   scale, policy)
+    d_q, d_k, d_v = flash_backward(
+        q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores, scale, policy
+    )
     return _cotangents(call, d_q, _unblock(d_k, mk), _unblock(d_v, mk))
 
 

@@ -78,8 +78,9 @@ def _matmul(a, b, policy: Policy):
 def row_dot(a, b, policy: Policy):
     """fl_d_stats(Σ_c fl_d_stats(a ∘ b)) along the last axis: D = rowsum(dO ∘ O)
     (Dao 2023, Algorithm 2) or rowsum(P ∘ dP) (the softmax backward)."""
-    return ops.sum(ops.mul(a, b, policy.d_stats), policy.d_stats, axis=-1,
-                   accumulation=policy.accumulation)
+    return ops.sum(
+        ops.mul(a, b, policy.d_stats), policy.d_stats, axis=-1, accumulation=policy.accumulation
+    )
 
 
 def softmax_grad(p, d_p, d_row, policy: Policy):
@@ -107,8 +108,9 @@ def _d_row(d_row, d_lse, policy: Policy):
     return ops.sub(d_row, d_lse, policy.d_stats)
 
 
-def flash_backward(q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse,
-                   scores: Callable, scale, policy: Policy):
+def flash_backward(
+    q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores: Callable, scale, policy: Policy
+):
     """FlashAttention-2's backward (module docstring; Dao 2023, Algorithm 2).
 
     Args:

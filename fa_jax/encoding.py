@@ -55,7 +55,9 @@ def encode(value: float, fmt: Format) -> int:
         if fmt.specials == "fnuz":
             return sign_bit
         top = ((1 << fmt.exp_bits) - 1) << fmt.man_bits
-        return top | ((1 << fmt.man_bits) - 1 if fmt.specials == "fn" else 1 << max(fmt.man_bits - 1, 0))
+        return top | (
+            (1 << fmt.man_bits) - 1 if fmt.specials == "fn" else 1 << max(fmt.man_bits - 1, 0)
+        )
     mag = abs(value)
     negative = math.copysign(1.0, value) < 0 and (mag != 0 or fmt.has_negative_zero)
     sign = sign_bit if negative else 0

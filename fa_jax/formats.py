@@ -36,27 +36,27 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
+    "BF16",
+    "E2M1FN",
+    "E2M3FN",
+    "E3M2FN",
+    "E3M4",
+    "E4M3",
+    "E4M3B11FNUZ",
+    "E4M3FN",
+    "E4M3FNUZ",
+    "E5M2",
+    "E5M2FNUZ",
+    "FP16",
+    "FP32",
+    "FP64",
+    "TF32",
     "Format",
-    "Specials",
     "Overflow",
+    "Specials",
     "custom",
     "get_format",
     "registered_formats",
-    "BF16",
-    "FP16",
-    "TF32",
-    "FP32",
-    "FP64",
-    "E5M2",
-    "E4M3",
-    "E3M4",
-    "E4M3FN",
-    "E4M3FNUZ",
-    "E5M2FNUZ",
-    "E4M3B11FNUZ",
-    "E3M2FN",
-    "E2M3FN",
-    "E2M1FN",
 ]
 
 Specials = Literal["ieee", "fn", "fnuz", "finite"]
@@ -108,15 +108,11 @@ class Format:
 
     def __post_init__(self):
         if self.overflow is None:
-            object.__setattr__(
-                self, "overflow", "saturate" if self.specials == "finite" else "inf"
-            )
+            object.__setattr__(self, "overflow", "saturate" if self.specials == "finite" else "inf")
         for field, (lo, hi) in (("exp_bits", EXP_BITS_RANGE), ("man_bits", MAN_BITS_RANGE)):
             v = getattr(self, field)
             if not _is_traced(v) and not (_is_concrete_int(v) and lo <= v <= hi):
-                raise ValueError(
-                    f"Format.{field}: expected an integer in {lo}..{hi}, got {v!r}"
-                )
+                raise ValueError(f"Format.{field}: expected an integer in {lo}..{hi}, got {v!r}")
         if self.bias is None:
             object.__setattr__(self, "bias", (1 << (self.exp_bits - 1)) - 1)
         self._validate()
@@ -129,9 +125,7 @@ class Format:
         if not isinstance(self.subnormals, bool):
             raise TypeError(f"Format.subnormals: expected a bool, got {self.subnormals!r}")
         if self.specials not in _SPECIALS:
-            raise ValueError(
-                f"Format.specials: expected one of {_SPECIALS}, got {self.specials!r}"
-            )
+            raise ValueError(f"Format.specials: expected one of {_SPECIALS}, got {self.specials!r}")
         if self.overflow not in _OVERFLOWS:
             raise ValueError(
                 f"Format.overflow: expected one of {_OVERFLOWS}, got {self.overflow!r}"
@@ -293,7 +287,7 @@ class Format:
     # -- construction -------------------------------------------------------
 
     @classmethod
-    def from_dtype(cls, dtype) -> "Format":
+    def from_dtype(cls, dtype) -> Format:
         """The registered Format of a numpy or ml_dtypes floating dtype."""
         try:
             dt = np.dtype(dtype)
@@ -309,8 +303,10 @@ class Format:
 
     def __repr__(self) -> str:
         if not self.is_concrete:
-            return (f"Format({self.name!r}, exp_bits={self.exp_bits!r}, "
-                    f"man_bits={self.man_bits!r}, traced)")
+            return (
+                f"Format({self.name!r}, exp_bits={self.exp_bits!r}, "
+                f"man_bits={self.man_bits!r}, traced)"
+            )
         extras = []
         if not self.subnormals:
             extras.append("subnormals=False")
@@ -375,11 +371,22 @@ _REGISTRY_DTYPES = (
 )
 
 _ALIASES = {
-    "bf16": BF16, "bfloat16": BF16,
-    "fp16": FP16, "f16": FP16, "float16": FP16, "half": FP16,
-    "tf32": TF32, "tensorfloat32": TF32,
-    "fp32": FP32, "f32": FP32, "float32": FP32, "single": FP32,
-    "fp64": FP64, "f64": FP64, "float64": FP64, "double": FP64,
+    "bf16": BF16,
+    "bfloat16": BF16,
+    "fp16": FP16,
+    "f16": FP16,
+    "float16": FP16,
+    "half": FP16,
+    "tf32": TF32,
+    "tensorfloat32": TF32,
+    "fp32": FP32,
+    "f32": FP32,
+    "float32": FP32,
+    "single": FP32,
+    "fp64": FP64,
+    "f64": FP64,
+    "float64": FP64,
+    "double": FP64,
 }
 for _fmt, _ in _REGISTRY_DTYPES[4:]:
     # float8_e4m3fn -> also "e4m3fn", "fp8_e4m3fn"; float4_e2m1fn -> "e2m1fn", "fp4_e2m1fn".
@@ -390,7 +397,7 @@ for _fmt, _ in _REGISTRY_DTYPES[4:]:
 
 def registered_formats() -> tuple[Format, ...]:
     """Every registry format: those with an ml_dtypes/numpy dtype, then TF32."""
-    return tuple(f for f, _ in _REGISTRY_DTYPES) + (TF32,)
+    return (*(f for f, _ in _REGISTRY_DTYPES), TF32)
 
 
 def get_format(spec) -> Format:

@@ -27,8 +27,15 @@ OUTLIER_PROBABILITY = 0.001  # FlashAttention-3 §4.3
 OUTLIER_STD = 10.0
 
 
-def make_inputs(seed: int, seq_len: int, *, batch: int = 1, heads: int = 1, d: int = 64,
-                distribution: str = "normal") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_inputs(
+    seed: int,
+    seq_len: int,
+    *,
+    batch: int = 1,
+    heads: int = 1,
+    d: int = 64,
+    distribution: str = "normal",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Raw float64 numpy (q, k, v), each (batch, heads, seq_len, d), drawn from
     ``numpy.random.default_rng([seed, seq_len])`` (module docstring)."""
     non_negative_int(seed, "make_inputs: seed")

@@ -18,8 +18,8 @@ Conventions shared by every function:
   float32: bfloat16/float16/float8 inputs are widened exactly to float32 so
   that the metric itself is not computed in the format being measured.
   Nothing is narrowed: a float64 numpy input while ``jax_enable_x64`` is off
-  raises ``TypeError`` instead of being silently truncated to float32.  For exact differences of float32
-  values, pass float64 arrays with x64 enabled.
+  raises ``TypeError`` instead of being silently truncated to float32.  For
+  exact differences of float32 values, pass float64 arrays with x64 enabled.
 * NaN in either input propagates to the result (``ulp_distance`` returns its
   sentinel instead).
 * Everything is ``jax.jit`` / ``jax.vmap`` compatible; shapes are static.
@@ -38,13 +38,13 @@ from fa_jax.widening import widen
 
 __all__ = [
     "max_abs_diff",
-    "mean_abs_diff",
-    "std_abs_diff",
-    "rmse",
     "max_rel_diff",
+    "mean_abs_diff",
+    "rmse",
+    "std_abs_diff",
+    "summary",
     "ulp_distance",
     "wasserstein_1d",
-    "summary",
 ]
 
 
@@ -54,19 +54,18 @@ __all__ = [
 def _as_float_array(x, name: str) -> jax.Array:
     """``x`` as a jnp array, refusing the silent float64 -> float32 truncation."""
     dtype = getattr(x, "dtype", None)
-    if (
-        dtype is not None
-        and np.dtype(dtype) == np.float64
-        and not jax.config.jax_enable_x64
-    ):
+    if dtype is not None and np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:
         raise TypeError(
             f"{name}: got a float64 array while jax_enable_x64 is off; it would be "
             "truncated to float32.  Enable x64 (jax.config.update('jax_enable_x64', "
             "True)) or cast it to float32 yourself"
         )
     x = jnp.asarray(x)
-    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
-            or x.dtype == jnp.bool_):
+    if not (
+        jnp.issubdtype(x.dtype, jnp.floating)
+        or jnp.issubdtype(x.dtype, jnp.integer)
+        or x.dtype == jnp.bool_
+    ):
         raise TypeError(f"{name}: expected a real (float or integer) array, got {x.dtype}")
     return x
 
@@ -76,6 +75,7 @@ def _compute_dtype(*dtypes) -> np.dtype:
 
     Floats narrower than float32 (bfloat16, float16, float8/6/4) widen to float32
     first, exactly; JAX refuses to promote float8 implicitly."""
+
     def at_least_f32(d):
         d = np.dtype(d)
         return np.dtype(np.float32) if jnp.issubdtype(d, jnp.floating) and d.itemsize < 4 else d
@@ -88,9 +88,7 @@ def _pair(a, b, fn: str) -> tuple[jax.Array, jax.Array]:
     a = _as_float_array(a, f"{fn}(a)")
     b = _as_float_array(b, f"{fn}(b)")
     if a.shape != b.shape:
-        raise ValueError(
-            f"{fn}: expected a and b of the same shape, got {a.shape} and {b.shape}"
-        )
+        raise ValueError(f"{fn}: expected a and b of the same shape, got {a.shape} and {b.shape}")
     if a.size == 0:
         raise ValueError(f"{fn}: expected non-empty arrays, got shape {a.shape}")
     dt = _compute_dtype(a.dtype, b.dtype)

@@ -51,7 +51,7 @@ from fa_jax.formats import Format, get_format
 from fa_jax.rounding import round_to
 from fa_jax.widening import widen
 
-__all__ = ["carrier", "cast", "add", "sub", "mul", "div", "exp", "maximum", "sum", "matmul"]
+__all__ = ["add", "carrier", "cast", "div", "exp", "matmul", "maximum", "mul", "sub", "sum"]
 
 _F64 = np.dtype(np.float64)
 _X64_HINT = (
@@ -80,7 +80,8 @@ def _check(*xs) -> None:
     for x in xs:
         if jnp.asarray(x).dtype != _F64:
             raise TypeError(
-                f"fa_jax.ops: expected float64 carrier arrays (use ops.carrier), got {jnp.asarray(x).dtype}"
+                "fa_jax.ops: expected float64 carrier arrays (use ops.carrier), "
+                f"got {jnp.asarray(x).dtype}"
             )
 
 
@@ -172,6 +173,7 @@ def maximum(a, b, fmt) -> jax.Array:
 
 def _sequential(terms, fmt: Format):
     """acc_k = fl(acc_{k-1} + terms[k]) over the leading axis, from acc_0 = 0."""
+
     def step(acc, t):
         return add(acc, t, fmt), None
 
@@ -183,6 +185,7 @@ def _sum_and_error(x, axis: int = 0):
     """(s, e) with s + e = Σ x along ``axis`` to within about n * 2**-106 * Σ|x|:
     a variadic reduction whose combiner is TwoSum, so no partial sum's rounding
     error is lost whatever order XLA reduces in."""
+
     def combine(left, right):
         (s1, e1), (s2, e2) = left, right
         s, err = _two_sum(s1, s2)
@@ -207,8 +210,11 @@ def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> 
     x = jnp.moveaxis(x, axis, 0)
     if model.kind == "tensor_core":
         return _with_tensor_core_support(
-            fmt, model, lambda: _tensor_core_sum(x, fmt, model),
-            lambda: _round_to_odd_then(*_sum_and_error(x), fmt))
+            fmt,
+            model,
+            lambda: _tensor_core_sum(x, fmt, model),
+            lambda: _round_to_odd_then(*_sum_and_error(x), fmt),
+        )
     if model.kind == "exact":
         return _round_to_odd_then(*_sum_and_error(x), fmt)
     if model.kind == "chunked":
@@ -222,6 +228,7 @@ def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> 
 
 def _sequential_pairs(s, e, fmt: Format):
     """acc_k = fl(acc_{k-1} + (s_k + e_k)) over the leading axis, from acc_0 = 0."""
+
     def step(acc, term):
         s_k, e_k = term
         total, err = _two_sum(acc, s_k)
@@ -243,16 +250,17 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
     _check(a, b)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(
-            f"matmul: contraction sizes differ: a is {a.shape}, b is {b.shape}"
-        )
+        raise ValueError(f"matmul: contraction sizes differ: a is {a.shape}, b is {b.shape}")
     dot = lambda x, y: jnp.matmul(  # noqa: E731
         x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float64
     )
     if model.kind == "tensor_core":
         return _with_tensor_core_support(
-            fmt, model, lambda: _tensor_core_matmul(a, b, fmt, model),
-            lambda: round_to(dot(a, b), fmt))
+            fmt,
+            model,
+            lambda: _tensor_core_matmul(a, b, fmt, model),
+            lambda: round_to(dot(a, b), fmt),
+        )
     if model.kind == "exact":
         return round_to(dot(a, b), fmt)
     k = a.shape[-1]
@@ -331,6 +339,7 @@ def _tensor_core_block(terms, fmt: Format, model: Accumulation):
 def _tensor_core_scan(c, blocks, products, fmt: Format, model: Accumulation):
     """Run the block FMAs over the leading axis of ``blocks`` from accumulator ``c``;
     ``products(block)`` gives a block's terms (..., k)."""
+
     def step(c, block):
         p = products(block)
         if model.fused_accumulator:
@@ -368,5 +377,6 @@ def _tensor_core_matmul(a, b, fmt: Format, model: Accumulation):
         a_j, b_j = block
         return a_j[..., :, None, :] * jnp.swapaxes(b_j, -1, -2)[..., None, :, :]  # exact
 
-    return _tensor_core_scan(jnp.zeros(out_shape, jnp.float64), (a_blocks, b_blocks), products,
-                             fmt, model)
+    return _tensor_core_scan(
+        jnp.zeros(out_shape, jnp.float64), (a_blocks, b_blocks), products, fmt, model
+    )

@@ -59,8 +59,14 @@ FORWARD_STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "
 BACKWARD_STAGES = ("d_out", "d_acc", "d_p", "d_stats", "d_s", "grads")
 STAGES = FORWARD_STAGES + BACKWARD_STAGES
 # The forward stage whose format a backward stage left out takes (module docstring).
-_BACKWARD_DEFAULTS = {"d_out": "inputs", "d_acc": "pv_acc", "d_p": "scores",
-                      "d_stats": "stats", "d_s": "p", "grads": "out"}
+_BACKWARD_DEFAULTS = {
+    "d_out": "inputs",
+    "d_acc": "pv_acc",
+    "d_p": "scores",
+    "d_stats": "stats",
+    "d_s": "p",
+    "grads": "out",
+}
 _SCALES = ("scores", "q")
 
 
@@ -100,11 +106,13 @@ class Policy:
         if self.scale not in _SCALES:
             raise ValueError(f"Policy.scale: expected one of {_SCALES}, got {self.scale!r}")
 
-    def replace(self, **changes) -> "Policy":
+    def replace(self, **changes) -> Policy:
         """A copy with some stages (or the accumulation/scale) changed."""
         unknown = set(changes) - set(STAGES) - {"accumulation", "scale", "name"}
         if unknown:
-            raise ValueError(f"Policy.replace: unknown fields {sorted(unknown)}; stages are {STAGES}")
+            raise ValueError(
+                f"Policy.replace: unknown fields {sorted(unknown)}; stages are {STAGES}"
+            )
         return dataclasses.replace(self, **changes)
 
     def tree_flatten(self):

@@ -8,7 +8,7 @@ from fa_jax.accumulation import EXACT
 from fa_jax.formats import FP32, FP64, get_format
 from fa_jax.policy import STAGES, Policy
 
-__all__ = ["paper_uniform", "fa2_kernel", "torch_math", "golden", "PRESETS", "get_policy"]
+__all__ = ["PRESETS", "fa2_kernel", "get_policy", "golden", "paper_uniform", "torch_math"]
 
 
 def paper_uniform(fmt, *, accumulation=EXACT) -> Policy:
@@ -28,9 +28,23 @@ def fa2_kernel(fmt, *, accumulation=EXACT) -> Policy:
     """
     f = get_format(fmt)
     return Policy(
-        inputs=f, qk_acc=FP32, scores=FP32, stats=FP32, exp=FP32, p=f, pv_acc=FP32,
-        o_acc=FP32, out=f, d_out=f, d_acc=FP32, d_p=FP32, d_stats=FP32, d_s=f, grads=f,
-        accumulation=accumulation, name=f"fa2_kernel({f.name})",
+        inputs=f,
+        qk_acc=FP32,
+        scores=FP32,
+        stats=FP32,
+        exp=FP32,
+        p=f,
+        pv_acc=FP32,
+        o_acc=FP32,
+        out=f,
+        d_out=f,
+        d_acc=FP32,
+        d_p=FP32,
+        d_stats=FP32,
+        d_s=f,
+        grads=f,
+        accumulation=accumulation,
+        name=f"fa2_kernel({f.name})",
     )
 
 
@@ -45,9 +59,23 @@ def torch_math(fmt, *, accumulation=EXACT) -> Policy:
     """
     f = get_format(fmt)
     return Policy(
-        inputs=f, qk_acc=FP32, scores=f, stats=FP32, exp=FP32, p=f, pv_acc=FP32,
-        o_acc=FP32, out=f, d_out=f, d_acc=FP32, d_p=f, d_stats=FP32, d_s=f, grads=f,
-        accumulation=accumulation, name=f"torch_math({f.name})",
+        inputs=f,
+        qk_acc=FP32,
+        scores=f,
+        stats=FP32,
+        exp=FP32,
+        p=f,
+        pv_acc=FP32,
+        o_acc=FP32,
+        out=f,
+        d_out=f,
+        d_acc=FP32,
+        d_p=f,
+        d_stats=FP32,
+        d_s=f,
+        grads=f,
+        accumulation=accumulation,
+        name=f"torch_math({f.name})",
     )
 
 
@@ -64,7 +92,8 @@ PRESETS = {
 
 
 def get_policy(name: str, fmt=None, **kwargs) -> Policy:
-    """A preset by name: "golden", or "paper_uniform" / "fa2_kernel" / "torch_math" with a format."""
+    """A preset by name: "golden", or "paper_uniform" / "fa2_kernel" / "torch_math"
+    with a format."""
     if name == "golden":
         return golden()
     if name not in PRESETS:

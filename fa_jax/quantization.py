@@ -93,7 +93,8 @@ def _finite_input(x, fn: str) -> jax.Array:
         if bad:
             raise ValueError(
                 f"{fn}: expected finite values, got {bad} non-finite (inf or NaN) "
-                f"of {x.size} entries")
+                f"of {x.size} entries"
+            )
     return x
 
 
@@ -103,7 +104,8 @@ def _block_size(block, n: int, shape, fn: str) -> int:
     if n % block:
         raise ValueError(
             f"{fn}: block={block} does not divide the sequence length {n} "
-            f"(axis -2 of shape {tuple(shape)})")
+            f"(axis -2 of shape {tuple(shape)})"
+        )
     return int(block)
 
 
@@ -240,7 +242,8 @@ def incoherent_transform(q, k, key) -> tuple[jax.Array, jax.Array]:
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"incoherent_transform: expected q (..., N, d) and k (..., M, d) with the same d, "
-            f"got {q.shape} and {k.shape}")
+            f"got {q.shape} and {k.shape}"
+        )
     _power_of_two(q.shape[-1], "incoherent_transform")
     return _incoherent(q, k, key)
 
@@ -250,7 +253,8 @@ def _incoherent(q, k, key):
     m = incoherent_matrix(key, q.shape[-1])
 
     def rotate(x):
-        return jnp.matmul(x, m, precision=jax.lax.Precision.HIGHEST,
-                          preferred_element_type=jnp.float64)
+        return jnp.matmul(
+            x, m, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float64
+        )
 
     return rotate(q), rotate(k)

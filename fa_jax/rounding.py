@@ -61,7 +61,7 @@ import numpy as np
 
 from fa_jax.formats import Format, get_format
 
-__all__ = ["round_to", "RoundingMode", "ROUNDING_MODES"]
+__all__ = ["ROUNDING_MODES", "RoundingMode", "round_to"]
 
 RoundingMode = Literal["nearest_even", "toward_zero", "up", "down", "stochastic"]
 ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "toward_zero", "up", "down", "stochastic")
@@ -163,8 +163,7 @@ def _carrier_of(dtype, fmt: Format) -> _Carrier:
         hint = ""
         if dtype == np.float32 and fmt.fits(np.float64):
             hint = (
-                "; pass a float64 array (enable it with "
-                "jax.config.update('jax_enable_x64', True))"
+                "; pass a float64 array (enable it with jax.config.update('jax_enable_x64', True))"
             )
         raise ValueError(
             f"round_to: format {fmt.name!r} does not fit a {dtype.name} carrier "

@@ -41,15 +41,15 @@ from fa_jax._jit import jit_config
 from fa_jax.policy import Policy
 
 __all__ = [
-    "safe_softmax",
-    "online_softmax",
-    "naive_softmax",
     "cast_scores",
-    "running_max",
-    "shifted_exp",
-    "rescale_factor",
-    "online_update",
+    "naive_softmax",
     "normalise",
+    "online_softmax",
+    "online_update",
+    "rescale_factor",
+    "running_max",
+    "safe_softmax",
+    "shifted_exp",
 ]
 
 

@@ -45,8 +45,8 @@ them with ``st.data()`` or ``formats().flatmap(...)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Iterable
 
 import numpy as np
 
@@ -68,12 +68,12 @@ from fa_jax.formats import (
 )
 
 __all__ = [
+    "carrier_floats",
     "formats",
+    "near_format_values",
     "registered",
     "representable",
     "rounding_modes",
-    "carrier_floats",
-    "near_format_values",
 ]
 
 _SPECIALS = ("ieee", "fn", "fnuz", "finite")
@@ -266,8 +266,11 @@ def _codes(draw, fmt: Format):
     one of the lowest or highest four binades (subnormals, tiny, max), where
     carrier and format ranges meet and edge cases live."""
     top, top_frac = _field_ranges(fmt)
-    ef = draw(st.one_of(st.integers(0, top), st.integers(0, min(3, top)),
-                        st.integers(max(0, top - 3), top)))
+    ef = draw(
+        st.one_of(
+            st.integers(0, top), st.integers(0, min(3, top)), st.integers(max(0, top - 3), top)
+        )
+    )
     if ef == 0 and not fmt.subnormals:
         frac = 0  # without subnormals the zero exponent field only encodes 0
     else:
@@ -415,8 +418,8 @@ def near_format_values(fmt, carrier=np.float64) -> st.SearchStrategy:
     fmt = _check_format(fmt, "near_format_values", carrier)
     dtype, _ = _carrier(carrier)
     two = Fraction(2)
-    S = two ** fmt.min_exponent
-    tiny = two ** fmt.emin
+    S = two**fmt.min_exponent
+    tiny = two**fmt.emin
     mx = Fraction(fmt.max)
     ulp_max = two ** (fmt.emax - fmt.man_bits)
     cmax = Fraction(float(np.finfo(dtype).max))

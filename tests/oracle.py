@@ -21,7 +21,9 @@ def _past_max(fmt: Format, neg: bool) -> float:
     return math.nan
 
 
-def round_exact(v, fmt: Format, mode: str = "nearest_even", *, negative_zero: bool = False) -> float:
+def round_exact(
+    v, fmt: Format, mode: str = "nearest_even", *, negative_zero: bool = False
+) -> float:
     """``v`` rounded to ``fmt`` in ``mode``, exactly.
 
     For a Fraction, ``negative_zero`` gives the sign of a zero ``v`` (Fractions
@@ -54,8 +56,11 @@ def round_exact(v, fmt: Format, mode: str = "nearest_even", *, negative_zero: bo
         assert Fraction(2) ** e <= a < Fraction(2) ** (e + 1)
         # Quantum: below tiny it is the subnormal spacing, or tiny itself (grid
         # {0, tiny}) without subnormals.  Above, the exponent range is unbounded.
-        q = Fraction(2) ** (max(e, fmt.emin) - m) if fmt.subnormals else (
-            Fraction(2) ** (e - m) if e >= fmt.emin else Fraction(2) ** fmt.emin)
+        q = (
+            Fraction(2) ** (max(e, fmt.emin) - m)
+            if fmt.subnormals
+            else (Fraction(2) ** (e - m) if e >= fmt.emin else Fraction(2) ** fmt.emin)
+        )
         k = a.numerator * q.denominator // (a.denominator * q.numerator)  # floor(a / q)
         lo, hi = k * q, (k + 1) * q
         assert lo <= a < hi
@@ -69,8 +74,9 @@ def round_exact(v, fmt: Format, mode: str = "nearest_even", *, negative_zero: bo
             }[mode]
         r = hi if away else lo
     if r > Fraction(fmt.max):
-        toward_max = sat or mode == "toward_zero" or (mode == "up" and neg) or (
-            mode == "down" and not neg)
+        toward_max = (
+            sat or mode == "toward_zero" or (mode == "up" and neg) or (mode == "down" and not neg)
+        )
         if not toward_max:
             return _past_max(fmt, neg)
         r = Fraction(fmt.max)

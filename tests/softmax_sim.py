@@ -58,8 +58,18 @@ from fractions import Fraction
 import numpy as np
 
 __all__ = [
-    "rnd", "round_fraction", "add", "sub", "mul", "div", "exp", "sums",
-    "safe_softmax", "online_softmax", "exact_softmax", "model_of",
+    "add",
+    "div",
+    "exact_softmax",
+    "exp",
+    "model_of",
+    "mul",
+    "online_softmax",
+    "rnd",
+    "round_fraction",
+    "safe_softmax",
+    "sub",
+    "sums",
 ]
 
 
@@ -170,6 +180,7 @@ def _two_product_error(a, b):
 
 def _residual(op, a, b):
     """A function of flat indices: 0 exactly where op(a, b) is exact in float64."""
+
     def res(idx):
         x, y = a[idx], b[idx]
         with np.errstate(all="ignore"):
@@ -181,6 +192,7 @@ def _residual(op, a, b):
                 q = x / y
                 r = (x - q * y) - _two_product_error(q, y)
         return np.where(np.isfinite(r), r, 1.0)  # unsure: use the Fraction
+
     return res
 
 
@@ -188,8 +200,7 @@ def _binary(a, b, fmt, op):
     """fl(op(a, b)) elementwise; op on float64 is correctly rounded (IEEE)."""
     a, b = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64))
     fa, fb = a.reshape(-1), b.reshape(-1)
-    return _fl(op(a, b), lambda i: op(Fraction(fa[i]), Fraction(fb[i])), fmt,
-               _residual(op, fa, fb))
+    return _fl(op(a, b), lambda i: op(Fraction(fa[i]), Fraction(fb[i])), fmt, _residual(op, fa, fb))
 
 
 # -- the ops -------------------------------------------------------------------------
@@ -261,8 +272,8 @@ def sums(E, fmt, accumulation):
             acc = add(acc, E[..., i], fmt)
         return acc
     C = -(-n // k)
-    E = np.concatenate([E, np.zeros(E.shape[:-1] + (C * k - n,))], axis=-1)
-    chunks = E.reshape(E.shape[:-1] + (C, k))
+    E = np.concatenate([E, np.zeros((*E.shape[:-1], C * k - n))], axis=-1)
+    chunks = E.reshape((*E.shape[:-1], C, k))
     for j in range(C):
         # fl(acc + c_j) with c_j the exact (unrounded) chunk sum.
         acc = _row_sums(np.concatenate([acc[..., None], chunks[..., j, :]], axis=-1), fmt)
@@ -296,8 +307,8 @@ def online_softmax(X, fmt, accumulation, block):
     X = np.asarray(X, np.float64)
     n = X.shape[-1]
     K = -(-n // block)
-    Xp = np.concatenate([X, np.full(X.shape[:-1] + (K * block - n,), -np.inf)], axis=-1)
-    Xp = Xp.reshape(X.shape[:-1] + (K, block))
+    Xp = np.concatenate([X, np.full((*X.shape[:-1], K * block - n), -np.inf)], axis=-1)
+    Xp = Xp.reshape((*X.shape[:-1], K, block))
     m = np.full(X.shape[:-1], -np.inf)
     d = np.zeros(X.shape[:-1])
     for k in range(K):
@@ -317,7 +328,7 @@ def exact_softmax(X):
     X = np.asarray(X, np.float64)
     z = np.exp(X - X.max(axis=-1, keepdims=True))
     den = np.array([math.fsum(r) for r in z.reshape(-1, z.shape[-1]).tolist()])
-    return z / den.reshape(z.shape[:-1] + (1,))
+    return z / den.reshape((*z.shape[:-1], 1))
 
 
 def row_shapes(rng, kind: str, rows: int, n: int):

@@ -35,19 +35,32 @@ def test_parse_and_print():
 
 def test_tensor_core_presets_and_names():
     v100, a100 = tensor_core("v100"), tensor_core("A100")
-    assert (v100.kind, v100.chunk, v100.extra_bits, v100.normalization,
-            v100.fused_accumulator) == ("tensor_core", 4, 0, "toward_zero", True)
+    assert (v100.kind, v100.chunk, v100.extra_bits, v100.normalization, v100.fused_accumulator) == (
+        "tensor_core",
+        4,
+        0,
+        "toward_zero",
+        True,
+    )
     assert (a100.chunk, a100.extra_bits) == (8, 1)
     assert (tensor_core("a100-tf32").chunk, tensor_core("a100_tf32").extra_bits) == (4, 1)
     assert tensor_core("t4") == v100 and str(tensor_core("t4")) == "tensor_core(v100)"
     assert tensor_core_model(8, extra_bits=1) == a100
-    generic = tensor_core_model(5, extra_bits=2, normalization="nearest_even",
-                                fused_accumulator=False)
-    assert str(generic) == ("tensor_core(k=5, extra_bits=2, normalization=nearest_even, "
-                            "fused_accumulator=false)")
+    generic = tensor_core_model(
+        5, extra_bits=2, normalization="nearest_even", fused_accumulator=False
+    )
+    assert str(generic) == (
+        "tensor_core(k=5, extra_bits=2, normalization=nearest_even, fused_accumulator=false)"
+    )
     # str() of every model parses back to an equal model.
-    for model in (*TENSOR_CORE_PRESETS.values(), generic, tensor_core_model(2), EXACT,
-                  SEQUENTIAL, chunked(7)):
+    for model in (
+        *TENSOR_CORE_PRESETS.values(),
+        generic,
+        tensor_core_model(2),
+        EXACT,
+        SEQUENTIAL,
+        chunked(7),
+    ):
         assert get_accumulation(str(model)) == model
     assert get_accumulation("tensor_core(k=4,extra_bits=0)") == v100
     assert get_accumulation("Tensor_Core(A100)") == a100
@@ -64,25 +77,43 @@ def test_tensor_core_is_selectable_in_a_policy():
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: get_accumulation("kahan"),
-         (r"accumulation: expected 'exact', 'sequential', 'chunked', 'chunked\(k\)', "
-          r"'tensor_core\(PRESET\)' .* got 'kahan'")),
-        (lambda: chunked(0), r"Accumulation.chunk: expected a positive integer for 'chunked', got 0"),
+        (
+            lambda: get_accumulation("kahan"),
+            (
+                r"accumulation: expected 'exact', 'sequential', 'chunked', 'chunked\(k\)', "
+                r"'tensor_core\(PRESET\)' .* got 'kahan'"
+            ),
+        ),
+        (
+            lambda: chunked(0),
+            r"Accumulation.chunk: expected a positive integer for 'chunked', got 0",
+        ),
         (lambda: Accumulation("exact", 4), r"only 'chunked' and 'tensor_core' take a chunk, got 4"),
         (lambda: Accumulation("pairwise"), r"Accumulation.kind: expected"),
         (lambda: get_accumulation("tensor_core"), r"accumulation: expected .* got 'tensor_core'"),
-        (lambda: tensor_core("h100"),
-         r"expected a preset among \['a100', 'a100_tf32', 't4', 'v100'\], got 'h100'"),
-        (lambda: get_accumulation("tensor_core(k=4, alignment=3)"),
-         r"unknown tensor_core options \['alignment'\]"),
+        (
+            lambda: tensor_core("h100"),
+            r"expected a preset among \['a100', 'a100_tf32', 't4', 'v100'\], got 'h100'",
+        ),
+        (
+            lambda: get_accumulation("tensor_core(k=4, alignment=3)"),
+            r"unknown tensor_core options \['alignment'\]",
+        ),
         (lambda: get_accumulation("tensor_core(k=four)"), r"accumulation: expected"),
         (lambda: get_accumulation("tensor_core(extra_bits=3)"), r"accumulation: expected"),
         (lambda: tensor_core_model(0), r"expected a positive integer for 'tensor_core', got 0"),
-        (lambda: tensor_core_model(4, extra_bits=-1), r"extra_bits: expected an integer >= 0, got -1"),
-        (lambda: tensor_core_model(4, normalization="stochastic"),
-         r"normalization: expected one of \('toward_zero', .*\), got 'stochastic'"),
-        (lambda: Accumulation("chunked", 4, extra_bits=2),
-         r"only 'tensor_core' takes .* got extra_bits=2 for kind 'chunked'"),
+        (
+            lambda: tensor_core_model(4, extra_bits=-1),
+            r"extra_bits: expected an integer >= 0, got -1",
+        ),
+        (
+            lambda: tensor_core_model(4, normalization="stochastic"),
+            r"normalization: expected one of \('toward_zero', .*\), got 'stochastic'",
+        ),
+        (
+            lambda: Accumulation("chunked", 4, extra_bits=2),
+            r"only 'tensor_core' takes .* got extra_bits=2 for kind 'chunked'",
+        ),
     ],
 )
 def test_errors(make, message):
@@ -118,8 +149,13 @@ def block_fma(c, a, b, model):
 ONES, HALVES = [1.0] * 4, [0.5] * 4
 # (name, c, a, b, d): the binary32-mode vectors and the results the suite expects.
 V100_VECTORS = [
-    ("products are exact", 0.0, [1 - 2.0**-11] * 4, [1 - 2.0**-11] * 4,
-     4 * (1 - 2.0**-10 + 2.0**-22)),
+    (
+        "products are exact",
+        0.0,
+        [1 - 2.0**-11] * 4,
+        [1 - 2.0**-11] * 4,
+        4 * (1 - 2.0**-10 + 2.0**-22),
+    ),
     ("fp16 subnormal input", 0.0, [U], [4.0], 2.0**-22),
     ("binary32 subnormal accumulator", 2.0**-149, [], [], 2.0**-149),
     ("accumulated in binary32", 1.0, ONES, [U] * 4, 1.0),
@@ -137,14 +173,21 @@ V100_VECTORS = [
 # The A100 files (binary16, bfloat16, tf32) halve the small products: 2**-25 is
 # lost next to 1 with one extra bit (it would survive with two or more).
 A100_VECTORS = [
-    ("products are exact", 0.0, [1 - 2.0**-8] * 4, [1 - 2.0**-8] * 4,
-     4 * (1 - 2.0**-7 + 2.0**-16)),
+    ("products are exact", 0.0, [1 - 2.0**-8] * 4, [1 - 2.0**-8] * 4, 4 * (1 - 2.0**-7 + 2.0**-16)),
     ("bf16 subnormal input", 0.0, [2.0**-133], [2.0**7], 2.0**-126),
     ("binary32 subnormal output", 0.0, [2.0**-126], [0.5], 2.0**-127),
     ("binary32 subnormal output, c", -(2.0**-127), [2.0**-126], [1.0], 2.0**-127),
     ("accumulated in binary32", 1.0, HALVES, [U] * 4, 1.0),
-    *[("largest term first", U, [0.5] * j + [1.0] + [0.5] * (3 - j),
-       [U] * j + [1.0] + [U] * (3 - j), 1.0) for j in range(4)],
+    *[
+        (
+            "largest term first",
+            U,
+            [0.5] * j + [1.0] + [0.5] * (3 - j),
+            [U] * j + [1.0] + [U] * (3 - j),
+            1.0,
+        )
+        for j in range(4)
+    ],
     ("round-down, positive", 0.0, ONES, [2.0, 3 * U, 0.0, 0.0], 2.0),
     ("round-up, negative", 0.0, ONES, [-2.0, -3 * U, 0.0, 0.0], -2.0),
     ("one extra alignment bit", -(1 - U), [1.0], [1.0], 2.0**-24),
@@ -157,9 +200,11 @@ A100_VECTORS = [
 ]
 
 
-@pytest.mark.parametrize("presets,vectors", [(("v100", "t4"), V100_VECTORS),
-                                             (("a100", "a100_tf32"), A100_VECTORS)],
-                         ids=["v100", "a100"])
+@pytest.mark.parametrize(
+    "presets,vectors",
+    [(("v100", "t4"), V100_VECTORS), (("a100", "a100_tf32"), A100_VECTORS)],
+    ids=["v100", "a100"],
+)
 def test_the_papers_test_vectors(x64, presets, vectors):
     for preset in presets:
         for name, c, a, b, want in vectors:
@@ -201,10 +246,15 @@ def test_tensor_core_bounds_need_u_and_count_blocks():
         bounds.tensor_core_block_roundings(EXACT, 2.0**-24)
 
 
-@pytest.mark.parametrize("model,fmt", [
-    (tensor_core("v100"), BF16), (tensor_core("a100"), FP16),
-    (tensor_core_model(4, normalization="nearest_even", fused_accumulator=False), BF16),
-], ids=str)
+@pytest.mark.parametrize(
+    "model,fmt",
+    [
+        (tensor_core("v100"), BF16),
+        (tensor_core("a100"), FP16),
+        (tensor_core_model(4, normalization="nearest_even", fused_accumulator=False), BF16),
+    ],
+    ids=str,
+)
 def test_tensor_core_summation_bound_holds(x64, model, fmt):
     """|s_hat - s| <= summation_bound * Σ|x| for mixed signs, and the ratio s_hat / s
     of positive sums lies in [(1 - u)^r, (1 + u)^r]."""
@@ -234,6 +284,7 @@ def test_tensor_core_softmax_bounds_hold(x64):
     v100, a100 = tensor_core("v100"), tensor_core("a100")
     err = np.abs(np.asarray(safe_softmax(x, paper_uniform(BF16, accumulation=v100))) / exact - 1)
     assert 0 < err.max() <= bounds.softmax_bound(96, R, BF16, accumulation=v100)
-    err = np.abs(np.asarray(online_softmax(x, paper_uniform(BF16, accumulation=a100), block=32))
-                 / exact - 1)
+    err = np.abs(
+        np.asarray(online_softmax(x, paper_uniform(BF16, accumulation=a100), block=32)) / exact - 1
+    )
     assert 0 < err.max() <= bounds.online_softmax_bound(96, R, BF16, block=32, accumulation=a100)

@@ -7,15 +7,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fa_jax import BF16, FP16
-from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram, flash_attention, reference_attention
+from fa_jax.attention import (
+    VARIANTS,
+    Blocks,
+    blocks_from_sram,
+    flash_attention,
+    reference_attention,
+)
 from fa_jax.presets import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
-
-from helpers import x64_enabled
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +51,11 @@ def numpy_attention(q, k, v, *, causal=False, q_lengths=None, kv_lengths=None):
 
 def qkv(seed, lead=(2,), n=37, m=37, d=16, dv=None, scale=1.0):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((*lead, n, d)) * scale, rng.standard_normal((*lead, m, d)) * scale,
-            rng.standard_normal((*lead, m, dv or d)))
+    return (
+        rng.standard_normal((*lead, n, d)) * scale,
+        rng.standard_normal((*lead, m, d)) * scale,
+        rng.standard_normal((*lead, m, dv or d)),
+    )
 
 
 def rel_err(a, b):
@@ -68,16 +76,20 @@ def test_golden_flash_equals_reference(variant, bc):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
-@given(seed=st.integers(0, 2**31), q_lengths=st.lists(st.integers(0, 20), min_size=3, max_size=3),
-       kv_lengths=st.lists(st.integers(0, 20), min_size=3, max_size=3))
+@given(
+    seed=st.integers(0, 2**31),
+    q_lengths=st.lists(st.integers(0, 20), min_size=3, max_size=3),
+    kv_lengths=st.lists(st.integers(0, 20), min_size=3, max_size=3),
+)
 @settings(max_examples=10)
 def test_masks_agree_with_numpy_float64(variant, causal, seed, q_lengths, kv_lengths):
     q, k, v = qkv(seed, lead=(3,), n=20, m=20)
     ql, kl = np.array(q_lengths), np.array(kv_lengths)
     want = numpy_attention(q, k, v, causal=causal, q_lengths=ql, kv_lengths=kl)
     ref = reference_attention(q, k, v, golden(), causal=causal, q_lengths=ql, kv_lengths=kl)
-    out, _ = flash_attention(q, k, v, golden(), Blocks(4, 8), variant=variant, causal=causal,
-                             q_lengths=ql, kv_lengths=kl)
+    out, _ = flash_attention(
+        q, k, v, golden(), Blocks(4, 8), variant=variant, causal=causal, q_lengths=ql, kv_lengths=kl
+    )
     for got in (ref, out):
         got = np.asarray(got)
         assert not np.isnan(got).any()
@@ -88,8 +100,9 @@ def test_fully_masked_rows_are_zero_with_lse_minus_inf():
     q, k, v = qkv(1, lead=(2,), n=6, m=6)
     kl = np.array([0, 6])
     for variant in VARIANTS:
-        out, lse = flash_attention(q, k, v, paper_uniform(BF16), Blocks(2, 4), variant=variant,
-                                   kv_lengths=kl)
+        out, lse = flash_attention(
+            q, k, v, paper_uniform(BF16), Blocks(2, 4), variant=variant, kv_lengths=kl
+        )
         assert (np.asarray(out[0]) == 0).all() and np.isneginf(np.asarray(lse[0])).all()
         assert np.isfinite(np.asarray(out[1])).all()
     ref = reference_attention(q, k, v, paper_uniform(BF16), kv_lengths=kl)
@@ -107,12 +120,21 @@ def test_padded_equals_unpadded_bitwise(variant, policy):
     pad = lambda x: np.concatenate([x, np.full((1, 11, x.shape[-1]), np.nan)], axis=-2)  # noqa: E731
     blocks = Blocks(4, 8)
     small, _ = flash_attention(q, k, v, policy, blocks, variant=variant)
-    big, _ = flash_attention(pad(q), pad(k), pad(v), policy, blocks, variant=variant,
-                             q_lengths=np.array([21]), kv_lengths=np.array([21]))
+    big, _ = flash_attention(
+        pad(q),
+        pad(k),
+        pad(v),
+        policy,
+        blocks,
+        variant=variant,
+        q_lengths=np.array([21]),
+        kv_lengths=np.array([21]),
+    )
     np.testing.assert_array_equal(np.asarray(big)[:, :21], np.asarray(small))
     ref_small = reference_attention(q, k, v, policy)
-    ref_big = reference_attention(pad(q), pad(k), pad(v), policy, q_lengths=np.array([21]),
-                                  kv_lengths=np.array([21]))
+    ref_big = reference_attention(
+        pad(q), pad(k), pad(v), policy, q_lengths=np.array([21]), kv_lengths=np.array([21])
+    )
     np.testing.assert_array_equal(np.asarray(ref_big)[:, :21], np.asarray(ref_small))
 
 
@@ -149,7 +171,10 @@ def test_fa2_kernel_bf16_within_2x_of_torch_math(variant, seed):
     """flash-attention's acceptance rule: error vs an exact reference at most 2x that of
     the same-precision PyTorch reference; both measured against golden on the same
     BF16-rounded inputs."""
-    q, k, v = (np.asarray(round_to(jnp.asarray(t), BF16)) for t in qkv(seed, lead=(2, 2), n=128, m=128, d=64))
+    q, k, v = (
+        np.asarray(round_to(jnp.asarray(t), BF16))
+        for t in qkv(seed, lead=(2, 2), n=128, m=128, d=64)
+    )
     gold = np.asarray(reference_attention(q, k, v, golden()))
     base = rel_err(reference_attention(q, k, v, torch_math(BF16)), gold)
     flash, _ = flash_attention(q, k, v, fa2_kernel(BF16), Blocks(64, 32), variant=variant)
@@ -166,7 +191,7 @@ def test_blocks_from_sram_follows_fa1():
 
 def test_errors():
     q, k, v = qkv(5)
-    with pytest.raises(ValueError, match="Blocks.bc: expected a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"Blocks.bc: expected a positive integer, got 0"):
         Blocks(4, 0)
     with pytest.raises(ValueError, match="variant must be one of"):
         flash_attention(q, k, v, golden(), Blocks(4, 4), variant="fa3")
@@ -195,14 +220,17 @@ def test_vmap_over_policy_mantissa_widths_equals_separate_calls():
 
     q, k, v = qkv(7, n=20, m=20, d=8)
     widths = jnp.array([3, 6])
-    flash = jax.jit(jax.vmap(
-        lambda m: flash_attention(q, k, v, paper_uniform(custom(8, m)), Blocks(4, 8))[0]))(widths)
+    flash = jax.jit(
+        jax.vmap(lambda m: flash_attention(q, k, v, paper_uniform(custom(8, m)), Blocks(4, 8))[0])
+    )(widths)
     ref = jax.vmap(lambda m: reference_attention(q, k, v, paper_uniform(custom(5, m))))(widths)
     for i, m in enumerate((3, 6)):
         want_flash, _ = flash_attention(q, k, v, paper_uniform(custom(8, m)), Blocks(4, 8))
         np.testing.assert_array_equal(np.asarray(flash[i]), np.asarray(want_flash))
-        np.testing.assert_array_equal(np.asarray(ref[i]),
-                                      np.asarray(reference_attention(q, k, v, paper_uniform(custom(5, m)))))
+        np.testing.assert_array_equal(
+            np.asarray(ref[i]),
+            np.asarray(reference_attention(q, k, v, paper_uniform(custom(5, m)))),
+        )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -213,8 +241,11 @@ def test_formats_without_infinities_mask_cleanly(variant):
     q, k, v = qkv(8, lead=(2,), n=12, m=12, d=8)
     for fmt in (E4M3FN, E4M3FNUZ):
         pol = paper_uniform(fmt)
-        out, _ = flash_attention(q, k, v, pol, Blocks(4, 4), variant=variant, causal=True,
-                                 kv_lengths=np.array([12, 5]))
+        out, _ = flash_attention(
+            q, k, v, pol, Blocks(4, 4), variant=variant, causal=True, kv_lengths=np.array([12, 5])
+        )
         ref = reference_attention(q, k, v, pol, causal=True, kv_lengths=np.array([12, 5]))
         assert np.isfinite(np.asarray(out)).all() and np.isfinite(np.asarray(ref)).all()
-        assert rel_err(out, numpy_attention(q, k, v, causal=True, kv_lengths=np.array([12, 5]))) < 0.5
+        assert (
+            rel_err(out, numpy_attention(q, k, v, causal=True, kv_lengths=np.array([12, 5]))) < 0.5
+        )

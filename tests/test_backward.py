@@ -8,13 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import x64_enabled
 
 from fa_jax import BF16, custom
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.presets import fa2_kernel, golden, paper_uniform, torch_math
 from fa_jax.rounding import round_to
-
-from helpers import x64_enabled
 
 
 @pytest.fixture(autouse=True)
@@ -83,11 +82,12 @@ def test_golden_gradients_match_float64_autodiff(kind, variant, bc, causal, mask
     if masked:
         masks.update(q_lengths=np.array([9, 10]), kv_lengths=np.array([0, 10]))
     pol = golden().replace(scale=scale)
-    if kind == "flash":
-        fn = lambda q, k, v: flash_attention(q, k, v, pol, Blocks(3, bc), variant=variant,  # noqa: E731
-                                             **masks)
-    else:
-        fn = lambda q, k, v: reference_attention(q, k, v, pol, return_lse=True, **masks)  # noqa: E731
+
+    def fn(q, k, v):
+        if kind == "flash":
+            return flash_attention(q, k, v, pol, Blocks(3, bc), variant=variant, **masks)
+        return reference_attention(q, k, v, pol, return_lse=True, **masks)
+
     want = jit_vjp_of(lambda q, k, v: plain_attention(q, k, v, **masks), q, k, v, d_o, d_lse)
     if masked:  # garbage past the lengths must not reach any gradient
         q, k, v = q.copy(), k.copy(), v.copy()
@@ -114,10 +114,14 @@ def test_fa2_kernel_bf16_gradients_within_3x_of_torch_math():
             if flash:
                 return flash_attention(q, k, v, pol, blocks)[0]
             return reference_attention(q, k, v, pol)
+
         return jax.jit(lambda q, k, v, d_o: jax.vjp(fn, q, k, v)[1](d_o))
 
-    gold, base, kernel = grads(golden(), False), grads(torch_math(BF16), False), grads(
-        fa2_kernel(BF16), True)
+    gold, base, kernel = (
+        grads(golden(), False),
+        grads(torch_math(BF16), False),
+        grads(fa2_kernel(BF16), True),
+    )
     for seed in (0, 1):
         q, k, v, d_o, _ = problem(seed, lead=(1, 2), n=128, m=128, d=32)
         q, k, v, d_o = (round_to(jnp.asarray(t), BF16) for t in (q, k, v, d_o))
@@ -156,7 +160,8 @@ def test_vmap_over_mantissa_width_equals_separate_calls():
 
     def grads(pol):
         loss = lambda q, k, v: jnp.sum(  # noqa: E731
-            flash_attention(q, k, v, pol, Blocks(2, 4))[0] * d_o)
+            flash_attention(q, k, v, pol, Blocks(2, 4))[0] * d_o
+        )
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     widths = (3, 7)

@@ -9,6 +9,7 @@ fa_jax.softmax computes exactly the same bits.
 Run with ``-s`` to see how loose the bounds are (bound / measured).
 """
 
+import itertools
 import math
 import operator
 from fractions import Fraction
@@ -16,8 +17,11 @@ from fractions import Fraction
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import softmax_sim as sim
+from helpers import x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from softmax_sim import exact_softmax, online_softmax, rnd, safe_softmax
 
 from fa_jax import (
     BF16,
@@ -37,10 +41,6 @@ from fa_jax import (
 from fa_jax import bounds as B
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked, get_accumulation
 from fa_jax.inputs import make_inputs
-
-import softmax_sim as sim
-from helpers import x64_enabled
-from softmax_sim import exact_softmax, online_softmax, rnd, safe_softmax
 
 E8M4 = custom(8, 4)
 FORMATS = [BF16, FP16, FP32, E8M4]
@@ -265,7 +265,7 @@ def test_bounds_hold_long_rows_and_report_looseness(fmt):
                 if name == "safe" and block != BLOCKS[0]:
                     continue  # the same SAFE rows for every block size
                 lines.append(
-                    f"  {fmt.name:9s} {str(model):10s} {name:12s} R={R:6.2f} "
+                    f"  {fmt.name:9s} {model!s:10s} {name:12s} R={R:6.2f} "
                     f"measured={e:9.3e} bound={bound:9.3e} "
                     f"ratio={bound / e if e else math.inf:9.3g}"
                 )
@@ -306,7 +306,7 @@ def test_gamma_values():
 def test_gamma_monotone_and_dominates_product():
     u = 2.0**-8
     g = [B.gamma(n, u) for n in range(0, 200)]
-    assert all(a < b for a, b in zip(g, g[1:]))
+    assert all(a < b for a, b in itertools.pairwise(g))
     for n in range(0, 200, 7):  # (1 + u)^n - 1 <= gamma_n (Higham Lemma 3.1)
         assert (1 + u) ** n - 1 <= g[n] * (1 + 1e-15)
         assert 1 - (1 - u) ** n <= g[n] * (1 + 1e-15)
@@ -427,7 +427,7 @@ def test_online_first_order_formula():
     )
 
 
-@pytest.mark.parametrize("model", ALL_MODELS + ["chunked", "chunked(8)"], ids=str)
+@pytest.mark.parametrize("model", [*ALL_MODELS, "chunked", "chunked(8)"], ids=str)
 def test_online_with_one_block_equals_safe(model):
     for u in (2.0**-8, FP16, FP32):
         for n in (1, 7, 300):
@@ -626,7 +626,7 @@ def attention_cases():
 
 
 def test_attention_bound_holds_for_emulated_attention(attention_cases):
-    for fmt, policy, bc, n, err, bound in attention_cases:
+    for _fmt, policy, bc, n, err, bound in attention_cases:
         assert np.isfinite(err).all()
         bad = ~(err <= bound.bound)
         assert not bad.any(), (
@@ -694,7 +694,7 @@ def test_attention_bound_factor_monotone(bc):
     f = B.attention_bound_factor
     kw = dict(bc=bc, score_error=0.01, v_max=4.0)
     Fs = [f(n, 5.0, BF16, **kw) for n in (1, 2, 16, 17, 64, 256, 1000, 4096)]
-    assert all(a <= b for a, b in zip(Fs, Fs[1:])), Fs
+    assert all(a <= b for a, b in itertools.pairwise(Fs)), Fs
     assert Fs[0] < Fs[-1]
     assert f(64, 3.0, BF16, **kw) < f(64, 4.0, BF16, **kw)  # range
     assert f(64, 3.0, BF16, bc=bc, score_error=0.0) < f(64, 3.0, BF16, bc=bc, score_error=0.01)

@@ -33,7 +33,7 @@ def test_encode_inverts_decode(fmt):
 
 def test_fields_and_errors():
     assert fields(0x3DCD, BF16) == (0, 0b01111011, 0b1001101)
-    with pytest.raises(ValueError, match="expected 0..65535 for float16, got 65536"):
+    with pytest.raises(ValueError, match=r"expected 0\.\.65535 for float16, got 65536"):
         fields(65536, FP16)
     with pytest.raises(ValueError, match="not a value of bfloat16; round it first"):
         encode(0.1, BF16)

@@ -54,7 +54,8 @@ def test_from_dtype_round_trips(fmt):
 def test_every_signed_small_ml_dtypes_float_is_registered():
     names = {f.name for f in registered_formats()}
     shipped = {
-        n for n in dir(ml_dtypes)
+        n
+        for n in dir(ml_dtypes)
         if n.startswith(("float8_", "float6_", "float4_")) and not n.endswith("fnu")
     }
     assert shipped <= names, shipped - names
@@ -69,10 +70,20 @@ def test_tf32_fields():
 
 @pytest.mark.parametrize(
     "alias, fmt",
-    [("bf16", fa_jax.BF16), ("BFloat16", fa_jax.BF16), ("half", fa_jax.FP16),
-     ("fp16", fa_jax.FP16), ("fp32", fa_jax.FP32), ("double", fa_jax.FP64),
-     ("tf32", fa_jax.TF32), ("e4m3fn", fa_jax.E4M3FN), ("fp8_e5m2", fa_jax.E5M2),
-     ("e4m3fnuz", fa_jax.E4M3FNUZ), ("fp4_e2m1fn", fa_jax.E2M1FN), (np.float16, fa_jax.FP16)],
+    [
+        ("bf16", fa_jax.BF16),
+        ("BFloat16", fa_jax.BF16),
+        ("half", fa_jax.FP16),
+        ("fp16", fa_jax.FP16),
+        ("fp32", fa_jax.FP32),
+        ("double", fa_jax.FP64),
+        ("tf32", fa_jax.TF32),
+        ("e4m3fn", fa_jax.E4M3FN),
+        ("fp8_e5m2", fa_jax.E5M2),
+        ("e4m3fnuz", fa_jax.E4M3FNUZ),
+        ("fp4_e2m1fn", fa_jax.E2M1FN),
+        (np.float16, fa_jax.FP16),
+    ],
 )
 def test_get_format_aliases(alias, fmt):
     assert get_format(alias) is fmt
@@ -102,7 +113,10 @@ def test_unknown_names_and_dtypes_are_rejected():
         (dict(exp_bits=5.0, man_bits=2), r"Format.exp_bits: expected an integer in 2..11, got 5.0"),
         (dict(exp_bits=5, man_bits=2, specials="ibm"), r"Format.specials: expected one of"),
         (dict(exp_bits=5, man_bits=2, overflow="wrap"), r"Format.overflow: expected one of"),
-        (dict(exp_bits=3, man_bits=2, specials="finite", overflow="inf"), r"overflow must be 'saturate'"),
+        (
+            dict(exp_bits=3, man_bits=2, specials="finite", overflow="inf"),
+            r"overflow must be 'saturate'",
+        ),
         (dict(exp_bits=4, man_bits=0, specials="fn"), r"needs man_bits >= 1, got 0"),
         (dict(exp_bits=11, man_bits=52, specials="fn"), r"does not fit a float64 carrier"),
         (dict(exp_bits=8, man_bits=3, bias=-900), r"does not fit a float64 carrier"),
@@ -123,7 +137,13 @@ def test_formats_are_frozen_and_hashable():
 
 def test_custom_defaults():
     f = custom(5, 4)
-    assert (f.name, f.bias, f.subnormals, f.specials, f.overflow) == ("e5m4", 15, True, "ieee", "inf")
+    assert (f.name, f.bias, f.subnormals, f.specials, f.overflow) == (
+        "e5m4",
+        15,
+        True,
+        "ieee",
+        "inf",
+    )
     assert custom(3, 2, specials="finite").overflow == "saturate"
     assert custom(8, 7, subnormals=False).smallest_subnormal == fa_jax.BF16.tiny
 
@@ -145,7 +165,7 @@ def test_format_is_a_pytree_with_traced_widths():
 
     def traced_fields(m):
         f = custom(8, m)
-        with pytest.raises(TypeError, match="Format.max needs concrete"):
+        with pytest.raises(TypeError, match=r"Format\.max needs concrete"):
             _ = f.max
         return f.man_bits
 

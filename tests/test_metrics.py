@@ -9,14 +9,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fa_jax import BF16, FP16, FP32, FP64, custom, registered_formats, round_to
 from fa_jax import metrics as M
 from fa_jax.encoding import decode
-
-from helpers import x64_enabled
 
 ELEMENTWISE = ["max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse", "max_rel_diff"]
 
@@ -127,8 +126,7 @@ def test_rmse_neither_overflows_nor_underflows():
     big = jnp.array([3e30, -4e30], jnp.float32)  # squares overflow float32
     np.testing.assert_allclose(float(M.rmse(big, jnp.zeros(2))), math.sqrt(12.5e60), rtol=1e-6)
     small = jnp.array([3e-30, 4e-30], jnp.float32)  # squares underflow float32
-    np.testing.assert_allclose(float(M.rmse(small, jnp.zeros(2))), math.sqrt(12.5e-60),
-                               rtol=1e-6)
+    np.testing.assert_allclose(float(M.rmse(small, jnp.zeros(2))), math.sqrt(12.5e-60), rtol=1e-6)
     assert float(M.rmse(jnp.array([jnp.inf, 1.0]), jnp.zeros(2))) == math.inf
 
 
@@ -138,13 +136,15 @@ def test_max_rel_diff_zero_reference():
     assert float(M.max_rel_diff(jnp.array([0.0, 1.5]), jnp.array([0.0, 1.0]))) == 0.5
     # a != 0 where b == 0: |a| / tiny, overflowing float32 to inf for |a| >= 4.
     assert float(M.max_rel_diff(jnp.array([1e-3]), jnp.array([0.0]))) == pytest.approx(
-        1e-3 / tiny, rel=1e-6)
+        1e-3 / tiny, rel=1e-6
+    )
     assert float(M.max_rel_diff(jnp.array([10.0]), jnp.array([0.0]))) == math.inf
     got = float(M.max_rel_diff(jnp.array([tiny]), jnp.array([0.0])))
     assert got == 1.0
     # an explicit floor
-    assert float(M.max_rel_diff(jnp.array([1e-3, 0.0]), jnp.array([0.0, 0.0]), eps=1e-2)) \
-        == pytest.approx(0.1)
+    assert float(
+        M.max_rel_diff(jnp.array([1e-3, 0.0]), jnp.array([0.0, 0.0]), eps=1e-2)
+    ) == pytest.approx(0.1)
     # the default floor is the tiny of b's dtype
     b16 = jnp.array([0.0], jnp.float16)
     got16 = float(M.max_rel_diff(jnp.array([2.0**-14], jnp.float32), b16))
@@ -191,7 +191,8 @@ def assert_all_pairs(values: np.ndarray, fmt, dtype=np.float32):
     bad = got != want
     assert not bad.any(), (
         f"{bad.sum()} mismatches, e.g. a={A[bad][:3]} b={Bv[bad][:3]} "
-        f"got={got[bad][:3]} want={want[bad][:3]}")
+        f"got={got[bad][:3]} want={want[bad][:3]}"
+    )
 
 
 @pytest.mark.parametrize("fmt", SMALL, ids=lambda f: f.name)
@@ -201,12 +202,18 @@ def test_ulp_distance_exhaustive_small_formats(fmt):
     assert_all_pairs(values, fmt)
 
 
-@pytest.mark.parametrize("fmt", [
-    custom(5, 4), custom(4, 3, subnormals=False), custom(3, 2, specials="finite"),
-    custom(4, 2, bias=3),
-    custom(8, 3, bias=135),  # reaches below float32's normal range: carrier subnormals
-    custom(8, 2, bias=133, subnormals=False),
-], ids=lambda f: repr(f))
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        custom(5, 4),
+        custom(4, 3, subnormals=False),
+        custom(3, 2, specials="finite"),
+        custom(4, 2, bias=3),
+        custom(8, 3, bias=135),  # reaches below float32's normal range: carrier subnormals
+        custom(8, 2, bias=133, subnormals=False),
+    ],
+    ids=lambda f: repr(f),
+)
 def test_ulp_distance_exhaustive_custom_formats(fmt):
     values = np.array([decode(c, fmt) for c in range(2**fmt.bits)], np.float32)
     assert_all_pairs(values, fmt)
@@ -218,11 +225,15 @@ def ordinal_from_codes(codes: np.ndarray, bits: int) -> list[int]:
     return [-(int(c) & (sign - 1)) if int(c) & sign else int(c) for c in codes]
 
 
-@pytest.mark.parametrize("fmt,uint,fdtype", [
-    (BF16, np.uint16, ml_dtypes.bfloat16),
-    (FP16, np.uint16, np.float16),
-    (FP32, np.uint32, np.float32),
-], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize(
+    "fmt,uint,fdtype",
+    [
+        (BF16, np.uint16, ml_dtypes.bfloat16),
+        (FP16, np.uint16, np.float16),
+        (FP32, np.uint32, np.float32),
+    ],
+    ids=["bf16", "fp16", "fp32"],
+)
 def test_ulp_distance_random_codes(fmt, uint, fdtype):
     rng = np.random.default_rng(8)
     bits = 8 * np.dtype(uint).itemsize
@@ -264,8 +275,9 @@ def test_ulp_distance_neighbours_and_sign():
     x = jnp.array([1.0, 1.0, 1.0, -1.0, 0.0, 2.0**-24])
     y = jnp.array([1.0, 1.0 + 2.0**-7, 1.0 - 2.0**-8, 1.0, -0.0, -(2.0**-24)])
     i1 = 127 * 128  # bf16: index of 1.0 = code of 1.0 = 0x3F80
-    np.testing.assert_array_equal(np.asarray(M.ulp_distance(x, y, BF16)),
-                                  [0, 1, 1, 2 * i1, 0, 2 * 0x3380])
+    np.testing.assert_array_equal(
+        np.asarray(M.ulp_distance(x, y, BF16)), [0, 1, 1, 2 * i1, 0, 2 * 0x3380]
+    )
     assert int(M.ulp_distance(jnp.array(1.0), jnp.array(2.0), "fp16")) == 1024
 
 
@@ -307,7 +319,8 @@ def test_float32_subnormals_survive_widening_to_float64(x64):
     """XLA's float32 -> float64 convert flushes subnormals on CPU; the metrics must not."""
     sub = np.array([1e-45, -3e-40, 1e-39], np.float32)
     np.testing.assert_array_equal(
-        float(M.max_abs_diff(sub, np.zeros(3))), float(np.abs(sub.astype(np.float64)).max()))
+        float(M.max_abs_diff(sub, np.zeros(3))), float(np.abs(sub.astype(np.float64)).max())
+    )
     got = np.asarray(M.ulp_distance(sub, np.zeros(3), FP64))
     want = M.ulp_distance(sub.astype(np.float64), np.zeros(3), FP64)  # numpy's exact cast
     np.testing.assert_array_equal(got, np.asarray(want))
@@ -346,8 +359,7 @@ def test_wasserstein_properties(x64):
     assert float(M.wasserstein_1d(a, a)) == 0.0
     assert float(M.wasserstein_1d(a, a + 2.5)) == pytest.approx(2.5, rel=1e-12)
     b = rng.standard_normal(77) * 3
-    assert float(M.wasserstein_1d(a, b)) == pytest.approx(float(M.wasserstein_1d(b, a)),
-                                                          rel=1e-14)
+    assert float(M.wasserstein_1d(a, b)) == pytest.approx(float(M.wasserstein_1d(b, a)), rel=1e-14)
     # shapes are flattened
     assert float(M.wasserstein_1d(a.reshape(3, 100), b)) == float(M.wasserstein_1d(a, b))
     assert float(M.wasserstein_1d([0.0, 1.0, 3.0], [5.0, 6.0, 8.0])) == pytest.approx(5.0)
@@ -359,8 +371,7 @@ def test_wasserstein_jit_vmap_float32():
     b = jnp.asarray(rng.standard_normal((3, 40)), jnp.float32)
     eager = np.array([float(M.wasserstein_1d(a[i], b[i])) for i in range(3)])
     np.testing.assert_allclose(np.asarray(jax.vmap(M.wasserstein_1d)(a, b)), eager, rtol=1e-6)
-    np.testing.assert_allclose(float(jax.jit(M.wasserstein_1d)(a[0], b[0])), eager[0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(float(jax.jit(M.wasserstein_1d)(a[0], b[0])), eager[0], rtol=1e-6)
     want = scipy.stats.wasserstein_distance(np.asarray(a[0]), np.asarray(b[0]))
     np.testing.assert_allclose(eager[0], want, rtol=1e-5)
     assert M.wasserstein_1d(a[0], b[0]).dtype == jnp.float32

@@ -12,15 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import round_exact
 
 from fa_jax import BF16, E4M3FN, FP16, FP32, FP64, Format, custom, ops
 from fa_jax import testing as fst
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked, tensor_core, tensor_core_model
-
-from helpers import x64_enabled
-from oracle import round_exact
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +42,11 @@ N = 64
 
 def operands(fa, fb):
     finite = dict(allow_nan=False, allow_infinity=False)
-    return st.lists(st.tuples(fst.representable(fa, **finite), fst.representable(fb, **finite)),
-                    min_size=1, max_size=N)
+    return st.lists(
+        st.tuples(fst.representable(fa, **finite), fst.representable(fb, **finite)),
+        min_size=1,
+        max_size=N,
+    )
 
 
 def as_arrays(pairs):
@@ -55,8 +57,13 @@ def as_arrays(pairs):
 
 def exact(op, a, b):
     fa, fb = Fraction(float(a)), Fraction(float(b))
-    return {"add": fa + fb, "sub": fa - fb, "mul": fa * fb, "div": fa / fb if fb else None,
-            "maximum": max(fa, fb)}[op]
+    return {
+        "add": fa + fb,
+        "sub": fa - fb,
+        "mul": fa * fb,
+        "div": fa / fb if fb else None,
+        "maximum": max(fa, fb),
+    }[op]
 
 
 def _ieee_zero_is_negative(op, x, y) -> bool:
@@ -81,8 +88,11 @@ def check(op, pairs, fmt, got):
         if op == "maximum" and want == 0:  # max(-0, +0) may be either zero
             assert g == 0, (x, y, g)
             continue
-        assert (math.isnan(want) and math.isnan(g)) or np.float64(want).view(np.uint64) == np.float64(g).view(np.uint64), (
-            f"{op}({x!r}, {y!r}) -> {fmt.name}: want {want!r}, got {g!r}")
+        assert (math.isnan(want) and math.isnan(g)) or np.float64(want).view(
+            np.uint64
+        ) == np.float64(g).view(np.uint64), (
+            f"{op}({x!r}, {y!r}) -> {fmt.name}: want {want!r}, got {g!r}"
+        )
 
 
 OPS = {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div, "maximum": ops.maximum}
@@ -156,7 +166,7 @@ def test_sum_models_against_exact_loops(fmt):
     for row, s, c, e in zip(x, seq, ch, ex):
         terms = [Fraction(float(t)) for t in row]
         assert s == sequential_reference(terms, fmt)
-        chunks = [sum(terms[i:i + 8], Fraction(0)) for i in range(0, len(terms), 8)]
+        chunks = [sum(terms[i : i + 8], Fraction(0)) for i in range(0, len(terms), 8)]
         assert c == sequential_reference(chunks, fmt)
         assert e == round_exact(sum(terms, Fraction(0)), fmt)  # float64 sum is exact here
 
@@ -168,11 +178,15 @@ def test_matmul_models_against_exact_loops(model):
     b = np.asarray(ops.cast(jnp.asarray(rng.standard_normal((2, 10, 4))), BF16))
     got = np.asarray(ops.matmul(a, b, BF16, accumulation=model))
     for i in np.ndindex(got.shape):
-        terms = [Fraction(float(a[i[0], i[1], t])) * Fraction(float(b[i[0], t, i[2]])) for t in range(10)]
+        terms = [
+            Fraction(float(a[i[0], i[1], t])) * Fraction(float(b[i[0], t, i[2]])) for t in range(10)
+        ]
         if model.kind == "sequential":
             want = sequential_reference(terms, BF16)
         elif model.kind == "chunked":
-            want = sequential_reference([sum(terms[j:j + 4], Fraction(0)) for j in range(0, 10, 4)], BF16)
+            want = sequential_reference(
+                [sum(terms[j : j + 4], Fraction(0)) for j in range(0, 10, 4)], BF16
+            )
         else:
             want = round_exact(sum(terms, Fraction(0)), BF16)
         assert got[i] == want, (i, got[i], want)
@@ -226,7 +240,7 @@ def tensor_core_reference(terms, fmt, model) -> float:
     inf, inf + -inf = NaN)."""
     c = Fraction(0)
     for i in range(0, len(terms), model.chunk):
-        block = list(terms[i:i + model.chunk])
+        block = list(terms[i : i + model.chunk])
         if isinstance(c, float) and model.fused_accumulator:
             continue
         T = ([c] if model.fused_accumulator else []) + block
@@ -247,9 +261,11 @@ def tensor_core_reference(terms, fmt, model) -> float:
     return float(c)
 
 
-TC_MODELS = [tensor_core("v100"), tensor_core("a100"),
-             tensor_core_model(3, extra_bits=1, normalization="nearest_even",
-                               fused_accumulator=False)]
+TC_MODELS = [
+    tensor_core("v100"),
+    tensor_core("a100"),
+    tensor_core_model(3, extra_bits=1, normalization="nearest_even", fused_accumulator=False),
+]
 
 
 def _bits(x):
@@ -291,8 +307,11 @@ def test_tensor_core_sum_matches_the_rational_model(model, acc, data):
     assert _bits(got) == _bits(want), (xs, float(got), want)
 
 
-_tc_sum = {(str(m), f.name): jax.jit(lambda x, m=m, f=f: ops.sum(x, f, accumulation=m))
-           for m in TC_MODELS for f in (FP32, BF16)}
+_tc_sum = {
+    (str(m), f.name): jax.jit(lambda x, m=m, f=f: ops.sum(x, f, accumulation=m))
+    for m in TC_MODELS
+    for f in (FP32, BF16)
+}
 
 
 _sum8 = jax.jit(ops.sum, static_argnames=("fmt", "accumulation"))  # 8 terms, zero padded
@@ -353,24 +372,30 @@ def test_tensor_core_special_values():
     assert tc_sum(1.0, 2.0, 3.0, 4.0, -np.inf) == -np.inf  # in the second block
     assert np.isnan(tc_sum(np.inf, 2.0, -np.inf))
     assert np.isnan(tc_sum(1.0, np.nan))
-    assert np.isnan(float(ops.matmul(np.array([[np.inf]]), np.array([[0.0]]), FP32,
-                                     accumulation=v100)[0, 0]))  # inf * 0
+    assert np.isnan(
+        float(ops.matmul(np.array([[np.inf]]), np.array([[0.0]]), FP32, accumulation=v100)[0, 0])
+    )  # inf * 0
     zero = tc_sum(-0.0, -0.0, 1.0, -1.0, -0.0)
     assert zero == 0 and math.copysign(1, zero) == 1  # an exact zero sum is +0
     tiny = tc_sum(-(2.0**-150), model=tensor_core("a100"))  # -2**-150 -> toward zero: -0
     assert tiny == 0 and math.copysign(1, tiny) == -1
     # Overflow under round toward zero: max, as IEEE 754 directed rounding.
     assert tc_sum(60000.0, 60000.0, fmt=FP16) == 65504.0
-    assert tc_sum(60000.0, 60000.0, fmt=FP16,
-                  model=tensor_core_model(4, normalization="nearest_even")) == np.inf
+    assert (
+        tc_sum(60000.0, 60000.0, fmt=FP16, model=tensor_core_model(4, normalization="nearest_even"))
+        == np.inf
+    )
 
 
 def test_tensor_core_unfused_overflows_of_opposite_signs_give_nan():
     # Found by hypothesis: one block overflows to -inf, a later one to +inf; the
     # unfused accumulate is an IEEE addition, so -inf + inf = NaN.
     model = TC_MODELS[2]
-    x = np.array([0.0] * 7 + [-(2.0**127), -(2.0**127), 1.4488585154055583e38,
-                              1.9539651538038263e38] + [0.0] * (N - 11))
+    x = np.array(
+        [0.0] * 7
+        + [-(2.0**127), -(2.0**127), 1.4488585154055583e38, 1.9539651538038263e38]
+        + [0.0] * (N - 11)
+    )
     got = _tc_sum[(str(model), "float32")](x)
     assert np.isnan(got)
     assert np.isnan(tensor_core_reference([Fraction(float(v)) for v in x], FP32, model))
@@ -380,7 +405,7 @@ def test_tensor_core_unfused_overflows_of_opposite_signs_give_nan():
 def test_signed_zero_sums_follow_ieee(fmt):
     # Found by hypothesis: renormalising s + e with e = +0 turned -0 + -0 into +0.
     neg, pos = np.array([-0.0]), np.array([0.0])
-    assert np.signbit(np.asarray(ops.add(neg, neg, fmt)))[0]          # -0 + -0 = -0
-    assert np.signbit(np.asarray(ops.sub(neg, pos, fmt)))[0]          # -0 - +0 = -0
-    assert not np.signbit(np.asarray(ops.add(neg, pos, fmt)))[0]      # -0 + +0 = +0
+    assert np.signbit(np.asarray(ops.add(neg, neg, fmt)))[0]  # -0 + -0 = -0
+    assert np.signbit(np.asarray(ops.sub(neg, pos, fmt)))[0]  # -0 - +0 = -0
+    assert not np.signbit(np.asarray(ops.add(neg, pos, fmt)))[0]  # -0 + +0 = +0
     assert not np.signbit(np.asarray(ops.add(np.array([1.5]), np.array([-1.5]), fmt)))[0]

@@ -7,8 +7,8 @@ import pytest
 
 from fa_jax import BF16, FP16, FP32, FP64, STAGES, Policy, custom, round_to
 from fa_jax.accumulation import SEQUENTIAL, chunked
-from fa_jax.presets import fa2_kernel, get_policy, golden, paper_uniform, torch_math
 from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES
+from fa_jax.presets import fa2_kernel, get_policy, golden, paper_uniform, torch_math
 
 
 def test_presets_name_the_documented_stage_formats():
@@ -16,7 +16,9 @@ def test_presets_name_the_documented_stage_formats():
     assert all(getattr(u, s) is BF16 for s in STAGES)
     k = fa2_kernel(BF16)
     assert (k.inputs, k.p, k.out) == (BF16, BF16, BF16)
-    assert all(getattr(k, s) is FP32 for s in ("qk_acc", "scores", "stats", "exp", "pv_acc", "o_acc"))
+    assert all(
+        getattr(k, s) is FP32 for s in ("qk_acc", "scores", "stats", "exp", "pv_acc", "o_acc")
+    )
     t = torch_math(FP16)
     assert (t.scores, t.p, t.out, t.stats, t.exp, t.qk_acc) == (FP16, FP16, FP16, FP32, FP32, FP32)
     assert all(getattr(golden(), s) is FP64 for s in STAGES)
@@ -24,9 +26,23 @@ def test_presets_name_the_documented_stage_formats():
 
 def test_presets_name_the_documented_backward_formats():
     k = fa2_kernel(BF16)  # FP32 registers and accumulators; dO, P, dS and the gradients BF16
-    assert (k.d_out, k.d_acc, k.d_p, k.d_stats, k.d_s, k.grads) == (BF16, FP32, FP32, FP32, BF16, BF16)
+    assert (k.d_out, k.d_acc, k.d_p, k.d_stats, k.d_s, k.grads) == (
+        BF16,
+        FP32,
+        FP32,
+        FP32,
+        BF16,
+        BF16,
+    )
     t = torch_math(FP16)  # every stored tensor FP16, the softmax backward computed in FP32
-    assert (t.d_out, t.d_acc, t.d_p, t.d_stats, t.d_s, t.grads) == (FP16, FP32, FP16, FP32, FP16, FP16)
+    assert (t.d_out, t.d_acc, t.d_p, t.d_stats, t.d_s, t.grads) == (
+        FP16,
+        FP32,
+        FP16,
+        FP32,
+        FP16,
+        FP16,
+    )
     assert STAGES == FORWARD_STAGES + BACKWARD_STAGES
 
 
@@ -35,10 +51,20 @@ def test_backward_stages_left_out_follow_their_forward_stages():
     forward stage's format, and every preset agrees with that rule."""
     forward = [BF16, FP32, FP16, FP32, FP32, BF16, FP32, FP32, FP16]
     p = Policy(*forward)
-    assert (p.d_out, p.d_acc, p.d_p, p.d_stats, p.d_s, p.grads) == (BF16, FP32, FP16, FP32, BF16, FP16)
+    assert (p.d_out, p.d_acc, p.d_p, p.d_stats, p.d_s, p.grads) == (
+        BF16,
+        FP32,
+        FP16,
+        FP32,
+        BF16,
+        FP16,
+    )
     for preset in (paper_uniform(BF16), fa2_kernel(BF16), torch_math(FP16), golden()):
-        derived = Policy(*(getattr(preset, s) for s in FORWARD_STAGES),
-                         accumulation=preset.accumulation, name=preset.name)
+        derived = Policy(
+            *(getattr(preset, s) for s in FORWARD_STAGES),
+            accumulation=preset.accumulation,
+            name=preset.name,
+        )
         assert derived == preset
     q = p.replace(d_s=FP32, inputs=FP32)  # replace changes only what it names
     assert (q.d_s, q.inputs, q.d_out) == (FP32, FP32, BF16)
@@ -57,7 +83,7 @@ def test_get_policy_and_replace():
         get_policy("fa2_kernel")
     with pytest.raises(ValueError, match=r"unknown fields \['qk'\]"):
         golden().replace(qk=FP16)
-    with pytest.raises(ValueError, match="Policy.scale: expected one of"):
+    with pytest.raises(ValueError, match=r"Policy\.scale: expected one of"):
         golden().replace(scale="k")
     with pytest.raises(ValueError, match="unknown format"):
         paper_uniform("bf61")

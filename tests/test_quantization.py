@@ -80,8 +80,7 @@ def test_incoherent_transform_keeps_qk_and_spreads_outliers(x64, d):
     norms = np.linalg.norm(q, axis=-1)[..., :, None] * np.linalg.norm(k, axis=-1)[..., None, :]
     assert np.max(np.abs(ts - s) / norms) <= 1e-12
     # row norms are kept, the largest entries shrink (the outliers are spread out)
-    np.testing.assert_allclose(np.linalg.norm(tq, axis=-1), np.linalg.norm(q, axis=-1),
-                               rtol=1e-14)
+    np.testing.assert_allclose(np.linalg.norm(tq, axis=-1), np.linalg.norm(q, axis=-1), rtol=1e-14)
     assert np.max(np.abs(tq)) < np.max(np.abs(q)) and np.max(np.abs(tk)) < np.max(np.abs(k))
 
 
@@ -144,8 +143,10 @@ def test_zero_amax_gives_unit_scale(x64):
     assert float(s) == 1.0 and not np.any(np.asarray(x_hat))
 
 
-@given(st.lists(st.floats(-2.0**20, 2.0**20, width=32), min_size=16, max_size=16),
-       st.integers(-30, 30))
+@given(
+    st.lists(st.floats(-(2.0**20), 2.0**20, width=32), min_size=16, max_size=16),
+    st.integers(-30, 30),
+)
 def test_quantize_matches_ml_dtypes_on_any_float32_values(values, shift):
     """Any FP32-valued x (scaled by 2**shift: subnormal scales and quotients too)."""
     x = np.ldexp(np.asarray(values, np.float32), shift).reshape(4, 4)
@@ -159,8 +160,10 @@ def test_quantize_matches_ml_dtypes_on_any_float32_values(values, shift):
 
 def test_quantize_jit_and_vmap_equal_eager(x64):
     x = fp16_outliers(seed=3)[0]
-    for fn in (lambda t: qz.quantize_per_tensor(t, E4M3FN),
-               lambda t: qz.quantize_per_block(t, E4M3FN, 16)):
+    for fn in (
+        lambda t: qz.quantize_per_tensor(t, E4M3FN),
+        lambda t: qz.quantize_per_block(t, E4M3FN, 16),
+    ):
         eager = fn(x)
         jitted = jax.jit(fn)(jnp.asarray(x))
         for a, b in zip(eager, jitted):
@@ -184,8 +187,11 @@ def test_quantization_errors(x64):
     bad = x.copy()
     bad[0, 3, 1] = np.inf
     bad[1, 0, 0] = np.nan
-    for fn in (lambda t: qz.per_tensor_scale(t, E4M3FN), lambda t: qz.quantize(t, 1.0, E4M3FN),
-               lambda t: qz.quantize_per_block(t, E4M3FN, 4)):
+    for fn in (
+        lambda t: qz.per_tensor_scale(t, E4M3FN),
+        lambda t: qz.quantize(t, 1.0, E4M3FN),
+        lambda t: qz.quantize_per_block(t, E4M3FN, 4),
+    ):
         with pytest.raises(ValueError, match="expected finite values, got 2 non-finite"):
             fn(bad)
     # under jit values are unknown: a non-finite amax gives a NaN scale, never a silent number

@@ -9,6 +9,7 @@ strategies in fa_jax.testing, which are themselves checked at the end.
 """
 
 import dataclasses
+import itertools
 import math
 from fractions import Fraction
 
@@ -18,13 +19,14 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from oracle import round_exact as oracle
 
 from fa_jax import (
     BF16,
+    E2M1FN,
     E4M3,
     E4M3FN,
     E4M3FNUZ,
-    E2M1FN,
     FP16,
     TF32,
     Format,
@@ -34,8 +36,6 @@ from fa_jax import (
     round_to,
 )
 from fa_jax import testing as fst
-
-from oracle import round_exact as oracle
 
 MODES = ("nearest_even", "toward_zero", "up", "down")
 BATCH = 32  # values are rounded in padded chunks of this size: one compile per format kind
@@ -70,9 +70,9 @@ def test_oracle_known_values():
     assert oracle(1 + 3 * 2.0**-11, FP16, "nearest_even") == 1 + 2.0**-9
     assert oracle(2.0**-25, FP16, "nearest_even") == 0.0  # S/2 ties to 0
     assert oracle(3 * 2.0**-25, FP16, "nearest_even") == 2.0**-23
-    assert math.copysign(1, oracle(-2.0**-26, FP16, "nearest_even")) == -1
-    assert math.copysign(1, oracle(-2.0**-26, E4M3FNUZ, "nearest_even")) == 1
-    assert oracle(-2.0**-40, FP16, "down") == -(2.0**-24)
+    assert math.copysign(1, oracle(-(2.0**-26), FP16, "nearest_even")) == -1
+    assert math.copysign(1, oracle(-(2.0**-26), E4M3FNUZ, "nearest_even")) == 1
+    assert oracle(-(2.0**-40), FP16, "down") == -(2.0**-24)
     ftz = custom(5, 10, subnormals=False)
     assert oracle(2.0**-15, ftz, "nearest_even") == 0.0  # tiny/2 ties to 0
     assert oracle(2.0**-15 * 1.0001, ftz, "nearest_even") == 2.0**-14
@@ -99,9 +99,16 @@ def test_oracle_matches_ml_dtypes_on_float32_inputs():
         finite = np.unique(codes[np.isfinite(codes)])
         mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
         rand = (rng.standard_normal(64) * np.exp2(rng.integers(-12, 10, 64))).astype(np.float32)
-        x = np.concatenate([finite, mids, np.nextafter(mids, np.float32(np.inf)),
-                            np.nextafter(mids, np.float32(-np.inf)), rand,
-                            np.float32([fmt.max * 1.03, fmt.max * 1.1, 1e30])])
+        x = np.concatenate(
+            [
+                finite,
+                mids,
+                np.nextafter(mids, np.float32(np.inf)),
+                np.nextafter(mids, np.float32(-np.inf)),
+                rand,
+                np.float32([fmt.max * 1.03, fmt.max * 1.1, 1e30]),
+            ]
+        )
         x = np.concatenate([x, -x])
         with np.errstate(over="ignore", invalid="ignore"):
             want = x.astype(fmt.dtype).astype(np.float64)
@@ -156,10 +163,10 @@ def round_all_modes(values, fmt: Format, carrier, key=None):
     x[: len(values)] = np.asarray(values, carrier)
     key = jax.random.key(0) if key is None else key
     fmt = _static_name(fmt)
-    chunks = [_round_chunk(jnp.asarray(x[i:i + BATCH]), fmt, key, i) for i in range(0, n, BATCH)]
+    chunks = [_round_chunk(jnp.asarray(x[i : i + BATCH]), fmt, key, i) for i in range(0, n, BATCH)]
     out = np.concatenate([np.asarray(c) for c in chunks], axis=1)
     assert out.dtype == carrier
-    return x, dict(zip(MODES + ("stochastic",), out))
+    return x, dict(zip((*MODES, "stochastic"), out))
 
 
 def check_against_oracle(values, fmt: Format, carrier, concrete=()):
@@ -236,15 +243,19 @@ def test_registered_formats_float32(case):
 @pytest.mark.parametrize(
     "fmt",
     [f for f in registered_formats() if f.bits <= 8]
-    + [custom(3, 2, subnormals=False), custom(4, 0), custom(3, 1, specials="fn", bias=1),
-       custom(4, 2, specials="fnuz", overflow="saturate", bias=9)],
+    + [
+        custom(3, 2, subnormals=False),
+        custom(4, 0),
+        custom(3, 1, specials="fn", bias=1),
+        custom(4, 2, specials="fnuz", overflow="saturate", bias=9),
+    ],
     ids=repr,
 )
 def test_small_formats_every_code_tie_and_neighbour_float64(fmt):
     """Deterministic sweep: every value, midpoint and double ulp either side."""
     vals = sorted({abs(v) for v in _all_values(fmt)})
-    ext = vals + [float(Fraction(fmt.max) + Fraction(2) ** (fmt.emax - fmt.man_bits))]
-    mids = [(a + b) / 2 for a, b in zip(ext, ext[1:])]  # exact for these tiny formats
+    ext = [*vals, float(Fraction(fmt.max) + Fraction(2) ** (fmt.emax - fmt.man_bits))]
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(ext)]  # exact for these tiny formats
     pts = vals + mids + [fmt.smallest_subnormal / 4, 2 * fmt.max, math.inf, math.nan]
     pts += [float(np.nextafter(p, d)) for p in mids for d in (0.0, math.inf)]
     check_against_oracle(pts + [-p for p in pts], fmt, np.float64, concrete=("nearest_even",))
@@ -256,13 +267,15 @@ def test_small_formats_every_code_tie_and_neighbour_float64(fmt):
         # The format's normal range reaches below the carrier's (emin < emin_c), so
         # carrier subnormals lie in the format's normal binades, whose quantum
         # shrinks binade by binade.
-        pytest.param(custom(8, 21, specials="finite", bias=128), np.float32,
-                     id="e8m21-finite-b128"),
+        pytest.param(
+            custom(8, 21, specials="finite", bias=128), np.float32, id="e8m21-finite-b128"
+        ),
         pytest.param(custom(8, 3, bias=130), np.float32, id="e8m3-b130"),
         pytest.param(custom(8, 10, subnormals=False, bias=140), np.float32, id="e8m10-ftz-b140"),
         pytest.param(custom(11, 1, specials="fn", bias=1024), np.float64, id="e11m1-fn-b1024"),
-        pytest.param(custom(11, 30, subnormals=False, bias=1030), np.float64,
-                     id="e11m30-ftz-b1030"),
+        pytest.param(
+            custom(11, 30, subnormals=False, bias=1030), np.float64, id="e11m30-ftz-b1030"
+        ),
         # The whole format inside the carrier's subnormals: max too is a carrier
         # subnormal, and overflow must still be detected.
         pytest.param(custom(2, 0, bias=150), np.float32, id="e2m0-b150"),
@@ -323,7 +336,7 @@ def _all_values(fmt):
                     out.append(math.ldexp(frac, fmt.emin - fmt.man_bits))
             else:
                 out.append(math.ldexp((1 << fmt.man_bits) + frac, ef - fmt.bias - fmt.man_bits))
-    return out + [0.0]
+    return [*out, 0.0]
 
 
 # -- stochastic rounding ---------------------------------------------------------
@@ -354,17 +367,21 @@ def test_stochastic_gives_a_neighbour_and_is_reproducible(case, seed):
 
 
 @settings(deadline=None)
-@given(fmt=fst.formats(carrier=np.float64), seeds=st.lists(st.integers(0, 2**32 - 1),
-                                                          min_size=2, max_size=2, unique=True))
+@given(
+    fmt=fst.formats(carrier=np.float64),
+    seeds=st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2, unique=True),
+)
 def test_stochastic_different_keys_differ(fmt, seeds):
     """64 values each strictly between two neighbours with P(away) in [1/4, 3/4]:
     two keys agree on all of them with probability <= (5/8)**64 < 1e-13."""
     # 1/4, 1/2 and 3/4 of the way from 0 to S, from tiny to its upper neighbour
     # and from 2**emax to its upper neighbour, where exact in float64 and <= max.
     two, m = Fraction(2), fmt.man_bits
-    pairs = [(Fraction(0), Fraction(fmt.smallest_subnormal)),
-             (two**fmt.emin, two**fmt.emin + two ** (fmt.emin - m)),
-             (two**fmt.emax, two**fmt.emax + two ** (fmt.emax - m))]
+    pairs = [
+        (Fraction(0), Fraction(fmt.smallest_subnormal)),
+        (two**fmt.emin, two**fmt.emin + two ** (fmt.emin - m)),
+        (two**fmt.emax, two**fmt.emax + two ** (fmt.emax - m)),
+    ]
     pts = []
     for lo, hi in pairs:
         for t in (Fraction(1, 4), Fraction(1, 2), Fraction(3, 4)):
@@ -395,14 +412,19 @@ def _many_keys(x, fmt, keys):
         pytest.param(FP16, 0.3 * 2.0**-24, np.float32, id="fp16-below-S"),  # S a float32 normal
         pytest.param(E4M3, 0.1, np.float64, id="e4m3-f64"),
         pytest.param(E4M3FNUZ, -0.7 * 2.0**-10, np.float64, id="e4m3fnuz-below-S"),
-        pytest.param(custom(5, 10, subnormals=False), 0.6 * 2.0**-14, np.float32,
-                     id="e5m10-no-subnormals-below-tiny"),
+        pytest.param(
+            custom(5, 10, subnormals=False),
+            0.6 * 2.0**-14,
+            np.float32,
+            id="e5m10-no-subnormals-below-tiny",
+        ),
         # S a carrier subnormal: TF32's S = 2**-136 and BF16's 2**-133 in float32,
         # custom(11, 10)'s 2**-1032 in float64.  x below S is a carrier subnormal too.
         pytest.param(TF32, 0.75 * 2.0**-136, np.float32, id="tf32-below-S-f32-subnormal"),
         pytest.param(BF16, 0.75 * 2.0**-133, np.float32, id="bf16-below-S-f32-subnormal"),
-        pytest.param(custom(11, 10), 0.5 * 2.0**-1032, np.float64,
-                     id="e11m10-below-S-f64-subnormal"),
+        pytest.param(
+            custom(11, 10), 0.5 * 2.0**-1032, np.float64, id="e11m10-below-S-f64-subnormal"
+        ),
     ],
 )
 def test_stochastic_is_unbiased(fmt, x, carrier):
@@ -463,11 +485,24 @@ def test_representable_values_round_to_themselves(case, seed):
 def test_formats_strategy_fits_and_respects_arguments(carrier, data):
     max_e = data.draw(st.integers(2, 11), label="max_exp_bits")
     max_m = data.draw(st.integers(1, 52), label="max_man_bits")
-    specials = tuple(sorted(data.draw(st.sets(st.sampled_from(("ieee", "fn", "fnuz", "finite")),
-                                              min_size=1), label="specials")))
+    specials = tuple(
+        sorted(
+            data.draw(
+                st.sets(st.sampled_from(("ieee", "fn", "fnuz", "finite")), min_size=1),
+                label="specials",
+            )
+        )
+    )
     subnormals = tuple(sorted(data.draw(st.sets(st.booleans(), min_size=1), label="subnormals")))
-    fmt = data.draw(fst.formats(max_exp_bits=max_e, max_man_bits=max_m, carrier=carrier,
-                                specials=specials, subnormals=subnormals))
+    fmt = data.draw(
+        fst.formats(
+            max_exp_bits=max_e,
+            max_man_bits=max_m,
+            carrier=carrier,
+            specials=specials,
+            subnormals=subnormals,
+        )
+    )
     assert isinstance(fmt, Format) and fmt.is_concrete
     assert fmt.fits(carrier)
     fi = np.finfo(carrier)  # and the lowest normal binade's spacing, whatever the subnormals
@@ -478,8 +513,14 @@ def test_formats_strategy_fits_and_respects_arguments(carrier, data):
         assert fmt.overflow == "saturate"
     if fmt.specials == "fn":
         assert fmt.man_bits >= 1
-    assert fmt == custom(fmt.exp_bits, fmt.man_bits, subnormals=fmt.subnormals,
-                         specials=fmt.specials, bias=fmt.bias, overflow=fmt.overflow)
+    assert fmt == custom(
+        fmt.exp_bits,
+        fmt.man_bits,
+        subnormals=fmt.subnormals,
+        specials=fmt.specials,
+        bias=fmt.bias,
+        overflow=fmt.overflow,
+    )
 
 
 def test_value_strategies_reject_formats_the_carrier_cannot_hold():
@@ -513,8 +554,11 @@ def test_carrier_floats_strategy(dtype, data):
     allow_nan = data.draw(st.booleans(), label="allow_nan")
     allow_inf = data.draw(st.booleans(), label="allow_infinity")
     allow_sub = data.draw(st.booleans(), label="allow_subnormal")
-    v = data.draw(fst.carrier_floats(dtype, allow_nan=allow_nan, allow_infinity=allow_inf,
-                                     allow_subnormal=allow_sub))
+    v = data.draw(
+        fst.carrier_floats(
+            dtype, allow_nan=allow_nan, allow_infinity=allow_inf, allow_subnormal=allow_sub
+        )
+    )
     assert isinstance(v, np.generic) and v.dtype == dtype
     assert allow_nan or not np.isnan(v)
     assert allow_inf or not np.isinf(v)

@@ -17,6 +17,8 @@ import math
 import jax
 import numpy as np
 import pytest
+import softmax_sim as sim
+from helpers import x64_enabled
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -25,9 +27,6 @@ from fa_jax import bounds as B
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked
 from fa_jax.presets import golden, paper_uniform
 from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
-
-import softmax_sim as sim
-from helpers import x64_enabled
 
 ROWS, WIDTH, LONG = 4, 300, 4096
 BLOCKS = [1, 7, 64]
@@ -67,15 +66,20 @@ def log_uniform(lo, hi):
     return st.floats(math.log(lo), math.log(hi)).map(math.exp)
 
 
-def _rows_strategy(n, spread=log_uniform(0.1, 30.0)):
+SPREADS = log_uniform(0.1, 30.0)
+
+
+def _rows_strategy(n, spread=SPREADS):
     """Keyword arguments of make_rows (less the format)."""
-    return st.fixed_dictionaries({
-        "seed": st.integers(0, 2**32 - 1),
-        "kind": st.sampled_from(KINDS),
-        "n": n,
-        "spread": spread,
-        "loc": st.floats(-20.0, 20.0),
-    })
+    return st.fixed_dictionaries(
+        {
+            "seed": st.integers(0, 2**32 - 1),
+            "kind": st.sampled_from(KINDS),
+            "n": n,
+            "spread": spread,
+            "loc": st.floats(-20.0, 20.0),
+        }
+    )
 
 
 # -- (a) bit for bit against the simulation --------------------------------------------
@@ -97,8 +101,14 @@ def test_bit_exact_against_simulation(fmt, model, params):
     policy = paper_uniform(fmt, accumulation=model)
     Xp = pad(X, WIDTH)
     runs = [("safe", safe_softmax(Xp, policy), lambda: sim.safe_softmax(X, fmt, model))]
-    runs += [(f"online block={b}", online_softmax(Xp, policy, block=b),
-              lambda b=b: sim.online_softmax(X, fmt, model, b)) for b in BLOCKS]
+    runs += [
+        (
+            f"online block={b}",
+            online_softmax(Xp, policy, block=b),
+            lambda b=b: sim.online_softmax(X, fmt, model, b),
+        )
+        for b in BLOCKS
+    ]
     for name, got, want in runs:
         got = np.asarray(got, np.float64)
         where = f"{name}, {policy.name}, {model}, n={n}"
@@ -117,11 +127,15 @@ def test_bit_exact_with_masked_entries(model):
     X[2, rng.uniform(size=WIDTH) < 0.5] = -np.inf  # interleaved
     X[3, 64:200] = -np.inf  # whole blocks in the middle
     policy = paper_uniform(BF16, accumulation=model)
-    np.testing.assert_array_equal(np.asarray(safe_softmax(X, policy)),
-                                  sim.safe_softmax(X, BF16, model))
+    np.testing.assert_array_equal(
+        np.asarray(safe_softmax(X, policy)), sim.safe_softmax(X, BF16, model)
+    )
     for b in BLOCKS:
-        np.testing.assert_array_equal(np.asarray(online_softmax(X, policy, block=b)),
-                                      sim.online_softmax(X, BF16, model, b), err_msg=f"block={b}")
+        np.testing.assert_array_equal(
+            np.asarray(online_softmax(X, policy, block=b)),
+            sim.online_softmax(X, BF16, model, b),
+            err_msg=f"block={b}",
+        )
 
 
 def test_masked_entries_in_a_format_without_infinities():
@@ -129,7 +143,7 @@ def test_masked_entries_in_a_format_without_infinities():
     E4M3FN has no infinities: casting the scores to it turns -inf into NaN, and
     the whole row becomes NaN unless the mask survives the cast."""
     X = make_rows(5, "uniform", WIDTH, 2.0, -2.0, E4M3FN)  # naive: sums <= 150 < 448
-    X[:, WIDTH // 2:] = -np.inf
+    X[:, WIDTH // 2 :] = -np.inf
     X[0, :] = -np.inf
     policy = paper_uniform(E4M3FN)
     outs = {"safe": safe_softmax(X, policy), "naive": naive_softmax(X, policy)}
@@ -137,10 +151,12 @@ def test_masked_entries_in_a_format_without_infinities():
     for name, y in outs.items():
         y = np.asarray(y)
         assert not np.isnan(y).any(), f"{name}: NaN in {np.isnan(y).sum()} of {y.size}"
-        np.testing.assert_array_equal(y[:, WIDTH // 2:], 0.0, err_msg=name)
+        np.testing.assert_array_equal(y[:, WIDTH // 2 :], 0.0, err_msg=name)
         np.testing.assert_array_equal(y[0], 0.0, err_msg=name)
-    np.testing.assert_array_equal(np.asarray(outs["safe"])[1:, :WIDTH // 2],
-                                  sim.safe_softmax(X[1:, :WIDTH // 2], E4M3FN, EXACT))
+    np.testing.assert_array_equal(
+        np.asarray(outs["safe"])[1:, : WIDTH // 2],
+        sim.safe_softmax(X[1:, : WIDTH // 2], E4M3FN, EXACT),
+    )
 
 
 def test_sums_are_exact_at_a_midpoint():
@@ -195,8 +211,7 @@ def test_online_matches_safe_within_bounds(fmt, params, block):
     for i in range(X.shape[0]):
         R = float(X[i].max() - X[i].min())
         b_safe = B.softmax_bound(n, R, fmt, accumulation=policy.accumulation)
-        b_online = B.online_softmax_bound(n, R, fmt, block=block,
-                                          accumulation=policy.accumulation)
+        b_online = B.online_softmax_bound(n, R, fmt, block=block, accumulation=policy.accumulation)
         # An infinite bound means the format's range admits no relative bound: an
         # exp(x - m) may underflow (fp16 for R > 9.69: the probability can become 0,
         # a relative error of 1) or a sum overflow.  Nothing to check then.
@@ -210,8 +225,7 @@ def test_online_matches_safe_within_bounds(fmt, params, block):
         e_diff = np.abs(online[i] - safe[i]) / exact[i]
         where = f"{fmt.name} n={n} R={R} block={block} row {i}"
         assert e_safe.max() <= b_safe + slack, f"safe {where}: {e_safe.max()} > {b_safe}"
-        assert e_online.max() <= b_online + slack, (
-            f"online {where}: {e_online.max()} > {b_online}")
+        assert e_online.max() <= b_online + slack, f"online {where}: {e_online.max()} > {b_online}"
         assert e_diff.max() <= b_safe + b_online + 2 * slack, f"online - safe {where}"
     assume(checked > 0)  # every row had an infinite bound (fp16, wide range)
 
@@ -238,8 +252,13 @@ def test_golden_online_equals_safe(seed):
     safe = np.asarray(safe_softmax(X, policy))
     np.testing.assert_allclose(safe, sim.exact_softmax(X), rtol=1e-13, atol=0)
     for b in BLOCKS:
-        np.testing.assert_allclose(np.asarray(online_softmax(X, policy, block=b)), safe,
-                                   rtol=1e-13, atol=0, err_msg=f"block={b}")
+        np.testing.assert_allclose(
+            np.asarray(online_softmax(X, policy, block=b)),
+            safe,
+            rtol=1e-13,
+            atol=0,
+            err_msg=f"block={b}",
+        )
 
 
 def test_naive_overflows_in_fp16_and_safe_does_not():

@@ -5,13 +5,17 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import x64_enabled
 
 from fa_jax.widening import widen
 
-from helpers import x64_enabled
-
-NARROW = [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2fnuz,
-          ml_dtypes.float4_e2m1fn]
+NARROW = [
+    np.float16,
+    ml_dtypes.bfloat16,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2fnuz,
+    ml_dtypes.float4_e2m1fn,
+]
 
 
 @pytest.mark.parametrize("dtype", NARROW, ids=lambda d: np.dtype(d).name)
