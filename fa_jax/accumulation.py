@@ -74,6 +74,8 @@ import math
 import re
 from typing import Literal
 
+from fa_jax._checks import non_negative_int, positive_int
+
 __all__ = [
     "EXACT",
     "SEQUENTIAL",
@@ -88,10 +90,6 @@ __all__ = [
 _KINDS = ("exact", "sequential", "chunked", "tensor_core")
 NORMALIZATIONS = ("toward_zero", "nearest_even", "up", "down")
 _TC_DEFAULTS = {"extra_bits": 0, "normalization": "toward_zero", "fused_accumulator": True}
-
-
-def _positive_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +134,8 @@ class Accumulation:
                     f"got {', '.join(given)} for kind {self.kind!r}"
                 )
         if self.kind in ("chunked", "tensor_core"):
-            if not _positive_int(self.chunk):
-                raise ValueError(
-                    f"Accumulation.chunk: expected a positive integer for {self.kind!r}, "
-                    f"got {self.chunk!r}"
-                )
+            chunk = positive_int(self.chunk, f"Accumulation.chunk of {self.kind!r}")
+            object.__setattr__(self, "chunk", chunk)
         elif self.chunk is not None:
             raise ValueError(
                 f"Accumulation.chunk: only 'chunked' and 'tensor_core' take a chunk, "
@@ -148,9 +143,8 @@ class Accumulation:
             )
 
     def _validate_tensor_core(self) -> None:
-        e = self.extra_bits
-        if not isinstance(e, int) or isinstance(e, bool) or e < 0:
-            raise ValueError(f"Accumulation.extra_bits: expected an integer >= 0, got {e!r}")
+        extra_bits = non_negative_int(self.extra_bits, "Accumulation.extra_bits")
+        object.__setattr__(self, "extra_bits", extra_bits)
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(
                 f"Accumulation.normalization: expected one of {NORMALIZATIONS}, "

@@ -72,6 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
+from fa_jax._checks import one_of, positive_int
 from fa_jax._jit import jit_config
 from fa_jax.backward import flash_backward, reference_backward
 from fa_jax.formats import get_format
@@ -100,9 +101,7 @@ class Blocks:
 
     def __post_init__(self):
         for name in ("br", "bc"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"Blocks.{name}: expected a positive integer, got {v!r}")
+            object.__setattr__(self, name, positive_int(getattr(self, name), f"Blocks.{name}"))
 
 
 def blocks_from_sram(
@@ -113,9 +112,8 @@ def blocks_from_sram(
 
     ``swap`` exchanges them (Golden et al. Fig 6a); ``square`` sets Br = Bc (Fig 6b).
     """
-    for name, v in (("sram_elems", sram_elems), ("d", d)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"blocks_from_sram: {name} must be a positive integer, got {v!r}")
+    sram_elems = positive_int(sram_elems, "blocks_from_sram: sram_elems")
+    d = positive_int(d, "blocks_from_sram: d")
     if swap and square:
         raise ValueError("blocks_from_sram: choose swap or square, not both")
     bc = math.ceil(sram_elems / (4 * d))
@@ -347,8 +345,7 @@ def flash_attention(
     in reverse mode by FlashAttention-2's backward (module docstring,
     :func:`fa_jax.backward.flash_backward`).
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"flash_attention: variant must be one of {VARIANTS}, got {variant!r}")
+    one_of(variant, VARIANTS, "flash_attention: variant")
     if not isinstance(blocks, Blocks):
         raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
     return _flash(

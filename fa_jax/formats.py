@@ -35,6 +35,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from fa_jax._checks import is_int
+
 __all__ = [
     "BF16",
     "E2M1FN",
@@ -66,10 +68,6 @@ _SPECIALS = ("ieee", "fn", "fnuz", "finite")
 _OVERFLOWS = ("inf", "saturate")
 EXP_BITS_RANGE = (2, 11)
 MAN_BITS_RANGE = (0, 52)
-
-
-def _is_concrete_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def _is_traced(v) -> bool:
@@ -111,7 +109,7 @@ class Format:
             object.__setattr__(self, "overflow", "saturate" if self.specials == "finite" else "inf")
         for field, (lo, hi) in (("exp_bits", EXP_BITS_RANGE), ("man_bits", MAN_BITS_RANGE)):
             v = getattr(self, field)
-            if not _is_traced(v) and not (_is_concrete_int(v) and lo <= v <= hi):
+            if not _is_traced(v) and not (is_int(v) and lo <= v <= hi):
                 raise ValueError(f"Format.{field}: expected an integer in {lo}..{hi}, got {v!r}")
         if self.bias is None:
             object.__setattr__(self, "bias", (1 << (self.exp_bits - 1)) - 1)
@@ -135,7 +133,7 @@ class Format:
                 "Format.overflow: a format with specials='finite' has neither inf nor "
                 f"NaN to overflow to, so overflow must be 'saturate'; got {self.overflow!r}"
             )
-        if not _is_traced(self.bias) and not _is_concrete_int(self.bias):
+        if not _is_traced(self.bias) and not is_int(self.bias):
             raise ValueError(f"Format.bias: expected an integer, got {self.bias!r}")
         if not self.is_concrete:
             return  # traced fields cannot be range-checked
@@ -174,7 +172,7 @@ class Format:
     @property
     def is_concrete(self) -> bool:
         """True when exp_bits, man_bits and bias are Python/numpy integers."""
-        return all(_is_concrete_int(v) for v in (self.exp_bits, self.man_bits, self.bias))
+        return all(is_int(v) for v in (self.exp_bits, self.man_bits, self.bias))
 
     def _require_concrete(self, what: str) -> None:
         if not self.is_concrete:
@@ -331,7 +329,7 @@ def custom(exp_bits, man_bits, **kwargs) -> Format:
     """
     name = kwargs.pop("name", None)
     if name is None:
-        concrete = _is_concrete_int(exp_bits) and _is_concrete_int(man_bits)
+        concrete = is_int(exp_bits) and is_int(man_bits)
         name = f"e{exp_bits}m{man_bits}" if concrete else "custom"
     return Format(name, exp_bits, man_bits, **kwargs)
 

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
+from fa_jax._checks import is_int, positive_int
 from fa_jax.formats import FP32, Format, get_format
 
 __all__ = [
@@ -99,14 +100,13 @@ def _finite_input(x, fn: str) -> jax.Array:
 
 
 def _block_size(block, n: int, shape, fn: str) -> int:
-    if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
-        raise ValueError(f"{fn}: block must be a positive integer, got {block!r}")
+    block = positive_int(block, f"{fn}: block")
     if n % block:
         raise ValueError(
             f"{fn}: block={block} does not divide the sequence length {n} "
             f"(axis -2 of shape {tuple(shape)})"
         )
-    return int(block)
+    return block
 
 
 def _matrix_input(x, fn: str) -> jax.Array:
@@ -165,9 +165,8 @@ def per_block_scales(x, fmt, block: int) -> jax.Array:
 
 def expand_block_scales(scales, block: int) -> jax.Array:
     """Per-block scales (..., N // block, 1) repeated to per-row scales (..., N, 1)."""
-    if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
-        raise ValueError(f"expand_block_scales: block must be a positive integer, got {block!r}")
-    return jnp.repeat(scales, int(block), axis=-2)
+    block = positive_int(block, "expand_block_scales: block")
+    return jnp.repeat(scales, block, axis=-2)
 
 
 # -- quantize / dequantize --------------------------------------------------------
@@ -204,8 +203,8 @@ def quantize_per_block(x, fmt, block: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _power_of_two(d, fn: str) -> int:
-    if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1 or d & (d - 1):
-        raise ValueError(f"{fn}: expected d a power of 2 (Sylvester's construction), got {d!r}")
+    if not is_int(d) or d < 1 or d & (d - 1):
+        raise ValueError(f"{fn}: d: expected a power of 2 (Sylvester's construction), got {d!r}")
     return int(d)
 
 
@@ -221,8 +220,7 @@ def hadamard(d: int) -> np.ndarray:
 
 def random_signs(key, d: int) -> jax.Array:
     """The diagonal of D: d independent ±1 values (float64) drawn from ``key``."""
-    if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1:
-        raise ValueError(f"random_signs: expected a positive integer d, got {d!r}")
+    d = positive_int(d, "random_signs: d")
     ops.require_x64()
     return jax.random.rademacher(key, (d,), dtype=jnp.float64)
 

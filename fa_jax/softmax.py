@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from fa_jax import ops
+from fa_jax._checks import positive_int
 from fa_jax._jit import jit_config
 from fa_jax.policy import Policy
 
@@ -124,8 +125,7 @@ def safe_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
 
 def online_softmax(x, policy: Policy, *, block: int = 1, axis: int = -1) -> jax.Array:
     """Two-pass online softmax: one pass for (m, d) in blocks of ``block``, one for y."""
-    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-        raise ValueError(f"online_softmax: block must be a positive integer, got {block!r}")
+    block = positive_int(block, "online_softmax: block")
     return _online_softmax(x, policy=policy, block=block, axis=axis)
 
 

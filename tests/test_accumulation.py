@@ -86,7 +86,7 @@ def test_tensor_core_is_selectable_in_a_policy():
         ),
         (
             lambda: chunked(0),
-            r"Accumulation.chunk: expected a positive integer for 'chunked', got 0",
+            r"Accumulation.chunk of 'chunked': expected a positive integer, got 0",
         ),
         (lambda: Accumulation("exact", 4), r"only 'chunked' and 'tensor_core' take a chunk, got 4"),
         (lambda: Accumulation("pairwise"), r"Accumulation.kind: expected"),
@@ -101,10 +101,10 @@ def test_tensor_core_is_selectable_in_a_policy():
         ),
         (lambda: get_accumulation("tensor_core(k=four)"), r"accumulation: expected"),
         (lambda: get_accumulation("tensor_core(extra_bits=3)"), r"accumulation: expected"),
-        (lambda: tensor_core_model(0), r"expected a positive integer for 'tensor_core', got 0"),
+        (lambda: tensor_core_model(0), r"chunk of 'tensor_core': expected a positive integer"),
         (
             lambda: tensor_core_model(4, extra_bits=-1),
-            r"extra_bits: expected an integer >= 0, got -1",
+            r"Accumulation.extra_bits: expected a non-negative integer, got -1",
         ),
         (
             lambda: tensor_core_model(4, normalization="stochastic"),

@@ -189,11 +189,28 @@ def test_blocks_from_sram_follows_fa1():
     assert blocks_from_sram(1024, 64) == Blocks(4, 4)
 
 
+def test_block_arguments_are_checked():
+    assert Blocks(np.int64(4), 8) == Blocks(4, 8)
+    assert type(Blocks(np.int64(4), 8).br) is int
+    for bad in (0, -1, True, 2.0, None):
+        with pytest.raises(
+            ValueError, match=rf"Blocks.br: expected a positive integer, got {bad!r}"
+        ):
+            Blocks(bad, 4)
+    with pytest.raises(ValueError, match=r"blocks_from_sram: sram_elems: expected a positive"):
+        blocks_from_sram(0, 64)
+    with pytest.raises(ValueError, match=r"blocks_from_sram: d: expected a positive integer, got"):
+        blocks_from_sram(1024, 64.0)
+    with pytest.raises(ValueError, match="swap or square"):
+        blocks_from_sram(1024, 64, swap=True, square=True)
+
+
 def test_errors():
     q, k, v = qkv(5)
     with pytest.raises(ValueError, match=r"Blocks.bc: expected a positive integer, got 0"):
         Blocks(4, 0)
-    with pytest.raises(ValueError, match="variant must be one of"):
+    variants = r"\('fa1', 'fa2', 'rowwise'\)"
+    with pytest.raises(ValueError, match=rf"flash_attention: variant: expected one of {variants}"):
         flash_attention(q, k, v, golden(), Blocks(4, 4), variant="fa3")
     with pytest.raises(TypeError, match="expected blocks=Blocks"):
         flash_attention(q, k, v, golden(), (4, 4))

@@ -180,7 +180,7 @@ def test_quantization_errors(x64):
     x = np.ones((2, 12, 4))
     with pytest.raises(ValueError, match="block=8 does not divide the sequence length 12"):
         qz.per_block_scales(x, E4M3FN, 8)
-    with pytest.raises(ValueError, match="block must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="block: expected a positive integer, got 0"):
         qz.quantize_per_block(x, E4M3FN, 0)
     with pytest.raises(ValueError, match=r"expected an array \(\.\.\., N, d\)"):
         qz.per_block_scales(np.ones(4), E4M3FN, 2)

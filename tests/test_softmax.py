@@ -317,3 +317,19 @@ def test_jit_equals_eager():
         with jax.disable_jit():
             eager = np.asarray(call())
         np.testing.assert_array_equal(eager, jitted, err_msg=name)
+
+
+@pytest.mark.parametrize("block", [0, -2, True, 1.5, None])
+def test_online_block_is_checked(block):
+    with pytest.raises(
+        ValueError, match=rf"online_softmax: block: expected a positive integer, got {block!r}"
+    ):
+        online_softmax(np.zeros((1, 4)), paper_uniform(BF16), block=block)
+
+
+def test_online_block_accepts_numpy_integers():
+    x = np.linspace(-2.0, 2.0, 12).reshape(1, 12)
+    np.testing.assert_array_equal(
+        np.asarray(online_softmax(x, paper_uniform(BF16), block=np.int64(4))),
+        np.asarray(online_softmax(x, paper_uniform(BF16), block=4)),
+    )
