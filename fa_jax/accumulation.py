@@ -47,24 +47,17 @@ normalised sum ``d`` is added to the accumulator by an IEEE round-to-nearest
 addition, ``c = fl(c + d)`` (an MMA with a zero C followed by an FP32 add).
 
 ``S`` is exact in float64 when ``man_bits + extra_bits + 1 + ceil(log2(|T|))
-<= 53`` (every aligned term is an integer multiple of ``q`` below
-``2**(man_bits + extra_bits + 1) q``); ``ops`` checks this for concrete formats
-(an FP32 accumulator with k = 8 and one extra bit needs 29 bits).
+<= 53`` (aligned terms are multiples of ``q`` below ``2**(man_bits +
+extra_bits + 1) q``); ``ops`` checks this for concrete formats.
 
-Special values: a block with a NaN, or with both +inf and -inf, gives NaN; a
-block with infinities of one sign gives that infinity (IEEE 754).  An exact
-zero ``S`` gives +0 (also for a block whose terms are all -0, where IEEE 754
-would give -0); a nonzero ``S`` that rounds to zero keeps its sign.  A finite
-``S`` beyond the format's range overflows per ``normalization`` (toward zero:
-±max, as IEEE 754 directed rounding).
+Special values follow IEEE 754 (NaN, or +inf with -inf, gives NaN; one
+infinity sign gives that infinity); an exact zero ``S`` gives +0, a nonzero
+``S`` that rounds to zero keeps its sign; overflow follows ``normalization``.
 
-Not modelled: the hardware's limited carry-out bits (the aligned sum here is
-exact); the alignment of a product of a subnormal input by its unnormalised
-exponent (here every product is normalised, E = floor(log2 |p|)); the
-binary16-output mode, which accumulates in binary32 and rounds the result to
-nearest; and the refinement of Khattak & Mikaitis ("Accurate models of NVIDIA
-tensor cores", arXiv 2512.07004, 2025), whose bit-accurate A100 model keeps
-a second extra bit when the largest product of a block is >= 2.
+Not modelled: the hardware's limited carry-out bits; the alignment of a
+product of a subnormal input by its unnormalised exponent; the binary16-output
+mode; and the second extra bit of Khattak & Mikaitis's bit-accurate A100 model
+("Accurate models of NVIDIA tensor cores", arXiv 2512.07004, 2025).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ Per key block j, with scores S_j (rows × Bc):
     α = exp(m − m_new);  β = exp(m̃ − m_new);  l_new = α l + β l̃
     o = ((l α) o + β (fl_p(P̃) V_j)) / l_new       (kept normalised)
 
-``rowwise`` (the one-pass recurrence of seed 002, o' normalised every step)::
+``rowwise`` (one pass, o kept normalised by the running sum at every step)::
 
     m_new, l_new, P̃ as fa2
     o = ((l α) / l_new) o + fl_p(P̃ / l_new) V_j

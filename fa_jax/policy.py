@@ -1,6 +1,6 @@
 """Precision policies: the format every stage of attention rounds to.
 
-Forward stages, in the order attention meets them (DESIGN §4):
+Forward stages, in the order attention meets them (Dao 2023, Algorithm 1):
 
 ==========  ==========================================================
 ``inputs``  Q, K and V as stored

@@ -1,4 +1,4 @@
-"""Preset precision policies (DESIGN §4): paper_uniform, fa2_kernel, torch_math, golden.
+"""Preset precision policies: paper_uniform, fa2_kernel, torch_math, golden.
 
 Each names the forward and the backward stages (:mod:`fa_jax.policy`)."""
 

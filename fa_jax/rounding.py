@@ -3,8 +3,8 @@
 ``round_to(x, fmt)`` returns, in ``x``'s own dtype (the *carrier*), the value of
 ``fmt`` that ``x`` rounds to.  It works on the carrier's bits with integer
 operations only, so XLA can neither elide it (excess precision) nor flush the
-target's subnormals (``lax.reduce_precision`` and CPU float arithmetic do both;
-DESIGN §3).
+target's subnormals (``lax.reduce_precision`` and CPU float arithmetic do
+both).
 
 How it works.  For a non-negative float, the integer formed by its exponent and
 fraction bits (its *magnitude code*) grows monotonically with its value, and

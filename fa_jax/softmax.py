@@ -1,6 +1,6 @@
 """Safe (3-pass), online (2-pass) and naive softmax under a precision policy.
 
-Notation follows Milakov & Gimelshein 2018 (arXiv 1805.02867) and seed 002:
+Notation follows Milakov & Gimelshein 2018 (arXiv 1805.02867):
 x are the scores, m the running maximum, d the running sum of exponentials.
 Every operation rounds through :mod:`fa_jax.ops` to the policy's format for
 its stage; ``fl_s`` below means "rounded to stage s":
