@@ -10,6 +10,8 @@ paper_uniform(BF16).
 
     python experiments/attribute.py                        # N=4096, 32x32 tiles, seeds 0,1
     python experiments/attribute.py --n 1024 --figure /tmp/a.png
+
+Results: see docs/results.md.
 """
 
 from __future__ import annotations
@@ -23,20 +25,23 @@ import numpy as np
 
 from fa_jax import BF16, FP32, FP64, Blocks, fa2_kernel, golden, metrics, paper_uniform
 from fa_jax.attention import flash_attention, reference_attention
-from fa_jax.studies.attribution import AttributionConfig, attribute, plot_attribution, write_csv
-from fa_jax.rounding import round_to
 from fa_jax.inputs import make_inputs
+from fa_jax.rounding import round_to
+from fa_jax.studies.attribution import AttributionConfig, attribute, plot_attribution, write_csv
 
 
 def joint(n: int, d: int, blocks: Blocks, seeds) -> list[tuple[str, float]]:
     """max |O - golden| (mean over seeds) of flash under paper_uniform(BF16) with
     stats and o_acc raised together, beside the baseline's."""
     base = paper_uniform(BF16)
-    runs = [("reference, paper_uniform(bf16)", "reference", base),
-            ("flash, paper_uniform(bf16)", "flash", base)]
+    runs = [
+        ("reference, paper_uniform(bf16)", "reference", base),
+        ("flash, paper_uniform(bf16)", "flash", base),
+    ]
     for fmt in (FP32, FP64):
-        runs.append((f"flash, stats + o_acc in {fmt.name}", "flash",
-                     base.replace(stats=fmt, o_acc=fmt)))
+        runs.append(
+            (f"flash, stats + o_acc in {fmt.name}", "flash", base.replace(stats=fmt, o_acc=fmt))
+        )
     out = []
     jax.config.update("jax_enable_x64", True)
     for label, kind, pol in runs:
@@ -60,8 +65,11 @@ def main(argv=None) -> None:
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--bc", type=int, default=32, help="tile size (Br = Bc)")
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--policies", default="paper_uniform,fa2_kernel",
-                   help="presets to attribute, at BF16 (comma-separated)")
+    p.add_argument(
+        "--policies",
+        default="paper_uniform,fa2_kernel",
+        help="presets to attribute, at BF16 (comma-separated)",
+    )
     p.add_argument("--out", default="fa_jax_out/attribute", help="folder for the CSV")
     p.add_argument("--figure", default="docs/figures/attribution.png")
     args = p.parse_args(argv)
@@ -72,8 +80,9 @@ def main(argv=None) -> None:
     presets = {"paper_uniform": paper_uniform, "fa2_kernel": fa2_kernel}
     for name in args.policies.split(","):
         policy = presets[name](BF16)
-        res = attribute(AttributionConfig(policy, seq_len=args.n, d=args.d, blocks=blocks,
-                                          seeds=seeds))
+        res = attribute(
+            AttributionConfig(policy, seq_len=args.n, d=args.d, blocks=blocks, seeds=seeds)
+        )
         for metric in ("max_abs_diff", "mean_abs_diff"):
             print(res.table(metric), end="\n\n")
         print(f"({res.seconds:.1f} s)\n")

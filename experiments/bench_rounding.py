@@ -4,7 +4,8 @@ float32 array in one run.  Prints elements/second and ratios.
 
     python experiments/bench_rounding.py [--log2n 24] [--repeats 20] [--formats bf16 fp16 e4m3fn]
 
-Goal (issue): round_to at >= 0.5x the plain XLA op's throughput.
+Target: round_to at >= 0.5x the plain XLA op's throughput.  Results: see
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def main(argv=None) -> None:
             rp = jax.jit(lambda v, f=fmt: jax.lax.reduce_precision(v, f.exp_bits, f.man_bits))
             rows.append((f"  lax.reduce_precision {fmt.name}", rate(rp, x, args.repeats)))
         host = lambda v, d=fmt.dtype: v.astype(d).astype(np.float32)  # noqa: E731
-        rows.append((f"  numpy+ml_dtypes astype {fmt.name}", rate(host, x_np, max(3, args.repeats // 4))))
+        rows.append(
+            (f"  numpy+ml_dtypes astype {fmt.name}", rate(host, x_np, max(3, args.repeats // 4)))
+        )
         for label, r in rows:
             print(f"{label:<34} {r:10.3e} elem/s   {r / plain:.2f}x plain")
         print(f"{'':<34} round_to / numpy+ml_dtypes = {ours / rows[-1][1]:.1f}x")

@@ -24,7 +24,7 @@ Times the same grid two ways, in one run:
     * max/mean/std abs diff and RMSE (float64 numpy) for flash_vs_golden,
       baseline_vs_golden and flash_vs_baseline.
 
-    Inputs are the sweep's own (``fa_jax.studies.sweep.make_inputs``, same seeds); both
+    Inputs are the sweep's own (``fa_jax.inputs.make_inputs``, same seeds); both
     sides draw them inside their timed region (the sweep internally, the loop
     per (format, seq_len, seed)).
 
@@ -38,7 +38,7 @@ Times the same grid two ways, in one run:
     rounding), but the work per configuration is the same; a short agreement
     check against the sweep's CSV is printed.
 
-Grids (``--full`` is the issue's grid; very expensive on a small CPU)::
+Grids (``--full`` is very expensive on a small CPU)::
 
     default: formats bf16, fp16; seq_lens 128..1024; blocks 32x64, 64x32,
              64x128; seeds 0, 1, 2; d = 64  (72 configurations)
@@ -55,7 +55,8 @@ says so.
     python experiments/bench_sweep.py
     python experiments/bench_sweep.py --full --max-numpy-configs 48
 
-Goal (issue): the sweep >= 30x faster than the numpy loop.
+Target: the sweep >= 30x faster than the numpy loop.  Results: see
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ _t_import = time.perf_counter()
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fa_jax import Blocks  # noqa: E402
-from fa_jax.studies.sweep import COMPARISONS, METRICS, Grid, make_inputs, run_sweep  # noqa: E402
+from fa_jax import Blocks, make_inputs  # noqa: E402
+from fa_jax.studies.sweep import COMPARISONS, METRICS, Grid, run_sweep  # noqa: E402
 
 _t_import = time.perf_counter() - _t_import
 
@@ -82,11 +83,16 @@ DTYPES = {
     "float8_e5m2": ml_dtypes.float8_e5m2,
     "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
 }
-DEFAULT = dict(formats=("bfloat16", "float16"), seq_lens=(128, 256, 512, 1024),
-               blocks=((32, 64), (64, 32), (64, 128)))
-FULL = dict(formats=("bfloat16", "float16", "float8_e5m2", "float8_e4m3fn"),
-            seq_lens=tuple(2 ** i for i in range(7, 15)),
-            blocks=((32, 64), (64, 32), (64, 128), (128, 64), (32, 128), (128, 32)))
+DEFAULT = dict(
+    formats=("bfloat16", "float16"),
+    seq_lens=(128, 256, 512, 1024),
+    blocks=((32, 64), (64, 32), (64, 128)),
+)
+FULL = dict(
+    formats=("bfloat16", "float16", "float8_e5m2", "float8_e4m3fn"),
+    seq_lens=tuple(2**i for i in range(7, 15)),
+    blocks=((32, 64), (64, 32), (64, 128), (128, 64), (32, 128), (128, 32)),
+)
 
 
 # -- the numpy + ml_dtypes peer ------------------------------------------------------
@@ -95,6 +101,7 @@ FULL = dict(formats=("bfloat16", "float16", "float8_e5m2", "float8_e4m3fn"),
 def rounder(dtype):
     def c(x):
         return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
+
     return c
 
 
@@ -119,9 +126,9 @@ def np_flash_fa2(q, k, v, scale, c, bc):
     mk = k.shape[-2]
     m = np.full(q.shape[:-1], -np.inf, np.float32)
     l = np.zeros(q.shape[:-1], np.float32)
-    o = np.zeros(q.shape[:-1] + (v.shape[-1],), np.float32)
+    o = np.zeros((*q.shape[:-1], v.shape[-1]), np.float32)
     for j0 in range(0, mk, bc):
-        kj, vj = k[..., j0:j0 + bc, :], v[..., j0:j0 + bc, :]
+        kj, vj = k[..., j0 : j0 + bc, :], v[..., j0 : j0 + bc, :]
         s = c(c(q @ np.swapaxes(kj, -1, -2)) * scale)
         m_new = c(np.maximum(m, s.max(-1)))
         # alpha = exp(m_old - m_new); 0 on the first block (m_old = -inf, which
@@ -156,15 +163,21 @@ def run_numpy(grid: Grid, configs, *, recompute: bool):
     """Run ``configs``; returns (results dict, per-unit shared times, per-config times)."""
     results = {}
     shared_t: dict = {}  # (fmt, n, seed) -> golden+baseline+inputs seconds
-    flash_t: dict = {}   # config -> flash+metrics seconds (+ shared if recompute)
+    flash_t: dict = {}  # config -> flash+metrics seconds (+ shared if recompute)
     cache = {}
     for fname, n, seed, label, b in configs:
         unit = (fname, n, seed)
         c = rounder(DTYPES[fname])
         if recompute or unit not in cache:
             t0 = time.perf_counter()
-            q, k, v = make_inputs(seed, n, batch=grid.batch, heads=grid.heads, d=grid.d,
-                                  distribution=grid.distribution)
+            q, k, v = make_inputs(
+                seed,
+                n,
+                batch=grid.batch,
+                heads=grid.heads,
+                d=grid.d,
+                distribution=grid.distribution,
+            )
             q64, k64, v64 = (t.astype(DTYPES[fname]).astype(np.float64) for t in (q, k, v))
             q, k, v = (t.astype(np.float32) for t in (q64, k64, v64))
             scale = np.float32(c(np.float32(1.0 / math.sqrt(grid.d))))
@@ -184,7 +197,9 @@ def run_numpy(grid: Grid, configs, *, recompute: bool):
             a, r = comp.split("_vs_")
             for m, val in zip(METRICS, np_metrics(outs[a], outs[r])):
                 results[(fname, n, seed, label, comp, m)] = val
-        flash_t[(fname, n, seed, label)] = time.perf_counter() - t0 + (t_shared if recompute else 0.0)
+        flash_t[(fname, n, seed, label)] = (
+            time.perf_counter() - t0 + (t_shared if recompute else 0.0)
+        )
     return results, shared_t, flash_t
 
 
@@ -215,28 +230,45 @@ def extrapolate(configs, shared_t, flash_t, recompute: bool) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--full", action="store_true", help="the issue's 4x8x6x3 grid")
-    ap.add_argument("--max-numpy-configs", type=int, default=None, metavar="K",
-                    help="time the numpy loop on ~K configurations (stratified by seq_len) "
-                         "and extrapolate linearly")
-    ap.add_argument("--numpy-recompute", action="store_true",
-                    help="numpy loop recomputes golden and baseline per configuration")
+    ap.add_argument("--full", action="store_true", help="the full 4x8x6x3 grid")
+    ap.add_argument(
+        "--max-numpy-configs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="time the numpy loop on ~K configurations (stratified by seq_len) "
+        "and extrapolate linearly",
+    )
+    ap.add_argument(
+        "--numpy-recompute",
+        action="store_true",
+        help="numpy loop recomputes golden and baseline per configuration",
+    )
     ap.add_argument("--skip-sweep", action="store_true", help="time the numpy loop only")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=1)
     args = ap.parse_args(argv)
 
     spec = FULL if args.full else DEFAULT
-    grid = Grid(formats=spec["formats"], seq_lens=spec["seq_lens"],
-                blocks=tuple(Blocks(br, bc) for br, bc in spec["blocks"]),
-                variants=("fa2",), policies=("paper_uniform",), seeds=(0, 1, 2),
-                batch=args.batch, heads=args.heads, d=64)
+    grid = Grid(
+        formats=spec["formats"],
+        seq_lens=spec["seq_lens"],
+        blocks=tuple(Blocks(br, bc) for br, bc in spec["blocks"]),
+        variants=("fa2",),
+        policies=("paper_uniform",),
+        seeds=(0, 1, 2),
+        batch=args.batch,
+        heads=args.heads,
+        d=64,
+    )
     configs = numpy_configs(grid)
-    print(f"grid: {'full (issue)' if args.full else 'default (reduced)'}; formats "
-          f"{list(spec['formats'])}; seq_lens {list(grid.seq_lens)}; blocks "
-          f"{[lab for lab, _ in grid.resolved_blocks()]}; seeds {list(grid.seeds)}; "
-          f"batch {grid.batch}, heads {grid.heads}, d {grid.d}; paper_uniform, fa2; "
-          f"{len(configs)} configurations")
+    print(
+        f"grid: {'full' if args.full else 'default (reduced)'}; formats "
+        f"{list(spec['formats'])}; seq_lens {list(grid.seq_lens)}; blocks "
+        f"{[lab for lab, _ in grid.resolved_blocks()]}; seeds {list(grid.seeds)}; "
+        f"batch {grid.batch}, heads {grid.heads}, d {grid.d}; paper_uniform, fa2; "
+        f"{len(configs)} configurations"
+    )
     print(f"import numpy, ml_dtypes, fa_jax (jax): {_t_import:.2f} s (not in either time)")
 
     t_sweep = None
@@ -255,18 +287,25 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results, shared_t, flash_t = run_numpy(grid, subset, recompute=args.numpy_recompute)
     t_timed = time.perf_counter() - t0
-    mode = ("golden+baseline recomputed per configuration" if args.numpy_recompute
-            else "golden+baseline once per (format, seq_len, seed), as the sweep")
+    mode = (
+        "golden+baseline recomputed per configuration"
+        if args.numpy_recompute
+        else "golden+baseline once per (format, seq_len, seed), as the sweep"
+    )
     if subset is configs:
         t_np = t_timed
-        print(f"numpy+ml_dtypes loop ({mode}): {t_np:.2f} s, measured on all "
-              f"{len(configs)} configurations")
+        print(
+            f"numpy+ml_dtypes loop ({mode}): {t_np:.2f} s, measured on all "
+            f"{len(configs)} configurations"
+        )
         np_label = f"{t_np:.2f} s"
     else:
         t_np = extrapolate(configs, shared_t, flash_t, args.numpy_recompute)
-        print(f"numpy+ml_dtypes loop ({mode}): {t_timed:.2f} s measured on {len(subset)} of "
-              f"{len(configs)} configurations ({len(subset) // len(grid.seq_lens)} per seq_len); "
-              f"EXTRAPOLATED linearly per configuration (per seq_len) to all: {t_np:.2f} s")
+        print(
+            f"numpy+ml_dtypes loop ({mode}): {t_timed:.2f} s measured on {len(subset)} of "
+            f"{len(configs)} configurations ({len(subset) // len(grid.seq_lens)} per seq_len); "
+            f"EXTRAPOLATED linearly per configuration (per seq_len) to all: {t_np:.2f} s"
+        )
         np_label = f"{t_np:.2f} s (extrapolated from {len(subset)} configs)"
 
     if csv_path is not None:
@@ -276,16 +315,29 @@ def main(argv=None) -> int:
             for row in csv.DictReader(fh):
                 if row["metric"] != "rmse":
                     continue
-                key = (row["format"], int(row["seq_len"]), int(row["seed"]), row["blocks"],
-                       row["comparison"], row["metric"])
+                key = (
+                    row["format"],
+                    int(row["seq_len"]),
+                    int(row["seed"]),
+                    row["blocks"],
+                    row["comparison"],
+                    row["metric"],
+                )
                 if key in results and float(row["value"]) > 0:
                     ratios[row["comparison"]].append(results[key] / float(row["value"]))
-        parts = [f"{comp} median {np.median(r):.3f} (range {np.min(r):.3f}..{np.max(r):.3f})"
-                 for comp, r in ratios.items() if r]
-        print("agreement, numpy rmse / fa_jax rmse over the numpy-computed configurations: "
-              + "; ".join(parts))
-        print(f"fa_jax sweep: {t_sweep:.2f} s; numpy+ml_dtypes loop: {np_label}; "
-              f"speedup: {t_np / t_sweep:.2f} x (goal >= 30 x)")
+        parts = [
+            f"{comp} median {np.median(r):.3f} (range {np.min(r):.3f}..{np.max(r):.3f})"
+            for comp, r in ratios.items()
+            if r
+        ]
+        print(
+            "agreement, numpy rmse / fa_jax rmse over the numpy-computed configurations: "
+            + "; ".join(parts)
+        )
+        print(
+            f"fa_jax sweep: {t_sweep:.2f} s; numpy+ml_dtypes loop: {np_label}; "
+            f"speedup: {t_np / t_sweep:.2f} x (goal >= 30 x)"
+        )
     tmp.cleanup()
     return 0
 

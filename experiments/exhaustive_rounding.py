@@ -7,7 +7,8 @@ payloads; that difference is counted separately and printed).
 
     python experiments/exhaustive_rounding.py [--formats bf16 fp16] [--chunk-log2 24]
 
-Takes a few minutes per format on a 2-core CPU.  Exits non-zero on any mismatch.
+Exits non-zero on any mismatch.  Run times: see docs/performance.md; results:
+docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ def check(fmt, chunk_log2: int) -> tuple[int, int]:
             bad = differ & ~nan_same_sign
             if bad.any():
                 i = np.flatnonzero(bad)[:3]
-                print(f"  {fmt.name}: mismatch at inputs {[hex(v) for v in x.view(np.uint32)[i]]}: "
-                      f"want {[hex(v) for v in want[i]]} got {[hex(v) for v in got[i]]}")
+                print(
+                    f"  {fmt.name}: mismatch at inputs {[hex(v) for v in x.view(np.uint32)[i]]}: "
+                    f"want {[hex(v) for v in want[i]]} got {[hex(v) for v in got[i]]}"
+                )
             mismatches += int(bad.sum())
     return mismatches, payload_only
 
@@ -59,8 +62,10 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         bad, payload = check(fmt, args.chunk_log2)
         total += bad
-        print(f"{fmt.name:>10}: {bad} mismatches of 2**32 float32 inputs "
-              f"({payload} NaN-payload-only differences), {time.perf_counter() - t0:.0f} s")
+        print(
+            f"{fmt.name:>10}: {bad} mismatches of 2**32 float32 inputs "
+            f"({payload} NaN-payload-only differences), {time.perf_counter() - t0:.0f} s"
+        )
     return 1 if total else 0
 
 

@@ -1,4 +1,6 @@
-"""Golden et al. 2024, Figs 7-8 (weight drift over training; needs optax): ``fa-jax reproduce fig8``.
+"""Golden et al. 2024, Figs 7-8 (weight drift over training): ``fa-jax reproduce fig8``.
+
+Needs optax (``pip install 'fa-jax[train]'``).
 
 Usage: python experiments/fig8_weights.py [--quick] [--out DIR] [other flags of fa-jax reproduce]
 """

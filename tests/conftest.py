@@ -4,9 +4,8 @@ import os
 
 import jax
 import pytest
-from hypothesis import HealthCheck, settings
-
 from helpers import x64_enabled
+from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -29,9 +28,9 @@ def x64():
 @pytest.fixture(autouse=True)
 def _x64_setting_does_not_leak():
     """Fail a test that leaves jax_enable_x64 changed: later tests would silently run
-    under the other precision (CLI code once did this)."""
-    before = jax.config.jax_enable_x64
+    under the other precision."""
+    before = jax.config.read("jax_enable_x64")
     yield
-    after = jax.config.jax_enable_x64
+    after = jax.config.read("jax_enable_x64")
     jax.config.update("jax_enable_x64", before)
     assert after == before, f"jax_enable_x64 left changed ({before} -> {after})"
