@@ -14,7 +14,7 @@ __all__ = ["float64_enabled"]
 @contextlib.contextmanager
 def float64_enabled() -> Iterator[None]:
     """``jax_enable_x64`` on inside the block, restored to its previous value on exit."""
-    previous = jax.config.jax_enable_x64
+    previous = jax.config.read("jax_enable_x64")
     jax.config.update("jax_enable_x64", True)
     try:
         yield

@@ -65,7 +65,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Literal
+from typing import Literal, cast
 
 from fa_jax._checks import non_negative_int, positive_int
 
@@ -154,13 +154,13 @@ class Accumulation:
         """Terms a tensor-core block adds at once: k, plus the accumulator if fused."""
         if self.kind != "tensor_core":
             raise ValueError(f"Accumulation.block_terms: only for 'tensor_core', not {self.kind!r}")
-        return self.chunk + (1 if self.fused_accumulator else 0)
+        return cast(int, self.chunk) + (1 if self.fused_accumulator else 0)
 
     def sum_bits(self, man_bits: int) -> int:
         """Bits an aligned tensor-core block sum spans for an accumulator with
         ``man_bits``: man_bits + extra_bits + 1 + ceil(log2(block_terms)).  The
         model is exact in a float64 carrier while this is <= 53."""
-        return man_bits + self.extra_bits + 1 + math.ceil(math.log2(self.block_terms))
+        return man_bits + cast(int, self.extra_bits) + 1 + math.ceil(math.log2(self.block_terms))
 
     def __str__(self) -> str:
         if self.kind == "chunked":

@@ -65,11 +65,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from fa_jax import ops
 from fa_jax._checks import one_of, positive_int
@@ -217,7 +218,7 @@ class _Call:
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray))
+    return isinstance(x, (jax.Array, Tracer, np.ndarray))
 
 
 def _call_of(q, k, v, config, causal, blocks=None, variant=None):
@@ -281,7 +282,8 @@ def reference_attention(
     (module docstring, :func:`fa_jax.backward.reference_backward`).
     """
     call, q, k, v, dynamic = _call_of(q, k, v, (policy, q_lengths, kv_lengths, scale), causal)
-    o, lse = _reference_vjp(call, q, k, v, dynamic)
+    # custom_vjp erases the return type: it is the (O, lse) of _reference_forward.
+    o, lse = _reference_vjp(call, q, k, v, dynamic)  # pyright: ignore[reportGeneralTypeIssues]
     if return_lse:
         return o, lse
     return o
@@ -315,7 +317,8 @@ def _reference_vjp_fwd(call: _Call, q, k, v, dynamic):
 def _reference_vjp_bwd(call: _Call, residuals, cotangents):
     (q, k, v, scale, p), dynamic = residuals
     policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
-    q, k, v, d_o, d_lse = _clear_masked(q, k, v, *cotangents, call.causal, q_lengths, kv_lengths)
+    d_o, d_lse = cotangents
+    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, call.causal, q_lengths, kv_lengths)
     return _cotangents(call, *reference_backward(q, k, v, p, d_o, d_lse, scale, policy))
 
 
@@ -392,13 +395,13 @@ def _unblock(x_blocks, mk: int):
 def _flash_forward(call: _Call, q, k, v, dynamic):
     """((O, lse), (Q, K, V, scale)): the outputs and the prepared inputs the backward reads."""
     policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
-    causal, bc = call.causal, call.blocks.bc
+    causal, bc = call.causal, cast(Blocks, call.blocks).bc  # flash calls always carry blocks
     q, k, v, scale = _prepare(q, k, v, policy, scale)
     prepared = (q, k, v, scale)
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
-    update = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}[call.variant]
+    update = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}[cast(str, call.variant)]
 
     def step(carry, xs):
         k_j, v_j, col0 = xs
@@ -428,10 +431,11 @@ def _flash_vjp_fwd(call: _Call, q, k, v, dynamic):
 def _flash_vjp_bwd(call: _Call, residuals, cotangents):
     (q, k, v, scale), (o, lse), dynamic = residuals
     policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
-    causal, bc = call.causal, call.blocks.bc
+    causal, bc = call.causal, cast(Blocks, call.blocks).bc
     mk = k.shape[-2]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
-    q, k, v, d_o, d_lse = _clear_masked(q, k, v, *cotangents, causal, q_lengths, kv_len)
+    d_o, d_lse = cotangents
+    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, causal, q_lengths, kv_len)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
 
     def scores(k_j, col0):

@@ -34,6 +34,7 @@ from typing import Literal
 import jax
 import ml_dtypes
 import numpy as np
+from jax.core import Tracer
 
 from fa_jax._checks import is_int
 
@@ -72,7 +73,7 @@ MAN_BITS_RANGE = (0, 52)
 
 def _is_traced(v) -> bool:
     """A JAX array or tracer: a width chosen at run time (vmap over formats)."""
-    return isinstance(v, (jax.Array, jax.core.Tracer))
+    return isinstance(v, (jax.Array, Tracer))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -101,8 +102,9 @@ class Format:
     man_bits: int
     subnormals: bool = True
     specials: Specials = "ieee"
-    bias: int | None = None
-    overflow: Overflow | None = None
+    # None until __post_init__ fills in the default: always set on a built Format.
+    bias: int = None  # pyright: ignore[reportAssignmentType]
+    overflow: Overflow = None  # pyright: ignore[reportAssignmentType]
 
     def __post_init__(self):
         if self.overflow is None:

@@ -54,7 +54,11 @@ __all__ = [
 def _as_float_array(x, name: str) -> jax.Array:
     """``x`` as a jnp array, refusing the silent float64 -> float32 truncation."""
     dtype = getattr(x, "dtype", None)
-    if dtype is not None and np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:
+    if (
+        dtype is not None
+        and np.dtype(dtype) == np.float64
+        and not jax.config.read("jax_enable_x64")
+    ):
         raise TypeError(
             f"{name}: got a float64 array while jax_enable_x64 is off; it would be "
             "truncated to float32.  Enable x64 (jax.config.update('jax_enable_x64', "
@@ -327,7 +331,7 @@ def ulp_distance(a, b, fmt) -> jax.Array:
     wide = _compute_dtype(a.dtype, b.dtype)
     if wide == np.float64:
         carrier = np.dtype(np.float64)
-    if carrier == np.float64 and not jax.config.jax_enable_x64:
+    if carrier == np.float64 and not jax.config.read("jax_enable_x64"):
         raise ValueError(
             f"ulp_distance: format {fmt.name!r} (or a float64 input) needs a float64 "
             "carrier; enable it with jax.config.update('jax_enable_x64', True)"

@@ -42,13 +42,15 @@ model, as for every op here).
 
 from __future__ import annotations
 
+import typing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.formats import Format, get_format
-from fa_jax.rounding import round_to
+from fa_jax.rounding import RoundingMode, round_to
 from fa_jax.widening import widen
 
 __all__ = ["add", "carrier", "cast", "div", "exp", "matmul", "maximum", "mul", "sub", "sum"]
@@ -62,7 +64,7 @@ _X64_HINT = (
 
 def require_x64() -> None:
     """Raise a RuntimeError that says how to enable float64 if it is off."""
-    if not jax.config.jax_enable_x64:
+    if not jax.config.read("jax_enable_x64"):
         raise RuntimeError(_X64_HINT)
 
 
@@ -181,7 +183,7 @@ def _sequential(terms, fmt: Format):
     return acc
 
 
-def _sum_and_error(x, axis: int = 0):
+def _sum_and_error(x, axis: int = 0) -> tuple[jax.Array, jax.Array]:
     """(s, e) with s + e = Σ x along ``axis`` to within about n * 2**-106 * Σ|x|:
     a variadic reduction whose combiner is TwoSum, so no partial sum's rounding
     error is lost whatever order XLA reduces in."""
@@ -192,7 +194,8 @@ def _sum_and_error(x, axis: int = 0):
         return s, (e1 + e2) + err
 
     zero = np.float64(0.0)
-    return jax.lax.reduce((x, jnp.zeros_like(x)), (zero, zero), combine, (axis,))
+    s, e = jax.lax.reduce((x, jnp.zeros_like(x)), (zero, zero), combine, (axis,))
+    return s, e
 
 
 def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> jax.Array:
@@ -218,7 +221,7 @@ def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> 
     if model.kind == "exact":
         return _round_to_odd_then(*_sum_and_error(x), fmt)
     if model.kind == "chunked":
-        n, k = x.shape[0], model.chunk
+        n, k = x.shape[0], typing.cast(int, model.chunk)
         pad = -n % k
         x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
         chunks = _sum_and_error(x.reshape((n + pad) // k, k, *x.shape[1:]), axis=1)
@@ -329,10 +332,10 @@ def _tensor_core_block(terms, fmt: Format, model: Accumulation):
     emin = 1 - jnp.asarray(fmt.bias, jnp.int32)
     e = jnp.maximum(_exponent(terms), emin)  # E(x) = max(floor(log2 |x|), emin)
     e_max = jnp.max(jnp.where(finite & (terms != 0), e, _NO_EXPONENT), axis=-1)
-    q_exp = e_max - jnp.asarray(fmt.man_bits, jnp.int32) - model.extra_bits
+    q_exp = e_max - jnp.asarray(fmt.man_bits, jnp.int32) - typing.cast(int, model.extra_bits)
     s = jnp.sum(_truncate(terms, q_exp[..., None]), axis=-1)  # exact (sum_bits <= 53)
     s = jnp.where(s == 0, 0.0, s)  # an exact zero sum is +0
-    out = round_to(s, fmt, model.normalization)
+    out = round_to(s, fmt, typing.cast(RoundingMode, model.normalization))
     return jnp.where(jnp.all(finite, axis=-1), out, jnp.sum(terms, axis=-1))  # inf/NaN: IEEE
 
 

@@ -52,6 +52,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from fa_jax import ops
 from fa_jax._checks import is_int, positive_int
@@ -89,7 +90,7 @@ def _target(fmt, fn: str) -> Format:
 def _finite_input(x, fn: str) -> jax.Array:
     """``x`` as a float64 carrier; a concrete array must be finite."""
     x = ops.carrier(x)
-    if not isinstance(x, jax.core.Tracer):
+    if not isinstance(x, Tracer):
         bad = int(np.sum(~np.isfinite(np.asarray(x))))
         if bad:
             raise ValueError(
