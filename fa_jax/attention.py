@@ -112,9 +112,15 @@ def blocks_from_sram(
     Bc = ceil(M / 4d), Br = min(Bc, d).
 
     ``swap`` exchanges them (Golden et al. Fig 6a); ``square`` sets Br = Bc (Fig 6b).
+    M must hold at least one row of each of the four tiles (Q, K, V, O): M >= 4d.
     """
     sram_elems = positive_int(sram_elems, "blocks_from_sram: sram_elems")
     d = positive_int(d, "blocks_from_sram: d")
+    if sram_elems < 4 * d:
+        raise ValueError(
+            f"blocks_from_sram: sram_elems: expected at least 4 * d = {4 * d} elements "
+            f"(one row of each of the Q, K, V and O tiles), got {sram_elems}"
+        )
     if swap and square:
         raise ValueError("blocks_from_sram: choose swap or square, not both")
     bc = math.ceil(sram_elems / (4 * d))
@@ -221,9 +227,27 @@ def _is_array(x) -> bool:
     return isinstance(x, (jax.Array, Tracer, np.ndarray))
 
 
-def _call_of(q, k, v, config, causal, blocks=None, variant=None):
+def _check_call(fn: str, q, k, v, policy) -> None:
+    """The errors a caller can act on, raised before anything is traced."""
+    if not isinstance(policy, Policy):
+        hint = (
+            f"fa_jax.get_policy({policy!r}, 'bf16') builds a preset by name"
+            if isinstance(policy, str)
+            else "e.g. fa_jax.fa2_kernel('bf16')"
+        )
+        raise TypeError(f"{fn}: policy: expected a Policy ({hint}), got {policy!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim >= 2 and 0 in t.shape[-2:]:
+            raise ValueError(
+                f"{fn}: {name}: expected at least one row and one column in its last two "
+                f"dimensions, got shape {t.shape}"
+            )
+
+
+def _call_of(fn: str, q, k, v, config, causal, blocks=None, variant=None):
     """(_Call, q, k, v, dynamic) for a custom_vjp call (see _Call)."""
     q, k, v = (jnp.asarray(t) for t in (q, k, v))
+    _check_call(fn, q, k, v, config[0])
     leaves, treedef = jax.tree_util.tree_flatten(config)
     static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
     dynamic = tuple(x for x in leaves if _is_array(x))
@@ -281,7 +305,9 @@ def reference_attention(
     log-sum-exp (..., N) too if ``return_lse``.  Differentiable in reverse mode
     (module docstring, :func:`fa_jax.backward.reference_backward`).
     """
-    call, q, k, v, dynamic = _call_of(q, k, v, (policy, q_lengths, kv_lengths, scale), causal)
+    call, q, k, v, dynamic = _call_of(
+        "reference_attention", q, k, v, (policy, q_lengths, kv_lengths, scale), causal
+    )
     # custom_vjp erases the return type: it is the (O, lse) of _reference_forward.
     o, lse = _reference_vjp(call, q, k, v, dynamic)  # pyright: ignore[reportGeneralTypeIssues]
     if return_lse:
@@ -368,7 +394,7 @@ def flash_attention(
 @jit_config("policy", "blocks", "variant", "causal")
 def _flash(q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale):
     call, q, k, v, dynamic = _call_of(
-        q, k, v, (policy, q_lengths, kv_lengths, scale), causal, blocks, variant
+        "flash_attention", q, k, v, (policy, q_lengths, kv_lengths, scale), causal, blocks, variant
     )
     return _flash_vjp(call, q, k, v, dynamic)
 

@@ -407,6 +407,8 @@ def get_format(spec) -> Format:
     """
     if isinstance(spec, Format):
         return spec
+    if spec is None:  # numpy would read None as float64
+        raise ValueError("get_format: expected a format name, dtype or Format, got None")
     if isinstance(spec, str):
         key = spec.strip().lower()
         if key in _ALIASES:

@@ -203,6 +203,10 @@ def test_block_arguments_are_checked():
         blocks_from_sram(1024, 64.0)
     with pytest.raises(ValueError, match="swap or square"):
         blocks_from_sram(1024, 64, swap=True, square=True)
+    # Below 4d an SRAM cannot hold one row of each tile: no silent 1x1 tiles.
+    assert blocks_from_sram(256, 64) == Blocks(1, 1)
+    with pytest.raises(ValueError, match=r"sram_elems: expected at least 4 \* d = 256 .*got 255"):
+        blocks_from_sram(255, 64)
 
 
 def test_errors():
@@ -218,6 +222,38 @@ def test_errors():
         reference_attention(q, k[:1], v[:1], golden())
     with pytest.raises(ValueError, match="choose swap or square"):
         blocks_from_sram(1000, 16, swap=True, square=True)
+
+
+@pytest.mark.parametrize("attention", ["reference", "flash"])
+def test_policy_must_be_a_policy(attention):
+    q, k, v = qkv(7)
+    call = {
+        "reference": lambda p: reference_attention(q, k, v, p),
+        "flash": lambda p: flash_attention(q, k, v, p, Blocks(4, 4)),
+    }[attention]
+    name = f"{attention}_attention"
+    with pytest.raises(TypeError, match=rf"{name}: policy: .*get_policy\('fa2_kernel', 'bf16'\)"):
+        call("fa2_kernel")
+    with pytest.raises(TypeError, match=rf"{name}: policy: expected a Policy .*got None"):
+        call(None)
+
+
+@pytest.mark.parametrize(
+    "shapes, bad",
+    [
+        (((0, 8), (4, 8), (4, 8)), "q"),
+        (((4, 0), (4, 0), (4, 8)), "q"),
+        (((4, 8), (0, 8), (0, 8)), "k"),
+    ],
+)
+def test_empty_dimensions_are_rejected(x64, shapes, bad):
+    q, k, v = (np.ones(s) for s in shapes)
+    for call in (
+        lambda: reference_attention(q, k, v, golden()),
+        lambda: flash_attention(q, k, v, golden(), Blocks(4, 4)),
+    ):
+        with pytest.raises(ValueError, match=rf"{bad}: expected at least one row and one column"):
+            call()
 
 
 def test_golden_needs_x64():

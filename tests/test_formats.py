@@ -97,6 +97,11 @@ def test_get_format_builds_custom_em_names():
 def test_unknown_names_and_dtypes_are_rejected():
     with pytest.raises(ValueError, match="unknown format 'bf17'"):
         get_format("bf17")
+    # numpy reads a dtype of None as float64; a format must be named.
+    with pytest.raises(
+        ValueError, match="get_format: expected a format name, dtype or Format, got None"
+    ):
+        get_format(None)
     with pytest.raises(ValueError, match="float8_e8m0fnu"):
         Format.from_dtype(ml_dtypes.float8_e8m0fnu)
     with pytest.raises(ValueError, match="int32"):
