@@ -142,7 +142,7 @@ def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Ar
             "round_to: mode='stochastic' needs key=jax.random.key(...); other modes take "
             f"no key (got mode={mode!r}, key={'None' if key is None else 'a key'})"
         )
-    x = jnp.asarray(x)
+    x = jnp.asarray(_float64_without_x64(x, fmt, mode))
     carrier = _carrier_of(x.dtype, fmt)
     rbits = jax.random.bits(key, x.shape, carrier.uint) if key is not None else None
     static = _Static(mode, fmt.subnormals, fmt.specials, fmt.overflow)
@@ -150,6 +150,61 @@ def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Ar
         widths = (int(fmt.exp_bits), int(fmt.man_bits), int(fmt.bias))
         return _round_compiled(static, widths, x, rbits)
     return _round_ste(static, x, fmt.exp_bits, fmt.man_bits, fmt.bias, rbits)
+
+
+def _float64_without_x64(x, fmt: Format, mode: str):
+    """Host float64 values (numpy arrays, numpy or Python floats) when
+    ``jax_enable_x64`` is off, which JAX would round to float32 before
+    ``round_to`` rounds them again.  They are narrowed here by rounding to odd
+    instead: float32 with its last bit set where the narrowing was inexact.
+    Rounding to odd to q >= p + 2 bits, then to p bits in any direction, equals
+    rounding once (Boldo & Melquiond 2008, "Emulation of FMA and correctly rounded
+    sums: proved algorithms using rounding to odd", Thm. 3), so every format with
+    two bits to spare in float32 (man_bits <= 21, quantum >= 2**-147) is rounded
+    correctly.  Float32's own layout in round-to-nearest is numpy's cast, one
+    rounding; other formats, traced formats and stochastic rounding raise."""
+    if jax.config.read("jax_enable_x64") or isinstance(x, jax.Array):
+        return x
+    a = np.asarray(x)
+    if a.dtype != np.float64:
+        return x
+    spare_bits = (
+        fmt.is_concrete
+        and fmt.man_bits <= 21
+        and fmt.emax <= 127
+        and fmt.emin - fmt.man_bits >= -147
+    )
+    float32_nearest = (
+        fmt.is_concrete
+        and mode == "nearest_even"
+        and (fmt.man_bits, fmt.emax, fmt.min_exponent) == (23, 127, -149)
+    )
+    if float32_nearest:
+        with np.errstate(over="ignore"):
+            return a.astype(np.float32)
+    if mode == "stochastic" or not spare_bits:
+        what = "stochastic rounding" if mode == "stochastic" else f"{fmt.name}"
+        raise TypeError(
+            f"round_to: x is float64 but jax_enable_x64 is off, and {what} cannot be "
+            "rounded exactly from a float32 carrier; enable float64 with "
+            "jax.config.update('jax_enable_x64', True) or pass float32 values"
+        )
+    return _round_to_odd_float32(a)
+
+
+def _round_to_odd_float32(a: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounded to odd: exact values stay; an inexact one becomes
+    the float32 neighbour toward zero with its last bit set (the odd one of the two
+    that bracket it; FLT_MAX past the range, ±2**-149 below it)."""
+    with np.errstate(over="ignore"):
+        nearest = a.astype(np.float32)
+    back = nearest.astype(np.float64)
+    inexact = (back != a) & np.isfinite(a)
+    away = inexact & (np.abs(back) > np.abs(a))
+    code = nearest.view(np.uint32)
+    code = np.where(away, code - np.uint32(1), code)  # sign-magnitude: one step toward 0
+    code = np.where(inexact, code | np.uint32(1), code)
+    return np.asarray(code, np.uint32).view(np.float32)
 
 
 def _carrier_of(dtype, fmt: Format) -> _Carrier:

@@ -4,6 +4,8 @@ The exact-rational oracle for float64 carriers and directed modes lives in
 test_rounding_oracle.py.
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -230,3 +232,83 @@ def test_error_messages():
         round_to(x, fa_jax.FP64)
     with pytest.raises(ValueError, match="unknown format 'bf61'"):
         round_to(x, "bf61")
+
+
+@contextlib.contextmanager
+def x64_disabled():
+    previous = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def float64_near_ties(fmt, seed: int, n: int = 4000) -> np.ndarray:
+    """float64 values a float32 narrowing would move onto (or off) a tie or a value
+    of ``fmt``: its values and midpoints, nudged by float64 ulps and by 2**-40
+    relative, with both signs, plus overflow, underflow and specials."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
+    with x64_enabled():
+        lo = np.asarray(round_to(x, fmt, "down"))
+        hi = np.asarray(round_to(x, fmt, "up"))
+    mid = lo / 2 + hi / 2  # exact: both are values of a format narrower than float64
+    base = np.concatenate([lo, mid, hi])
+    nudged = [base, np.nextafter(base, np.inf), np.nextafter(base, -np.inf)]
+    nudged += [base * (1 + 2.0**-40), base * (1 - 2.0**-40)]
+    tail = [
+        fmt.max * 1.5,
+        fmt.max * (1 + 2.0**-30),
+        fmt.smallest_subnormal / 2,
+        fmt.smallest_subnormal * 0.5 * (1 + 2.0**-40),
+        1e-300,
+        1e300,
+        np.inf,
+        np.nan,
+        0.0,
+    ]
+    xs = np.concatenate([*nudged, np.array(tail)])
+    return np.concatenate([xs, -xs])
+
+
+@pytest.mark.parametrize(
+    "fmt", [BF16, FP16, E4M3FN, fa_jax.E5M2, fa_jax.TF32, custom(6, 13)], ids=lambda f: f.name
+)
+@pytest.mark.parametrize("mode", ["nearest_even", "toward_zero", "up", "down"])
+def test_float64_input_without_x64_rounds_once(fmt, mode):
+    """With jax_enable_x64 off, JAX narrows float64 host values to float32: round_to
+    narrows them by rounding to odd instead, so the result equals rounding the
+    float64 value once (the float64 carrier's result, checked against an exact
+    oracle elsewhere)."""
+    x = float64_near_ties(fmt, seed=len(mode))
+    with x64_enabled():
+        want = np.asarray(round_to(x, fmt, mode)).astype(np.float32)
+    with x64_disabled():
+        got = round_to(x, fmt, mode)
+        scalar = round_to(float(x[1]), fmt, mode)
+    assert got.dtype == jnp.float32
+    assert_same_bits(np.asarray(got), want, x)
+    assert same_bits(np.asarray(scalar), want[1]).all()
+
+
+def test_float64_input_without_x64_issue_example():
+    # 1 + 2**-4 + 2**-40 narrows to 1 + 2**-4 in float32, a tie that rounds to 1 in
+    # e4m3fn; the float64 value lies above the tie and rounds to 1.125.
+    with x64_disabled():
+        assert float(round_to(np.array([1 + 2**-4 + 2**-40]), E4M3FN)[0]) == 1.125
+        assert float(round_to(np.float64(1 + 2**-4 + 2**-40), "e4m3fn")) == 1.125
+        # float32's own layout in round-to-nearest is numpy's single rounding.
+        assert float(round_to(np.float64(0.1), FP32)) == float(np.float32(0.1))
+
+
+def test_float64_input_without_x64_raises_where_it_cannot_round_once():
+    x = np.array([1 + 2**-30])
+    with x64_disabled():
+        for fmt, mode, kw in [
+            (FP32, "up", {}),
+            (custom(8, 22), "nearest_even", {}),
+            (BF16, "stochastic", {"key": jax.random.key(0)}),
+        ]:
+            with pytest.raises(TypeError, match="x is float64 but jax_enable_x64 is off"):
+                round_to(x, fmt, mode, **kw)
