@@ -62,10 +62,27 @@ _X64_HINT = (
 )
 
 
+_TPU_HINT = (
+    "fa_jax's emulated ops compute on float64 carriers and their bit patterns, and XLA's "
+    "TPU backend emulates float64 without bitcasts, so they cannot run on a TPU: run them "
+    "on the host CPU, e.g. inside `with jax.default_device(jax.devices('cpu')[0]):`"
+)
+
+
+def _platform() -> str:
+    """The platform computations go to: the default device's, else the default backend's."""
+    device = getattr(jax.config, "jax_default_device", None)
+    platform = getattr(device, "platform", device)
+    return platform if isinstance(platform, str) else jax.default_backend()
+
+
 def require_x64() -> None:
-    """Raise a RuntimeError that says how to enable float64 if it is off."""
+    """Raise a RuntimeError that says how to enable float64 if it is off, or that
+    names the limitation on a backend that cannot bitcast float64 (TPU)."""
     if not jax.config.read("jax_enable_x64"):
         raise RuntimeError(_X64_HINT)
+    if _platform() == "tpu":
+        raise RuntimeError(_TPU_HINT)
 
 
 def carrier(x) -> jax.Array:
