@@ -1,5 +1,7 @@
 """Format: derived fields against ml_dtypes/numpy finfo, registry, validation."""
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -175,3 +177,51 @@ def test_format_is_a_pytree_with_traced_widths():
         return f.man_bits
 
     assert jax.jit(traced_fields)(jnp.int32(3)) == 3
+
+
+# Formats at the edges of what a carrier holds: emin - man_bits = -149 (float32's
+# smallest step) or -1074 (float64's), man_bits <= 23 and emax <= 127 for float32.
+FITS_CASES = [
+    (dict(exp_bits=3, man_bits=4, bias=146), np.float32, True),
+    (dict(exp_bits=3, man_bits=4, bias=146, subnormals=False), np.float32, True),
+    (dict(exp_bits=3, man_bits=4, bias=147), np.float32, False),
+    (dict(exp_bits=3, man_bits=4, bias=150, subnormals=False), np.float32, False),
+    (dict(exp_bits=8, man_bits=23), np.float32, True),
+    (dict(exp_bits=8, man_bits=24), np.float32, False),
+    (dict(exp_bits=9, man_bits=10), np.float32, False),
+    (dict(exp_bits=5, man_bits=10, bias=1065), np.float64, True),
+    (dict(exp_bits=5, man_bits=10, bias=1065, subnormals=False), np.float64, True),
+    (dict(exp_bits=11, man_bits=52), np.float64, True),
+    (dict(exp_bits=8, man_bits=23), np.float64, True),
+]
+
+
+def _exact_in(v: Fraction, carrier) -> bool:
+    return Fraction(float(np.array(float(v), carrier))) == v
+
+
+@pytest.mark.parametrize("kwargs, carrier, fits", FITS_CASES, ids=str)
+def test_fits(kwargs, carrier, fits):
+    """fits(carrier) is True exactly when the format's finest step and its max are
+    exact in the carrier; False cases are shown not to be."""
+    fmt = Format("f", **kwargs)
+    assert fmt.fits(carrier) is fits
+    # tiny's upper neighbour (the same spacing with or without subnormals), and max.
+    witnesses = [Fraction(fmt.tiny) + Fraction(2) ** (fmt.emin - fmt.man_bits), Fraction(fmt.max)]
+    exact = all(_exact_in(v, carrier) for v in witnesses)
+    assert exact is fits, (fmt, [float(v) for v in witnesses])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(exp_bits=5, man_bits=10, bias=1066),  # emin - man_bits = -1075
+        dict(exp_bits=5, man_bits=10, bias=1066, subnormals=False),
+        dict(exp_bits=11, man_bits=10, bias=1000),  # emax = 1046
+    ],
+    ids=str,
+)
+def test_a_format_that_does_not_fit_float64_is_rejected(kwargs):
+    """fits(float64) is never False on a built Format: the constructor refuses it."""
+    with pytest.raises(ValueError, match="does not fit a float64 carrier"):
+        Format("f", **kwargs)

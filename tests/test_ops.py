@@ -121,21 +121,67 @@ def test_add_resolves_float64_midpoints():
     np.testing.assert_array_equal(got, [1 + 2.0**-7, 1 - 2.0**-8, -(1 + 2.0**-7), 1.0])
 
 
-def test_div_resolves_midpoint_quotients():
-    """Quotients whose float64 value is a midpoint of the target but whose exact value
-    is not (found by search), against the oracle."""
-    rng = np.random.default_rng(0)
-    a = np.asarray(ops.cast(jnp.asarray(rng.standard_normal(200000)), FP32))
-    b = np.asarray(ops.cast(jnp.asarray(rng.standard_normal(200000)), FP32))
-    q = a / b
-    lo = np.asarray(ops.cast(jnp.asarray(q), custom(8, 6)))  # BF16 with 6 bits: many ties
-    got = np.asarray(ops.div(a, b, custom(8, 6)))
-    checked = 0
-    for i in np.flatnonzero(lo != q)[:400]:
-        want = round_exact(Fraction(float(a[i])) / Fraction(float(b[i])), custom(8, 6))
-        assert got[i] == want, (a[i], b[i], got[i], want)
-        checked += 1
-    assert checked == 400
+DIV_FORMATS = [BF16, FP16, E4M3FN, custom(5, 4)]
+
+
+def _midpoints(rng, fmt, n):
+    """n midpoints (lo + hi) / 2 of neighbours of fmt, both signs, from the
+    subnormals to max."""
+    tiny = 2.0 ** (fmt.emin - fmt.man_bits)
+    mags = np.exp(rng.uniform(np.log(tiny), np.log(fmt.max), n))
+    out = []
+    for x in mags * rng.choice([-1.0, 1.0], n):
+        lo, hi = round_exact(float(x), fmt, "down"), round_exact(float(x), fmt, "up")
+        if lo != hi and math.isfinite(lo) and math.isfinite(hi):
+            out.append((lo + hi) / 2)
+    return np.array(out)
+
+
+def _assert_div_is_exactly_rounded(a, b, fmt):
+    got = np.asarray(ops.div(a, b, fmt))
+    for x, y, g in zip(a, b, got):
+        want = round_exact(Fraction(float(x)) / Fraction(float(y)), fmt)
+        assert g == want, (fmt.name, x, y, g, want)
+
+
+@pytest.mark.parametrize("fmt", DIV_FORMATS, ids=lambda f: f.name)
+def test_div_rounds_exact_midpoint_quotients_to_even(fmt):
+    """a / b exactly a midpoint m of fmt (a = m * b, b an FP32 value, both signs):
+    ties to even."""
+    rng = np.random.default_rng(10)
+    m = _midpoints(rng, fmt, 400)
+    b = np.array(ops.cast(jnp.asarray(rng.uniform(1, 2, m.size)), FP32))
+    b *= rng.choice([-1.0, 1.0], m.size) * 2.0 ** rng.integers(-6, 7, m.size)
+    a = m * b  # exact: <= man_bits + 2 bits times 24 bits
+    exact_midpoints = sum(
+        Fraction(float(x)) / Fraction(float(y)) == Fraction(float(v)) for x, y, v in zip(a, b, m)
+    )
+    assert exact_midpoints == m.size > 100
+    _assert_div_is_exactly_rounded(a, b, fmt)
+
+
+@pytest.mark.parametrize("fmt", DIV_FORMATS, ids=lambda f: f.name)
+def test_div_resolves_quotients_that_float64_rounds_onto_a_midpoint(fmt):
+    """a / b a hair above or below a midpoint m of fmt, where the float64 quotient
+    is m: a is one float64 ulp off fl(m * b), with b a full float64 significand
+    (a divisor of <= 27 bits never gives such a quotient: the fix's branch).
+    Without the fix half of them round to even, the wrong way."""
+    rng = np.random.default_rng(11)
+    m = _midpoints(rng, fmt, 1500)
+    b = rng.uniform(1, 2, m.size) * rng.choice([-1.0, 1.0], m.size)
+    b *= 2.0 ** rng.integers(-6, 7, m.size)
+    step = rng.choice([-np.inf, np.inf], m.size)
+    a = np.nextafter(m * b, step)
+    false_midpoint = a / b == m
+    a, b, m = a[false_midpoint], b[false_midpoint], m[false_midpoint]
+    above = sum(
+        Fraction(float(x)) / Fraction(float(y)) > Fraction(float(v)) for x, y, v in zip(a, b, m)
+    )
+    below = sum(
+        Fraction(float(x)) / Fraction(float(y)) < Fraction(float(v)) for x, y, v in zip(a, b, m)
+    )
+    assert above > 10 and below > 10 and above + below == m.size, (above, below)
+    _assert_div_is_exactly_rounded(a, b, fmt)
 
 
 def test_exp_matches_a_60_digit_reference():
