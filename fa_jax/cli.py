@@ -76,6 +76,7 @@ def cmd_round(args) -> int:
     from fa_jax.rounding import round_to
 
     fmt = get_format(args.format)
+    _seed("--seed", args.seed)
     key = jax.random.key(args.seed) if args.mode == "stochastic" else None
     x = float(args.value)
     with float64_enabled():  # parse and round from float64, exactly
@@ -95,6 +96,22 @@ def cmd_round(args) -> int:
         print(
             f"overflow   |x| rounds past max = {fmt.max!r}; {fmt.name} overflows to {r!r}"
             + ("" if fmt.has_inf else " (it has no infinity)")
+        )
+    clamps = fmt.overflow == "saturate" or args.mode in ("toward_zero", "up", "down")
+    if clamps and math.isfinite(x) and abs(x) > fmt.max and abs(r) == fmt.max:
+        print(
+            f"saturated  |x| > max = {fmt.max!r}; {fmt.name} in mode {args.mode} "
+            f"gives {r!r} instead of overflowing"
+        )
+    if math.isfinite(x) and x != 0 and r == 0:
+        print(
+            f"underflow  nonzero x rounds to {r!r} (smallest subnormal of {fmt.name} "
+            f"= {fmt.smallest_subnormal!r})"
+        )
+    elif x != 0 and 0 < abs(r) < fmt.tiny:
+        print(
+            f"underflow  x rounds to a subnormal (|r| < tiny = {fmt.tiny!r}), "
+            f"with fewer than {fmt.man_bits} mantissa bits of precision"
         )
     if math.isfinite(x) and math.isfinite(r):
         err = abs(r - x)
@@ -125,6 +142,19 @@ def _ints(flag: str, values) -> tuple[int, ...]:
             raise ValueError(f"{flag}: expected integers, got {v!r}") from None
         out.append(n)
     return tuple(out)
+
+
+MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit seed; numpy any int >= 0
+
+
+def _seed(flag: str, n: int) -> int:
+    if not 0 <= n <= MAX_SEED:
+        raise ValueError(f"{flag}: expected seeds in 0 .. 2**63 - 1, got {n}")
+    return n
+
+
+def _seeds(flag: str, values) -> tuple[int, ...]:
+    return tuple(_seed(flag, n) for n in _ints(flag, values))
 
 
 def _block_spec(text: str):
@@ -166,7 +196,8 @@ _GRID_FLAGS = {
 
 
 def cmd_sweep(args) -> int:
-    from fa_jax.studies.sweep import Grid, run_sweep
+    from fa_jax.studies.results import check_out_dir
+    from fa_jax.studies.sweep import COLUMNS, Grid, run_sweep
 
     formats = _items("--formats", args.formats)
     for name in formats:
@@ -180,7 +211,7 @@ def cmd_sweep(args) -> int:
         blocks=tuple(_block_spec(b) for b in _items("--blocks", args.blocks)),
         variants=tuple(_items("--variants", args.variants)),
         policies=tuple(_items("--policies", args.policies)),
-        seeds=_ints("--seeds", args.seeds),
+        seeds=_seeds("--seeds", args.seeds),
         batch=args.batch,
         heads=args.heads,
         d=args.d,
@@ -196,6 +227,7 @@ def cmd_sweep(args) -> int:
                 msg = flag + msg[len(f"Grid.{field}") :]
                 break
         raise ValueError(msg) from None
+    check_out_dir(args.out, {"results.csv": COLUMNS}, what="--out")
     path = run_sweep(grid, args.out, quiet=args.quiet)
     with open(path) as fh:
         n_rows = sum(1 for _ in fh) - 1
@@ -206,8 +238,10 @@ def cmd_sweep(args) -> int:
 def cmd_reproduce(args) -> int:
     from fa_jax.presets import PRESETS
     from fa_jax.studies.figures import reproduce
+    from fa_jax.studies.results import check_out_dir
 
     policies = [one_of(p, sorted(PRESETS), "--policy") for p in _items("--policy", args.policy)]
+    check_out_dir(args.out, what="--out")  # each study checks its own subfolder too
     results = reproduce(
         args.figure, args.out, quick=args.quick, policies=policies, ablations=args.ablations
     )
@@ -241,11 +275,13 @@ def cmd_attribute(args) -> int:
     from fa_jax.presets import get_policy
     from fa_jax.studies.attribution import (
         ATTRIBUTION_METRICS,
+        CSV_COLUMNS,
         AttributionConfig,
         attribute,
         plot_attribution,
         write_csv,
     )
+    from fa_jax.studies.results import check_out_dir
 
     one_of(args.metric, ATTRIBUTION_METRICS, "--metric")
     try:
@@ -266,18 +302,21 @@ def cmd_attribute(args) -> int:
             d=d,
             blocks=Blocks(br, bc),
             variant=args.variant,
-            seeds=_ints("--seeds", args.seeds),
+            seeds=_seeds("--seeds", args.seeds),
             distribution=args.distribution,
             kinds=tuple(_items("--kinds", args.kinds)),
             inputs=args.inputs,
         )
     except (ValueError, TypeError) as err:
         msg = str(err)
+        if msg.startswith("AttributionConfig.blocks:"):  # name the tile that is too large
+            msg = ("--bc" if bc > n else "--br") + msg[len("AttributionConfig.blocks") :]
         for field, flag in _ATTRIBUTE_FLAGS.items():
             for prefix in (f"AttributionConfig.{field}:", f"Blocks.{field}:"):
                 if msg.startswith(prefix):
                     msg = flag + ":" + msg[len(prefix) :]
         raise ValueError(msg) from None
+    check_out_dir(args.out, {"attribution.csv": CSV_COLUMNS}, what="--out")
     result = attribute(config)
     print(result.table(args.metric))
     out = os.path.join(args.out, "attribution")
@@ -299,7 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("formats", help="print the format registry")
     f.set_defaults(func=cmd_formats)
     r = sub.add_parser("round", help="round one value to a format and show its bits")
-    r.add_argument("value", help="a decimal number, inf or nan (negative: put -- before it)")
+    r.add_argument(
+        "value",
+        help="a decimal number, inf or nan.  Negative values: put -- after the options, "
+        "as in 'fa-jax round --format bf16 -- -1.5' (any value: -1e3 and -inf too).  "
+        "Without --, plain negative decimals such as -1.5 work in any position "
+        "('fa-jax round -1.5 -f bf16'), but -1e3 and -inf do not.  Everything after -- "
+        "is a value, so 'fa-jax round -- -1.5 --format bf16' fails",
+    )
     r.add_argument(
         "--format", "-f", required=True, help="format name: bf16, fp16, e4m3fn, e5m4, ..."
     )

@@ -184,6 +184,11 @@ def test_shares_of_a_zero_deviation():
         ({"inputs": "raw"}, "inputs: expected one of"),
         ({"distribution": "cauchy"}, "distribution: expected one of"),
         ({"blocks": (8, 8)}, r"blocks: expected Blocks\(br, bc\)"),
+        (
+            {"seq_len": 16, "blocks": Blocks(8, 32)},
+            r"blocks: Blocks\(br=8, bc=32\) gives br=8, bc=32; expected both <= the seq_len 16",
+        ),
+        ({"seq_len": 16, "blocks": Blocks(17, 8)}, "blocks: .* expected both <= the seq_len 16"),
     ],
 )
 def test_config_errors_name_the_field(kw, match):

@@ -86,3 +86,184 @@ def test_formats_table_columns_line_up(capsys):
     at = header.index("bits")  # cells start under their headers
     assert first[at - 2 : at] == "  " and first[at] != " "
     assert all(line == line.rstrip() for line in lines)
+
+
+# -- output locations are checked before anything is computed or written ------------
+
+SWEEP = ["sweep", "--formats", "bf16", "--seq-lens", "16", "--blocks", "8x8", "--d", "8"]
+
+
+def _one_line(capsys, prefix: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(prefix) and "\n" not in err, err
+    return err
+
+
+def _no_run(monkeypatch):
+    """Make any computation fail loudly: the checks must come before it."""
+    from fa_jax.studies import attribution, figures
+    from fa_jax.studies.sweep import engine
+
+    def boom(*args, **kwargs):
+        raise AssertionError("computed before checking --out")
+
+    monkeypatch.setattr(engine, "_sweep", boom)
+    monkeypatch.setattr(attribution, "attribute", boom)
+    monkeypatch.setattr(figures, "run_sweep", boom)
+
+
+@pytest.mark.parametrize("cmd", ["sweep", "attribute", "reproduce"])
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_out_that_is_or_lies_under_a_file_is_refused_before_computing(
+    tmp_path, capsys, monkeypatch, cmd, where
+):
+    _no_run(monkeypatch)
+    (tmp_path / "f").write_text("keep")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
+    argv = {
+        "sweep": [*SWEEP, "--quiet"],
+        "attribute": ["attribute", "--n", "16", "--bc", "8", "--d", "8", "--no-plot"],
+        "reproduce": ["reproduce", "fig4", "--quick"],
+    }[cmd]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = _one_line(capsys, f"fa-jax {cmd}: --out: expected a folder")
+    assert ("which is a file" if where == "file" else "lies under the file") in err
+    assert (tmp_path / "f").read_text() == "keep" and sorted(tmp_path.iterdir()) == [tmp_path / "f"]
+
+
+def test_sweep_into_a_foreign_results_csv_overwrites_nothing(tmp_path, capsys, monkeypatch):
+    _no_run(monkeypatch)
+    (tmp_path / "results.csv").write_text("name,score\nx,1\n")
+    (tmp_path / "metadata.json").write_text('{"mine": true}')
+    assert main([*SWEEP, "--quiet", "--out", str(tmp_path)]) == 2
+    err = _one_line(capsys, "fa-jax sweep: --out: ")
+    assert "results.csv" in err and "was not written by this study" in err
+    assert (tmp_path / "results.csv").read_text() == "name,score\nx,1\n"
+    assert (tmp_path / "metadata.json").read_text() == '{"mine": true}'
+
+
+def test_reproduce_into_a_foreign_figure_csv_overwrites_nothing(tmp_path, capsys, monkeypatch):
+    _no_run(monkeypatch)
+    (tmp_path / "fig4").mkdir()
+    (tmp_path / "fig4" / "results.csv").write_text("a\n1\n")
+    assert main(["reproduce", "fig4", "--quick", "--out", str(tmp_path)]) == 2
+    err = _one_line(capsys, "fa-jax reproduce: output folder: ")
+    assert "fig4" in err and "was not written by this study" in err
+    assert sorted(p.name for p in (tmp_path / "fig4").iterdir()) == ["results.csv"]
+
+
+def test_attribute_into_a_foreign_csv_is_refused_before_computing(tmp_path, capsys, monkeypatch):
+    _no_run(monkeypatch)
+    (tmp_path / "attribution.csv").write_text("a\n1\n")
+    argv = ["attribute", "--n", "16", "--bc", "8", "--d", "8", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "was not written by this study" in _one_line(capsys, "fa-jax attribute: --out: ")
+
+
+# -- argument checks --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag", "got"),
+    [
+        (["--bc", "32"], "--bc", "br=32, bc=32"),
+        (["--bc", "8", "--br", "32"], "--br", "br=32, bc=8"),
+    ],
+)
+def test_attribute_refuses_tiles_larger_than_n(tmp_path, capsys, monkeypatch, extra, flag, got):
+    _no_run(monkeypatch)
+    assert main(["attribute", "--n", "16", "--d", "8", *extra, "--out", str(tmp_path)]) == 2
+    err = _one_line(capsys, f"fa-jax attribute: {flag}: Blocks(")
+    assert f"gives {got}; expected both <= the seq_len 16" in err
+
+
+@pytest.mark.parametrize("seed", [str(2**70), str(2**63), "-1"])
+@pytest.mark.parametrize("cmd", ["round", "sweep", "attribute"])
+def test_out_of_range_seeds_are_one_line(tmp_path, capsys, monkeypatch, cmd, seed):
+    _no_run(monkeypatch)
+    argv = {
+        "round": ["round", "0.1", "-f", "bf16", "--mode", "stochastic", "--seed", seed],
+        "sweep": [*SWEEP, "--out", str(tmp_path), "--seeds", seed],
+        "attribute": [
+            "attribute",
+            "--n",
+            "16",
+            "--bc",
+            "8",
+            "--out",
+            str(tmp_path),
+            "--seeds",
+            seed,
+        ],
+    }[cmd]
+    assert main(argv) == 2
+    flag = "--seed" if cmd == "round" else "--seeds"
+    err = _one_line(capsys, f"fa-jax {cmd}: {flag}: ")
+    assert "0 .. 2**63 - 1" in err and seed in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_largest_seed_is_accepted(capsys):
+    argv = ["round", "0.1", "-f", "bf16", "--mode", "stochastic", "--seed", str(2**63 - 1)]
+    assert main(argv) == 0
+
+
+def test_fig8_without_optax_gives_an_install_hint_and_leaves_no_folder(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "optax", None)  # import optax raises ImportError
+    out = tmp_path / "out"
+    assert main(["reproduce", "fig8", "--quick", "--out", str(out)]) == 2
+    err = _one_line(capsys, "fa-jax reproduce: ")
+    assert "optax" in err and "pip install 'fa-jax[train]'" in err
+    assert not out.exists()
+
+
+# -- round: negative values, saturation, underflow ----------------------------------------
+
+
+def test_round_help_documents_the_negative_value_forms_that_work(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens; keep one line
+    with pytest.raises(SystemExit):
+        main(["round", "--help"])
+    help_ = " ".join(capsys.readouterr().out.split())
+    for form in ("fa-jax round --format bf16 -- -1.5", "fa-jax round -1.5 -f bf16"):
+        assert form in help_
+        assert main(form.split()[1:]) == 0
+        assert "input      -1.5" in capsys.readouterr().out
+    assert main(["round", "--format", "bf16", "--", "-1e3"]) == 0
+    assert "rounded    -1000.0" in capsys.readouterr().out
+    assert "'fa-jax round -- -1.5 --format bf16' fails" in help_
+    with pytest.raises(SystemExit) as exc:  # as the help says
+        main(["round", "--", "-1.5", "--format", "bf16"])
+    assert exc.value.code == 2
+
+
+def _round_lines(capsys, *argv) -> dict:
+    assert main(["round", *argv]) == 0
+    return {line[:10].strip(): line[11:] for line in capsys.readouterr().out.splitlines()}
+
+
+@pytest.mark.parametrize(("mode", "value"), [("toward_zero", "1e5"), ("down", "1e5")])
+def test_round_flags_saturation_in_directed_modes(capsys, mode, value):
+    lines = _round_lines(capsys, "-f", "e4m3fn", "--mode", mode, "--", value)
+    assert lines["rounded"] == "448.0"
+    assert lines["saturated"].startswith("|x| > max = 448.0;") and mode in lines["saturated"]
+    assert "overflow" not in lines
+
+
+def test_round_does_not_flag_saturation_where_it_overflows_or_fits(capsys):
+    lines = _round_lines(capsys, "-f", "bf16", "--", "1e39")
+    assert "overflow" in lines and "saturated" not in lines
+    lines = _round_lines(capsys, "-f", "e4m3fn", "--mode", "toward_zero", "--", "448")
+    assert "saturated" not in lines and "underflow" not in lines
+
+
+def test_round_flags_underflow_to_zero_and_to_a_subnormal(capsys):
+    lines = _round_lines(capsys, "-f", "bf16", "--", "-1e-45")
+    assert lines["rounded"] == "-0.0"
+    assert lines["underflow"].startswith("nonzero x rounds to -0.0")
+    lines = _round_lines(capsys, "-f", "fp16", "--", "1e-6")
+    assert lines["underflow"].startswith("x rounds to a subnormal")
+    for value in ("0", "0.1", "6.103515625e-05"):  # zero, normal, fp16's tiny: no flag
+        assert "underflow" not in _round_lines(capsys, "-f", "fp16", "--", value)

@@ -232,3 +232,23 @@ def test_reproduce_unknown_policy_names_the_flag(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("fa-jax reproduce: --policy: expected one of") and "fa3_kernel" in err
     assert "\n" not in err
+
+
+def test_a_second_run_into_the_same_folder_reports_only_its_own_seeds(tmp_path):
+    """A quick run into a folder holding other seeds' rows (e.g. a full run) averages
+    only its own configurations: the same rows as the same grid run alone."""
+    grid = dict(TINY, formats=("bf16", "fp16"), seq_lens=(16,))
+    first = fig4(
+        tmp_path / "shared", quick=True, policies=POLICIES, grid_overrides=grid, quiet=True
+    )
+    again = dict(grid, seeds=(1,))
+    second = fig4(
+        tmp_path / "shared", quick=True, policies=POLICIES, grid_overrides=again, quiet=True
+    )
+    alone = fig4(
+        tmp_path / "alone", quick=True, policies=POLICIES, grid_overrides=again, quiet=True
+    )
+    with open(second["csv"], newline="") as fh:
+        assert {r["seed"] for r in csv.DictReader(fh)} == {"0", "1"}  # both runs' rows are there
+    assert second["rows"] == alone["rows"]
+    assert second["rows"] != first["rows"]  # the seeds differ, so would a mixed mean

@@ -139,3 +139,71 @@ def test_pyplot_names_the_extra_when_matplotlib_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"the chart needs matplotlib.*fa-jax\[plot\]"):
         results.pyplot("the chart")
+
+
+# -- check_out_dir: a wrong output location fails before anything is written --------
+
+
+def test_check_out_dir_accepts_a_new_or_empty_folder_and_creates_nothing(tmp_path):
+    assert results.check_out_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
+    assert results.check_out_dir(tmp_path) == tmp_path
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone, no folder was made
+
+
+def test_check_out_dir_refuses_an_existing_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match=r"^--out: expected a folder, got .*, which is a file$"):
+        results.check_out_dir(tmp_path / "f", what="--out")
+
+
+def test_check_out_dir_refuses_a_path_under_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="which lies under the file"):
+        results.check_out_dir(tmp_path / "f" / "a" / "b")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_check_out_dir_refuses_a_folder_os_access_calls_read_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(results.os, "access", lambda path, mode: False)
+    with pytest.raises(ValueError, match="expected a writable folder"):
+        results.check_out_dir(tmp_path / "sub")
+
+
+def test_check_out_dir_refuses_a_folder_where_no_file_can_be_created(tmp_path, monkeypatch):
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(results, "_create", refuse)  # as a read-only folder would, even as root
+    with pytest.raises(ValueError, match="expected a writable folder"):
+        results.check_out_dir(tmp_path)
+
+
+def test_check_out_dir_refuses_a_csv_with_other_columns(tmp_path):
+    (tmp_path / "results.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="was not written by this study"):
+        results.check_out_dir(tmp_path, {"results.csv": COLUMNS})
+    write_csv(tmp_path / "results.csv", COLUMNS, [])  # its own columns: accepted
+    results.check_out_dir(tmp_path, {"results.csv": COLUMNS})
+
+
+def test_check_out_dir_agrees_with_a_read_only_folder(tmp_path):
+    """chmod 0o500: refused exactly when a file really cannot be created there
+    (always for a normal user; root may write anyway, and then it is accepted)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        try:
+            (ro / "try").write_text("")
+            (ro / "try").unlink()
+            writable = True
+        except PermissionError:
+            writable = False
+        if writable:
+            assert results.check_out_dir(ro / "sub") == ro / "sub"
+        else:
+            with pytest.raises(ValueError, match="expected a writable folder"):
+                results.check_out_dir(ro / "sub")
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)

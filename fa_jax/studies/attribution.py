@@ -146,6 +146,12 @@ class AttributionConfig:
             raise TypeError(
                 f"AttributionConfig.blocks: expected Blocks(br, bc), got {self.blocks!r}"
             )
+        b = self.blocks
+        if max(b.br, b.bc) > self.seq_len:
+            raise ValueError(
+                f"AttributionConfig.blocks: {b!r} gives br={b.br}, bc={b.bc}; expected both <= "
+                f"the seq_len {self.seq_len}"
+            )
         one_of(self.variant, VARIANTS, "AttributionConfig.variant")
         for name in ("seeds", "kinds"):
             v = getattr(self, name)

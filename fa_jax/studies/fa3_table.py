@@ -78,7 +78,7 @@ from fa_jax.quantization import (
 )
 from fa_jax.rounding import round_to
 from fa_jax.studies.progress import track
-from fa_jax.studies.results import run_metadata, write_csv, write_json
+from fa_jax.studies.results import check_out_dir, run_metadata, write_csv, write_json
 from fa_jax.studies.table import print_table
 
 __all__ = [
@@ -664,7 +664,14 @@ def run_table(config: TableConfig, out_dir, *, quiet: bool = False) -> dict:
     """Run the sweep of ``config`` into ``out_dir`` (files: module docstring), print the
     tables unless ``quiet``, and return {"csv", "summary", "ratios", "metadata",
     "rows": summary rows, "ratio_rows", "closest"}."""
-    out = pathlib.Path(out_dir)
+    out = check_out_dir(
+        out_dir,
+        {
+            "results.csv": RESULT_COLUMNS,
+            "summary.csv": SUMMARY_COLUMNS,
+            "ratios.csv": RATIO_COLUMNS,
+        },
+    )
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     meta = run_metadata(

@@ -2,7 +2,8 @@
 
 One function per figure, ``figN(out_dir, *, quick, policies) -> dict``: it builds a
 :class:`~fa_jax.studies.sweep.Grid`, runs :func:`~fa_jax.studies.sweep.run_sweep` into
-``out_dir/figN/`` (resumable), averages each metric over seeds, prints a table,
+``out_dir/figN/`` (resumable), averages each metric over the grid's seeds (rows
+of other grids run into the same folder are left out), prints a table,
 writes ``out_dir/figN/figN.png`` and returns::
 
     {"figure": "figN", "csv": path, "png": path, "grid": Grid.to_json(), "rows": [dict, ...]}
@@ -42,8 +43,8 @@ from typing import Any
 
 from fa_jax._checks import one_of
 from fa_jax.studies import DEFAULT_POLICIES
-from fa_jax.studies.results import pyplot, read_csv, write_json
-from fa_jax.studies.sweep import COLUMNS, Grid, SramBlocks, run_sweep
+from fa_jax.studies.results import check_out_dir, pyplot, read_csv, write_json
+from fa_jax.studies.sweep import COLUMNS, KEY_COLUMNS, Grid, SramBlocks, row_key, run_sweep
 from fa_jax.studies.table import print_table
 
 __all__ = ["DEFAULT_POLICIES", "FIGURES", "fig3", "fig4", "fig5", "fig6", "reproduce"]
@@ -64,12 +65,30 @@ def _grid(quick: bool, quick_kw: dict, full_kw: dict, policies, overrides) -> Gr
     return Grid(**kw)
 
 
-def _load(csv_path) -> tuple[dict, dict]:
-    """Mean over seeds: {(policy, format, seq_len, blocks, comparison, metric): value},
-    plus per-configuration info {(format, blocks): row}."""
+def _keys(grid: Grid) -> set[tuple]:
+    """The key-column tuples (as in the CSV) of every configuration of ``grid``."""
+    return {
+        tuple(row_key(grid, p, f, n, label, b, v, seed).values())
+        for p in grid.policies
+        for f in grid.resolved_formats()
+        for n in grid.seq_lens
+        for label, b in grid.resolved_blocks()
+        for v in grid.variants
+        for seed in grid.seeds
+    }
+
+
+def _load(csv_path, grid: Grid) -> tuple[dict, dict]:
+    """Mean over ``grid``'s seeds: {(policy, format, seq_len, blocks, comparison,
+    metric): value}, plus per-configuration info {(format, blocks): row}.  Only the
+    rows of ``grid``'s own configurations count: other runs in the same CSV (more
+    seeds, other lengths) are left out of its means."""
+    keys = _keys(grid)
     sums: dict = {}
     info: dict = {}
     for r in read_csv(csv_path, COLUMNS):
+        if tuple(r[c] for c in KEY_COLUMNS) not in keys:
+            continue
         key = (
             r["policy"],
             r["format"],
@@ -96,7 +115,7 @@ def _run(name: str, grid: Grid, out_dir, quiet: bool, *, split: bool = False):
     (resumable) CSV, so peak memory follows one length and a few formats rather
     than the whole vmapped, padded grid; metadata.json then holds the last
     sub-grid and ``grid.json`` always holds the whole one."""
-    out = pathlib.Path(out_dir) / name
+    out = check_out_dir(pathlib.Path(out_dir) / name, {"results.csv": COLUMNS})
     out.mkdir(parents=True, exist_ok=True)
     fmts = grid.formats
     if split:
@@ -108,7 +127,7 @@ def _run(name: str, grid: Grid, out_dir, quiet: bool, *, split: bool = False):
     else:
         csv_path = run_sweep(grid, out, quiet=quiet)
     write_json(out / "grid.json", grid.to_json())
-    means, info = _load(csv_path)
+    means, info = _load(csv_path, grid)
     return out, csv_path, means, info
 
 

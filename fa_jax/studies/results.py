@@ -10,6 +10,11 @@ configurations whose every expected row is present and reports which those are,
 so a re-run computes only what is missing.  Files are created with the
 permissions ``0o666 & ~umask``, as ``open`` would create them.
 
+:func:`check_out_dir` is what every study calls before it computes: the output
+folder must be a folder (or creatable as one), writable, and any CSV already in
+it must have the study's columns, so a wrong ``--out`` fails at once and
+overwrites nothing.
+
 :func:`run_metadata` is the record of how a run was made (package versions,
 backend, devices, the run's configuration, the command line, the start time),
 written beside the results by :func:`write_json`.  :func:`pyplot` loads
@@ -31,6 +36,7 @@ from typing import IO, Any
 __all__ = [
     "append_csv",
     "atomic_write",
+    "check_out_dir",
     "pyplot",
     "read_complete",
     "read_csv",
@@ -69,6 +75,65 @@ def atomic_write(path, write: Callable[[IO], Any], *, binary: bool = False) -> p
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return path
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _writable(folder: pathlib.Path) -> bool:
+    """``os.access`` says so and a probe file can be created (and is removed) there."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        fd, probe = _create(folder / "probe")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+def check_out_dir(
+    path, csv_columns: Mapping[str, Sequence[str]] | None = None, *, what: str = "output folder"
+) -> pathlib.Path:
+    """Check, before anything is computed or written, that ``path`` can hold a
+    study's files; returns it as a Path.  Creates nothing.
+
+    ValueError (naming ``what``) if ``path`` is an existing file, lies under a
+    file, cannot be written (it or its nearest existing parent), or holds one of
+    the CSVs named in ``csv_columns`` ({file name: columns}) with another header
+    (a file this study did not write, which a run would overwrite)."""
+    path = pathlib.Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what}: expected a folder, got {str(path)!r}, which is a file")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise ValueError(
+            f"{what}: expected a folder, got {str(path)!r}, which lies under the file {str(base)!r}"
+        )
+    if not _writable(base):
+        raise ValueError(
+            f"{what}: expected a writable folder, got {str(path)!r} ({base} is read-only)"
+        )
+    for name, columns in (csv_columns or {}).items():
+        csv_path = path / name
+        if not csv_path.exists():
+            continue
+        if not csv_path.is_file():
+            raise ValueError(f"{what}: {str(csv_path)!r} is not a file")
+        with open(csv_path, newline="") as fh:
+            header = tuple(next(csv.reader(fh), ()))
+        if header != tuple(columns):
+            raise ValueError(
+                f"{what}: {str(csv_path)!r} was not written by this study (expected the "
+                f"columns {', '.join(columns)}; got {', '.join(header) or 'none'}); "
+                "choose another folder or move the file"
+            )
     return path
 
 

@@ -24,6 +24,9 @@ Execution, in brief:
 Files in ``out_dir``: ``results.csv`` (:data:`~fa_jax.studies.sweep.COLUMNS`;
 ``value`` is ``repr(float)``, so it round-trips exactly), rewritten atomically
 after every group, and ``metadata.json`` (:func:`fa_jax.studies.results.run_metadata`).
+Before anything is computed, :func:`~fa_jax.studies.results.check_out_dir`
+refuses an ``out_dir`` that is a file, lies under one, cannot be written or
+holds a ``results.csv`` with other columns.
 Resume: configurations whose rows are all in an existing ``results.csv`` are
 skipped and kept; partial ones are computed again, so re-running after an
 interruption completes the file without duplicates.
@@ -37,7 +40,14 @@ from fa_jax._checks import positive_int
 from fa_jax._x64 import float64_enabled
 from fa_jax.attention import Blocks
 from fa_jax.studies.progress import track
-from fa_jax.studies.results import append_csv, read_complete, run_metadata, write_csv, write_json
+from fa_jax.studies.results import (
+    append_csv,
+    check_out_dir,
+    read_complete,
+    run_metadata,
+    write_csv,
+    write_json,
+)
 from fa_jax.studies.sweep.batch import MEMORY_BUDGET, KindBatch, host, length_buckets
 from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
 from fa_jax.studies.sweep.programs import flash_program, kind_of, metric_values
@@ -75,6 +85,7 @@ def _run(
 def _sweep(
     grid: Grid, out: pathlib.Path, *, quiet: bool, pad: bool, memory_budget: int
 ) -> pathlib.Path:
+    check_out_dir(out, {"results.csv": COLUMNS})
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "results.csv"
     write_json(out / "metadata.json", run_metadata(grid.to_json()))

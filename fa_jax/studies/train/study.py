@@ -73,6 +73,7 @@ from fa_jax.presets import get_policy
 from fa_jax.studies import DEFAULT_POLICIES
 from fa_jax.studies.progress import track
 from fa_jax.studies.results import (
+    check_out_dir,
     pyplot,
     read_complete,
     read_csv,
@@ -87,6 +88,7 @@ from fa_jax.studies.train.loop import (
     Optim,
     RunSpec,
     TrainState,
+    _optax,
     advance,
     init_state,
     load_checkpoint,
@@ -303,6 +305,8 @@ def run_study(cfg: StudyConfig, out_dir, *, policies=DEFAULT_POLICIES, quiet: bo
 
 def _study(cfg: StudyConfig, out: pathlib.Path, policies, quiet: bool) -> dict:
     start = time.monotonic()
+    _optax()  # an install hint, before any folder is made
+    check_out_dir(out, {"results.csv": COLUMNS, "losses.csv": ("step", "run", "loss")})
     out.mkdir(parents=True, exist_ok=True)
     runs, pairs = cfg.runs(policies)
     meta = _metadata(cfg, policies, runs, pairs)
