@@ -101,7 +101,7 @@ compiled = {name: jax.jit(fn, static_argnums=2) for name, fn in OPS.items()}
 
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(f.name for f in c))
 @pytest.mark.parametrize("op", sorted(OPS))
-@settings(max_examples=25)
+@settings(max_examples=max(5, settings.default.max_examples * 5 // 12))  # 25 in "ci"
 @given(data=st.data())
 def test_binary_ops_round_the_exact_result_once(op, combo, data):
     fa, fb, fout = combo
@@ -341,7 +341,7 @@ def test_tensor_core_matmul_matches_the_rational_model(model, infmt):
 
 @pytest.mark.parametrize("model", TC_MODELS, ids=str)
 @pytest.mark.parametrize("acc", [FP32, BF16], ids=lambda f: f.name)
-@settings(max_examples=30)
+@settings(max_examples=settings.default.max_examples // 2)  # 30 in "ci"
 @given(data=st.data())
 def test_tensor_core_sum_matches_the_rational_model(model, acc, data):
     """Values over bf16's whole finite range (subnormals, overflow of the sum)."""

@@ -312,3 +312,52 @@ def test_float64_input_without_x64_raises_where_it_cannot_round_once():
         ]:
             with pytest.raises(TypeError, match="x is float64 but jax_enable_x64 is off"):
                 round_to(x, fmt, mode, **kw)
+
+
+RESOLUTION_BITS = 12  # P(up) resolved to 2**-12: within every carrier's spare bits here
+RESOLUTION_KEYS = 1 << 19  # n * 2**-12 = 128 expected ups, 5 sigma = 57: 0 is far out
+
+
+def _count_away(fmt):
+    """A compiled count, per element of x, of the keys that round it to hi."""
+
+    def count(x, lo, hi, keys):
+        r = jax.vmap(lambda k: round_to(x, fmt, "stochastic", key=k))(keys)
+        return jnp.sum(r == hi, axis=0), jnp.sum((r != lo) & (r != hi))
+
+    return jax.jit(count)
+
+
+@pytest.mark.parametrize(
+    "fmt, lo",
+    [
+        (BF16, 1.0),
+        (BF16, -3.0),
+        (FP16, 0.0),  # below S: the neighbours are 0 and the smallest subnormal
+        (FP16, 1.5),
+        (E4M3FN, -0.5),
+        (E4M3FN, 0.0),
+    ],
+    ids=str,
+)
+def test_stochastic_resolves_probabilities_to_2_to_the_minus_12(fmt, lo):
+    """x = lo + j * 2**-12 * (hi - lo), hi the neighbour of lo away from zero:
+    P(round to hi) = j * 2**-12 over many keys, the smallest steps included (a
+    generator with fewer random bits gives 0 or 2**-11 for j = 1)."""
+    lo = np.float32(lo)
+    away = np.float32(-np.inf if lo < 0 else np.inf)
+    hi = np.float32(round_to(np.nextafter(lo, away), fmt, "down" if lo < 0 else "up"))
+    k = RESOLUTION_BITS
+    j = np.array([1, 2, 3, 5, 2**k // 3, 2 ** (k - 1), 2**k - 2, 2**k - 1])
+    x = (lo + j * 2.0**-k * (hi - lo)).astype(np.float32)
+    assert ((x.astype(np.float64) - lo) / (hi - lo) * 2.0**k == j).all(), "x inexact"
+    keys = jax.random.split(jax.random.key(7), RESOLUTION_KEYS)
+    ups, outside = _count_away(fmt)(jnp.asarray(x), lo, hi, keys)
+    assert int(outside) == 0, "every rounding is lo or hi"
+    expected = RESOLUTION_KEYS * j * 2.0**-k
+    five_sigma = 5 * np.sqrt(expected * (1 - j * 2.0**-k))
+    assert (np.abs(np.asarray(ups) - expected) <= five_sigma).all(), (
+        fmt.name,
+        float(lo),
+        list(zip(j.tolist(), np.asarray(ups).tolist(), expected.tolist())),
+    )
