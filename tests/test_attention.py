@@ -302,3 +302,40 @@ def test_formats_without_infinities_mask_cleanly(variant):
         assert (
             rel_err(out, numpy_attention(q, k, v, causal=True, kv_lengths=np.array([12, 5]))) < 0.5
         )
+
+
+def numpy_causal_rows(q, k, v, scale):
+    """Float64 causal attention row by row, written apart from the mask code: with
+    N queries and M keys the mask is top-left aligned (fa_jax.attention's
+    convention, as PyTorch's is_causal), so query i sees keys 0..min(i, M - 1) --
+    for N < M the last M - N keys are seen by no query but the last rows, for
+    N > M the rows i >= M see every key.  Returns (O, lse)."""
+    n, m = q.shape[-2], k.shape[-2]
+    out = np.zeros((*q.shape[:-1], v.shape[-1]))
+    lse = np.zeros(q.shape[:-1])
+    for b in np.ndindex(q.shape[:-2]):
+        for i in range(n):
+            seen = min(i, m - 1) + 1
+            s = np.array([float(np.dot(q[b][i], k[b][j])) * scale for j in range(seen)])
+            w = np.exp(s - s.max())
+            out[b][i] = (w / w.sum()) @ v[b][:seen]
+            lse[b][i] = s.max() + math.log(w.sum())
+    return out, lse
+
+
+@pytest.mark.parametrize("n, m", [(7, 19), (19, 7)], ids=["N<M", "N>M"])
+def test_causal_with_n_not_m_matches_numpy_float64(n, m):
+    """Causal reference and flash attention (every variant, blocks that divide neither
+    length) with N != M under golden() equal a row-by-row float64 computation."""
+    q, k, v = qkv(3, lead=(2,), n=n, m=m, d=8)
+    want, want_lse = numpy_causal_rows(q, k, v, 1 / math.sqrt(8))
+    scale = max(1.0, float(np.max(np.abs(want))))
+    ref = np.asarray(reference_attention(q, k, v, golden(), causal=True))
+    assert np.max(np.abs(ref - want)) <= 1e-12 * scale
+    for variant in VARIANTS:
+        for blocks in (Blocks(4, 8), Blocks(3, 5)):
+            out, lse = flash_attention(q, k, v, golden(), blocks, variant=variant, causal=True)
+            assert np.max(np.abs(np.asarray(out) - want)) <= 1e-12 * scale, (variant, blocks)
+            assert np.max(np.abs(np.asarray(lse) - want_lse)) <= 1e-12 * max(
+                1.0, float(np.max(np.abs(want_lse)))
+            ), (variant, blocks)
