@@ -7,7 +7,9 @@ returns ``fl_fmt(exact result)``: the exact result rounded once to ``fmt``
 How each op achieves a single correct rounding from a float64 computation:
 
 * ``mul``: the product of two values with at most 26 significand bits each (any
-  format up to FP32) is exact in float64, so rounding it is correct.
+  format up to FP32) is exact in float64; for wider operands (a stage raised to
+  FP64 feeding a narrower one) Dekker's product gives the sign of the float64
+  product's error, and round-to-odd, as for ``add``, keeps the rounding single.
 * ``add``/``sub``: float64 addition of values of different magnitudes can
   round, and a float64 result sitting on a midpoint of ``fmt`` would then be
   rounded a second time the wrong way.  TwoSum (Knuth) gives the exact error
@@ -17,17 +19,20 @@ How each op achieves a single correct rounding from a float64 computation:
   "Emulation of FMA and correctly rounded sums: proved algorithms using
   rounding to odd").
 * ``div``: the float64 quotient ``q`` rounds correctly to ``fmt`` unless ``q``
-  is exactly a midpoint of ``fmt``; then ``q * b`` is exact and the sign of
-  ``a - q b`` says which way the true quotient lies.
+  is exactly a midpoint of ``fmt``; then the sign of ``a - q b``, computed exactly
+  with Dekker's product on the significands (any float64 ``a``, ``b``), says which
+  way the true quotient lies.
 * ``exp``: float64 ``exp`` (XLA's, within ~1 ulp of float64) rounded to
   ``fmt``.  Correctly rounded unless ``exp(x)`` lies within that error of a
   rounding boundary of ``fmt`` (never observed; exp of a nonzero
   representable number is never exactly a midpoint).
 * ``maximum``: exact.
 
-Operands must be values of formats with at most 26 significand bits (FP32 or
-narrower) unless ``fmt`` is FP64, in which case the op is plain float64
-arithmetic (the golden policy).  Everything needs ``jax_enable_x64``.
+The elementwise ops round correctly for any float64 operands (for formats with at
+most 10 exponent bits, whose values never reach float64's subnormals).  ``matmul``
+needs operands of at most 26 significand bits (FP32 or narrower), so that its
+products are exact.  With ``fmt`` FP64 every op is plain float64 arithmetic (the
+golden policy).  Everything needs ``jax_enable_x64``.
 
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
 model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
@@ -56,6 +61,8 @@ from fa_jax.widening import widen
 __all__ = ["add", "carrier", "cast", "div", "exp", "matmul", "maximum", "mul", "sub", "sum"]
 
 _F64 = np.dtype(np.float64)
+_VELTKAMP = 2.0**27 + 1.0
+_BELOW_ULP = 2.0**-60  # a relative size well under half a float64 ulp
 _X64_HINT = (
     "fa_jax's emulated ops compute in float64 carriers: enable float64 with "
     "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1) before creating arrays"
@@ -155,9 +162,28 @@ def sub(a, b, fmt) -> jax.Array:
 
 
 def mul(a, b, fmt) -> jax.Array:
-    """fl_fmt(a * b); exact product for operands of <= 26 significand bits."""
+    """fl_fmt(a * b), correctly rounded: the float64 product p is moved to its odd
+    neighbour toward the exact product (round-to-odd) before rounding to ``fmt``."""
     _check(a, b)
-    return round_to(a * b, get_format(fmt))
+    fmt = get_format(fmt)
+    a, b = jnp.broadcast_arrays(a, b)
+    p = a * b
+    return _round_to_odd_then(p, _product_error_stand_in(a, b, p), fmt)
+
+
+def _product_error_stand_in(a, b, p):
+    """A value with the sign of a·b - p (p = fl(a·b)), zero exactly when p is exact,
+    and far below p's ulp, which is all round-to-odd needs.
+
+    On significands (a = m_a 2^e_a, b = m_b 2^e_b, m in [0.5, 1)) p = 2^(e_a+e_b) fl(m_a m_b)
+    whenever p is a normal float64, so the sign is that of Dekker's error of m_a m_b.
+    Where p is subnormal in float64 the stand-in underflows to 0: no format with
+    at most 10 exponent bits has a value there.
+    """
+    m_a, _ = jnp.frexp(a)
+    m_b, _ = jnp.frexp(b)
+    _, l = _two_product(m_a, m_b)
+    return jnp.sign(l) * jnp.abs(p) * _BELOW_ULP
 
 
 def div(a, b, fmt) -> jax.Array:
@@ -171,11 +197,43 @@ def div(a, b, fmt) -> jax.Array:
     nearest = round_to(q, fmt)
     lo, hi = round_to(q, fmt, "down"), round_to(q, fmt, "up")
     midpoint = (lo != hi) & (q - lo == hi - q) & ~_is_fp64(fmt)
-    # A midpoint of fmt has <= man_bits + 2 <= 26 significand bits, so q * b is exact
-    # and the residual's sign is right.
-    residual = (a - q * b) * jnp.sign(b)  # sign of (a/b - q)
+    residual = _sign_of_residual(a, b, q) * jnp.sign(b)  # sign of (a/b - q)
     fixed = jnp.where(residual > 0, hi, jnp.where(residual < 0, lo, nearest))
     return jnp.where(midpoint, fixed, nearest)
+
+
+def _sign_of_residual(a, b, q):
+    """sign(a - q·b), exactly, for finite nonzero float64 a, b and q = fl(a / b).
+
+    On significands a = m_a 2^e_a, b = m_b 2^e_b, q = m_q 2^e_q (m in [0.5, 1)):
+    a - q b = 2^(e_q + e_b) (m_a 2^k - m_q m_b) with k = e_a - e_q - e_b in [-1, 2].
+    Dekker's product gives m_q m_b = h + l exactly (no overflow on significands),
+    m_a 2^k - h is exact (Sterbenz: the two lie within a factor 2, q being the
+    rounded quotient), and one last subtraction of l keeps the sign.
+    """
+    m_a, e_a = jnp.frexp(a)
+    m_b, e_b = jnp.frexp(b)
+    m_q, e_q = jnp.frexp(q)
+    h, l = _two_product(m_q, m_b)
+    k = (e_a - e_q - e_b).astype(a.dtype)
+    return jnp.sign((m_a * 2.0**k - h) - l)
+
+
+def _split(x):
+    """Veltkamp's split x = hi + lo, each half of float64's 53 bits fitting 26 bits."""
+    c = _VELTKAMP * x
+    hi = c - (c - x)
+    return hi, x - hi
+
+
+def _two_product(a, b):
+    """p = fl(a · b) and its exact error l = a · b - p (Dekker 1971), for |a|, |b| < 2^995
+    and a product far from float64's underflow (here: significands in [0.25, 1))."""
+    p = a * b
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    l = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    return p, l
 
 
 def exp(x, fmt) -> jax.Array:

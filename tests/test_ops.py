@@ -184,6 +184,65 @@ def test_div_resolves_quotients_that_float64_rounds_onto_a_midpoint(fmt):
     _assert_div_is_exactly_rounded(a, b, fmt)
 
 
+def _near_midpoint_products(rng, fmt, n):
+    """(a, b) with a full float64 significand each and fl64(a * b) exactly a midpoint
+    of fmt, while the exact product lies above, below or on it."""
+    m = _midpoints(rng, fmt, n)
+    b = rng.uniform(1, 2, m.size) * 2.0 ** rng.integers(-6, 7, m.size)
+    a = m / b
+    a = a + rng.integers(-2, 3, a.size) * np.spacing(a)
+    keep = (a * b == m) & (m != 0)
+    return a[keep], b[keep]
+
+
+@pytest.mark.parametrize("fmt", DIV_FORMATS, ids=lambda f: f.name)
+def test_mul_of_full_float64_operands_rounds_once(fmt):
+    """Operands of 53 bits (a stage raised to FP64 feeding a narrower one): the float64
+    product lands on a midpoint of fmt while the exact product does not; rounding
+    that product again would go to even, half the time the wrong way."""
+    rng = np.random.default_rng(12)
+    a, b = _near_midpoint_products(rng, fmt, 1500)
+    exact_products = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b)]
+    off_midpoint = sum(v != Fraction(float(x * y)) for v, x, y in zip(exact_products, a, b))
+    assert off_midpoint > 100, off_midpoint
+    for fn in (ops.mul, compiled["mul"]):
+        got = np.asarray(fn(a, b, fmt))
+        want = np.array([round_exact(v, fmt) for v in exact_products])
+        np.testing.assert_array_equal(got, want)
+
+
+def test_mul_and_div_of_operands_at_float64_extremes():
+    """Significands are split after frexp, so operands near float64's range limits
+    (whose Veltkamp split would overflow) still give exact results."""
+    big, small = 2.0**1000 * 1.3, 2.0**-1000 * 1.7
+    for fmt in (BF16, FP32):
+        got = np.asarray(ops.mul(np.array([big, -big]), np.array([small, small]), fmt))
+        want = [round_exact(s * Fraction(big) * Fraction(small), fmt) for s in (1, -1)]
+        np.testing.assert_array_equal(got, want)
+        got = np.asarray(ops.div(np.array([big]), np.array([2.0**990 * 1.1]), fmt))
+        np.testing.assert_array_equal(
+            got, [round_exact(Fraction(big) / Fraction(2.0**990 * 1.1), fmt)]
+        )
+
+
+@pytest.mark.parametrize("fmt", DIV_FORMATS, ids=lambda f: f.name)
+def test_div_by_full_float64_divisors_resolves_midpoints(fmt):
+    """a and b with full float64 significands and fl64(a / b) a midpoint of fmt: the
+    residual a - q b is not exact in float64, so its sign comes from Dekker's product."""
+    rng = np.random.default_rng(13)
+    m = _midpoints(rng, fmt, 1500)
+    b = rng.uniform(1, 2, m.size) * rng.choice([-1.0, 1.0], m.size)
+    a = m * b
+    a = a + rng.integers(-3, 4, a.size) * np.spacing(a)
+    keep = (a / b == m) & (m != 0)
+    a, b, m = a[keep], b[keep], m[keep]
+    off_midpoint = sum(Fraction(float(x)) / Fraction(float(y)) != v for x, y, v in zip(a, b, m))
+    assert off_midpoint > 100, off_midpoint
+    _assert_div_is_exactly_rounded(a, b, fmt)
+    want = [round_exact(Fraction(float(x)) / Fraction(float(y)), fmt) for x, y in zip(a, b)]
+    np.testing.assert_array_equal(np.asarray(compiled["div"](a, b, fmt)), want)
+
+
 def test_exp_matches_a_60_digit_reference():
     decimal.getcontext().prec = 60
     rng = np.random.default_rng(1)
