@@ -1,0 +1,33 @@
+"""The sweep's numbers against stored CSVs, byte for byte (metadata aside).
+
+The snapshots in tests/data were written by the sweep engine before its
+compile-time work; any change to how programs are built, batched or cached
+must leave every value unchanged.  ``sweep_snapshot.csv`` is the grid of
+test_sweep.py (paper_uniform, fa1 and fa2, a custom format, SRAM tiles);
+``sweep_causal_snapshot.csv`` covers causal masking, two other presets and a
+second format with a different bias.
+"""
+
+import pathlib
+
+from fa_jax.attention import Blocks
+from fa_jax.studies.sweep import Grid, run_sweep
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+CAUSAL_GRID = Grid(
+    formats=("bf16", "e5m2"),
+    seq_lens=(12, 20),
+    blocks=(Blocks(4, 8),),
+    variants=("fa2",),
+    policies=("fa2_kernel", "torch_math"),
+    seeds=(3,),
+    d=8,
+    heads=2,
+    causal=True,
+)
+
+
+def test_causal_grid_equals_its_snapshot(tmp_path):
+    csv_path = run_sweep(CAUSAL_GRID, tmp_path, quiet=True)
+    assert csv_path.read_bytes() == (DATA / "sweep_causal_snapshot.csv").read_bytes()
