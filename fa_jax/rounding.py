@@ -149,7 +149,7 @@ def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Ar
     if fmt.is_concrete:  # one compiled program; widths folded in as constants
         widths = (int(fmt.exp_bits), int(fmt.man_bits), int(fmt.bias))
         return _round_compiled(static, widths, x, rbits)
-    return _round_ste(static, x, fmt.exp_bits, fmt.man_bits, fmt.bias, rbits)
+    return _round_traced(static, x, fmt.exp_bits, fmt.man_bits, fmt.bias, rbits)
 
 
 def _float64_without_x64(x, fmt: Format, mode: str):
@@ -230,6 +230,11 @@ def _carrier_of(dtype, fmt: Format) -> _Carrier:
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _round_ste(static, x, exp_bits, man_bits, bias, rbits):
     return _round_bits(static, x, exp_bits, man_bits, bias, rbits)
+
+
+# One traced program per (static, shapes), bound as one call wherever a traced-width
+# format is rounded: tracing it again at every op would dominate a sweep's compile.
+_round_traced = jax.jit(_round_ste, static_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
