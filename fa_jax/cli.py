@@ -4,13 +4,17 @@ Subcommands: ``formats`` (the format registry), ``round`` (one value's rounding
 and bits), ``sweep`` (a :class:`~fa_jax.studies.sweep.Grid` into tidy CSV),
 ``reproduce`` (Golden et al. 2024 Figs 3-6 and 8, FlashAttention-3 Table 3) and
 ``attribute`` (per-stage error attribution).  Errors in arguments are one line
-on standard error naming the flag, with exit status 2.  This is the only module
+on standard error naming the flag, with exit status 2.  Ctrl-C ends a command
+with the one line ``interrupted; run the same command to resume`` and exit
+status 130; sweeps stop at their next group (:mod:`fa_jax.studies.interrupt`),
+and a second Ctrl-C exits at once.  This is the only module
 of fa_jax that parses arguments; ``python -m fa_jax`` runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -21,6 +25,7 @@ from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import get_format, registered_formats
 from fa_jax.rounding import ROUNDING_MODES
 from fa_jax.studies import DEFAULT_POLICIES
+from fa_jax.studies.interrupt import deferred_interrupts
 from fa_jax.studies.table import print_table
 
 
@@ -441,11 +446,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+INTERRUPTED = "interrupted; run the same command to resume"
+
+
+def _stops_between_groups(args) -> bool:
+    """Whether the command's work is sweeps, which check for Ctrl-C between groups."""
+    return args.command == "sweep" or (
+        args.command == "reproduce" and args.figure not in ("fig8", "fa3-table")
+    )
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        # A sweep honours Ctrl-C between groups, after writing its rows (never inside
+        # an XLA compile); elsewhere Ctrl-C raises at once.  Either way: one line.
+        cooperative = _stops_between_groups(args)
+        with deferred_interrupts(INTERRUPTED) if cooperative else contextlib.nullcontext():
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
     except (ValueError, TypeError, ImportError) as err:
         print(f"fa-jax {args.command}: {err}", file=sys.stderr)
         return 2

@@ -29,7 +29,10 @@ refuses an ``out_dir`` that is a file, lies under one, cannot be written or
 holds a ``results.csv`` with other columns.
 Resume: configurations whose rows are all in an existing ``results.csv`` are
 skipped and kept; partial ones are computed again, so re-running after an
-interruption completes the file without duplicates.
+interruption completes the file without duplicates.  Under
+:func:`~fa_jax.studies.interrupt.deferred_interrupts` (the ``fa-jax`` command), a
+Ctrl-C stops the sweep at the next length bucket or group, once the rows computed
+so far are written, never inside a compile.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import pathlib
 from fa_jax._checks import positive_int
 from fa_jax._x64 import float64_enabled
 from fa_jax.attention import Blocks
+from fa_jax.studies.interrupt import check_interrupt, interrupt_requested
 from fa_jax.studies.progress import track
 from fa_jax.studies.results import (
     append_csv,
@@ -111,6 +115,8 @@ def _sweep(
         kb = batches[kind]
         new_rows = []
         for chunk in kb.chunks:
+            if interrupt_requested():
+                break
             entries = kb.entries(chunk)
             keys = [
                 [row_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
@@ -150,6 +156,7 @@ def _sweep(
                             )
         if new_rows:
             append_csv(csv_path, COLUMNS, rows, new_rows)
+        check_interrupt()
     if not csv_path.exists():
         write_csv(csv_path, COLUMNS, rows)
     return csv_path
