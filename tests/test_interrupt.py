@@ -122,8 +122,9 @@ def _has_rows(path):
 
 
 def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
-    # The three runs share a compilation cache, so only the first compiles.
+    # The three runs share a compilation cache in tmp_path, so only the first compiles.
     env = _env(
+        FA_JAX_CACHE_DIR=str(tmp_path / "cache"),
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
