@@ -387,7 +387,7 @@ def time_sweep(device, quick: bool) -> None:
     print(f"{'':<34}{'first call s':>14}{'second call s':>15}")
     print(f"{'fa_jax run_sweep (' + device.platform + ')':<34}{sweep[0]:>14.3f}{sweep[1]:>15.3f}")
     print(f"{'numpy + ml_dtypes loop (host)':<34}{loop[0]:>14.3f}{loop[1]:>15.3f}")
-    print(f"{'speedup, numpy / sweep':<34}{loop[0] / sweep[0]:>13.2f}x{loop[1] / sweep[1]:>14.2f}x")
+    print(f"{'speedup, numpy / sweep':<34}{loop[0] / sweep[0]:>13.3g}x{loop[1] / sweep[1]:>14.3g}x")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,7 +432,7 @@ def time_attention(device, quick: bool) -> None:
             t = cold_warm(emulated, q, k, v)
         r = (t[0] / native_times[n][0], t[1] / native_times[n][1])
         label = f"N={n} flash fa2_kernel(bf16) {model}"
-        print(f"{label:<40}{t[0]:>14.3f}{t[1]:>15.3f}{r[0]:>12.1f}x{r[1]:>8.1f}x")
+        print(f"{label:<40}{t[0]:>14.3f}{t[1]:>15.3f}{r[0]:>12.3g}x{r[1]:>8.3g}x")
 
 
 # -- main ---------------------------------------------------------------------------------
