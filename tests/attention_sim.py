@@ -1,0 +1,319 @@
+"""An independent op-by-op simulation of emulated attention, forward and backward.
+
+Used by tests/test_attention_sim.py to hold fa_jax.attention and fa_jax.backward
+to the equations of their module docstrings, bit for bit, under policies whose
+stages all have different formats (so rounding a value to the wrong stage shows).
+It imports nothing from fa_jax's arithmetic (ops, rounding, softmax, attention,
+backward): a policy is read through its stage fields, ``accumulation.kind`` and
+``scale`` only, and every rounding is tests/oracle.py's exact ``round_exact``.
+
+Every op forms its exact result as a ``Fraction`` and rounds it once to the
+stage's format (round to nearest, ties to even):
+
+* ``+ - * /``: the exact rational result;
+* ``exp`` and the log-sum-exp ``m + log l``: 60-digit ``Decimal`` exp and ln
+  (far closer than any format's midpoint spacing; exp of a nonzero value is
+  never a midpoint);
+* sums and dot products per the accumulation model, along the reduced axis in
+  index order from 0: "exact" rounds the exact sum once; "sequential" rounds
+  every partial sum ``acc_i = fl(acc_{i-1} + t_i)`` (a product ``t_i`` exact);
+* ``max`` is exact; a maximum stored in ``stats`` is rounded to it.
+
+The algorithms are those of Dao et al. 2022 (FlashAttention, Algorithm 1: fa1),
+Dao 2023 (FlashAttention-2, Algorithms 1 and 2: fa2 and the backward) and the
+one-pass "rowwise" variant, with the stages of fa_jax.policy, written out in
+fa_jax/attention.py and fa_jax/backward.py.  Masked (query, key) pairs (causal:
+key j > query i) have score ``-inf``, probability 0 and contribute exact zeros;
+every query row keeps at least key 0 here (no length masks), so no row is fully
+masked.  Arrays are float64 numpy arrays ``(..., rows, cols)`` holding values of
+their formats exactly.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from fractions import Fraction
+
+import numpy as np
+from oracle import round_exact
+
+__all__ = ["flash_backward", "flash_forward", "reference_backward", "reference_forward"]
+
+_DIGITS = 60
+F = Fraction
+
+
+# -- one rounding per op ---------------------------------------------------------------
+
+
+def fl(x: Fraction, fmt) -> float:
+    """The exact ``x`` rounded once to ``fmt`` (no overflow in these computations)."""
+    out = round_exact(x, fmt)
+    assert math.isfinite(out), f"overflow in the simulation: {float(x)} in {fmt.name}"
+    return out
+
+
+def _map(f, *arrays) -> np.ndarray:
+    """``f`` of the Fractions of the broadcast elements, as a float64 array."""
+    arrays = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in arrays))
+    out = np.empty(arrays[0].shape)
+    for i in np.ndindex(out.shape):
+        out[i] = f(*(F(float(a[i])) for a in arrays))
+    return out
+
+
+def cast(x, fmt):
+    """fl(x); -inf (a mask) kept."""
+    return _map(lambda a: fl(a, fmt), np.where(np.isneginf(x), 0.0, x)) + np.where(
+        np.isneginf(x), -np.inf, 0.0
+    )
+
+
+def add(a, b, fmt):
+    return _map(lambda x, y: fl(x + y, fmt), a, b)
+
+
+def sub(a, b, fmt):
+    return _map(lambda x, y: fl(x - y, fmt), a, b)
+
+
+def mul(a, b, fmt):
+    return _map(lambda x, y: fl(x * y, fmt), a, b)
+
+
+def div(a, b, fmt):
+    """fl(a / b), 0 where b = 0 (a fully masked row)."""
+    return _map(lambda x, y: fl(x / y, fmt) if y else 0.0, a, b)
+
+
+def _exp(x: Fraction) -> Fraction:
+    with decimal.localcontext() as ctx:
+        ctx.prec = _DIGITS
+        return F(decimal.Decimal(float(x)).exp())
+
+
+def shifted_exp(x, m, fmt):
+    """fl(exp(fl(x - m))); 0 where x = -inf (masked), a shift of 0 where m = -inf."""
+    x, m = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(m, np.float64))
+    masked = np.isneginf(x)
+    shift = np.where(np.isfinite(m), m, 0.0)
+    e = _map(lambda a, b: fl(_exp(F(fl(a - b, fmt))), fmt), np.where(masked, 0.0, x), shift)
+    return np.where(masked, 0.0, e)
+
+
+def log_sum_exp(m, l, fmt):
+    """fl(m + log l) with 60-digit ln; -inf where l = 0."""
+
+    def one(mi: Fraction, li: Fraction) -> float:
+        with decimal.localcontext() as ctx:
+            ctx.prec = _DIGITS
+            return fl(mi + F(decimal.Decimal(float(li)).ln()), fmt)
+
+    live = l > 0
+    out = _map(one, np.where(live, m, 0.0), np.where(live, l, 1.0))
+    return np.where(live, out, -np.inf)
+
+
+def _total(terms, fmt, kind: str) -> float:
+    """Σ terms (Fractions) per the accumulation model."""
+    if kind == "exact":
+        return fl(sum(terms, F(0)), fmt)
+    assert kind == "sequential", f"accumulation: expected exact or sequential, got {kind}"
+    acc = F(0)
+    for t in terms:
+        acc = F(fl(acc + t, fmt))
+    return float(acc)
+
+
+def row_sum(x, fmt, kind: str):
+    """Σ along the last axis."""
+    x = np.asarray(x, np.float64)
+    out = np.empty(x.shape[:-1])
+    for i in np.ndindex(out.shape):
+        out[i] = _total([F(float(t)) for t in x[i]], fmt, kind)
+    return out
+
+
+def matmul(a, b, fmt, kind: str):
+    """a (..., n, k) @ b (..., k, m), each dot Σ_t a_t b_t with exact products."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    out = np.empty((*a.shape[:-1], b.shape[-1]))
+    for i in np.ndindex(out.shape):
+        lead, r, c = i[:-2], i[-2], i[-1]
+        terms = [
+            F(float(x)) * F(float(y)) for x, y in zip(a[(*lead, r)], b[(*lead, slice(None), c)])
+        ]
+        out[i] = _total(terms, fmt, kind)
+    return out
+
+
+def _t(x):
+    return np.swapaxes(x, -1, -2)
+
+
+# -- forward ---------------------------------------------------------------------------
+
+
+def prepare(q, k, v, policy, scale=None):
+    """(Q, K, V, scale) as the passes use them: rounded to ``inputs``, the scale
+    (1/sqrt(d) in float64 by default) rounded to the stage it multiplies, and Q
+    pre-scaled, fl_inputs(Q · scale), for scale="q"."""
+    q, k, v = (cast(t, policy.inputs) for t in (q, k, v))
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    stage = policy.inputs if policy.scale == "q" else policy.scores
+    scale = fl(F(float(scale)), stage)
+    if policy.scale == "q":
+        q = mul(q, scale, policy.inputs)
+    return q, k, v, scale
+
+
+def scores(q, k, scale, policy, causal: bool, col0: int = 0, m_real: int | None = None):
+    """S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) (fl_scores(Q' Kᵀ) for scale="q") of Q
+    against the keys ``k`` from column ``col0``; -inf where masked (causal, or a
+    padding column at or past ``m_real``)."""
+    s = matmul(q, _t(k), policy.qk_acc, policy.accumulation.kind)
+    s = mul(s, scale, policy.scores) if policy.scale == "scores" else cast(s, policy.scores)
+    i = np.arange(q.shape[-2])[:, None]
+    j = col0 + np.arange(k.shape[-2])[None, :]
+    keep = np.ones(s.shape[-2:], bool) if not causal else j <= i
+    if m_real is not None:
+        keep = keep & (j < m_real)
+    return np.where(keep, s, -np.inf)
+
+
+def reference_forward(q, k, v, policy, causal: bool):
+    """(O, L, P, (Q, K, V, scale)) of materialised attention:
+    S; m = fl_stats(max S); e = fl_exp(exp(fl_exp(S - m))); l = Σ_stats e;
+    P = fl_p(e / l); O = fl_out(fl_pv_acc(P V)); L = fl_stats(m + log l)."""
+    q, k, v, scale = prepare(q, k, v, policy)
+    s = scores(q, k, scale, policy, causal)
+    m = cast(s.max(axis=-1), policy.stats)
+    e = shifted_exp(s, m[..., None], policy.exp)
+    l = row_sum(e, policy.stats, policy.accumulation.kind)
+    p = div(e, l[..., None], policy.p)
+    o = cast(matmul(p, v, policy.pv_acc, policy.accumulation.kind), policy.out)
+    return o, log_sum_exp(m, l, policy.stats), p, (q, k, v, scale)
+
+
+def _key_blocks(k, v, bc: int):
+    """K and V zero-padded to a multiple of Bc, as a list of (K_j, V_j, col0)."""
+    mk = k.shape[-2]
+    n_blocks = -(-mk // bc)
+    pad = [(0, 0)] * (k.ndim - 2) + [(0, n_blocks * bc - mk), (0, 0)]
+    k, v = np.pad(k, pad), np.pad(v, pad)
+    return [
+        (k[..., j * bc : (j + 1) * bc, :], v[..., j * bc : (j + 1) * bc, :], j * bc)
+        for j in range(n_blocks)
+    ]
+
+
+def _online(m, l, s, policy):
+    """FA2's statistics update: (m_new, l_new, P̃, α)."""
+    kind = policy.accumulation.kind
+    m_new = cast(np.maximum(m, s.max(axis=-1)), policy.stats)
+    alpha = shifted_exp(m, m_new, policy.exp)
+    e = shifted_exp(s, m_new[..., None], policy.exp)
+    l_new = add(mul(l, alpha, policy.stats), row_sum(e, policy.stats, kind), policy.stats)
+    return m_new, l_new, e, alpha
+
+
+def flash_forward(q, k, v, policy, bc: int, variant: str, causal: bool):
+    """(O, L, (Q, K, V, scale)) of tiled attention over key blocks of ``bc``
+    columns in order (fa_jax/attention.py's equations for ``variant``)."""
+    kind = policy.accumulation.kind
+    q, k, v, scale = prepare(q, k, v, policy)
+    lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    m, l, o = np.full((*lead, n), -np.inf), np.zeros((*lead, n)), np.zeros((*lead, n, dv))
+    for k_j, v_j, col0 in _key_blocks(k, v, bc):
+        s = scores(q, k_j, scale, policy, causal, col0, mk)
+        if variant == "fa2":
+            m, l, e, alpha = _online(m, l, s, policy)
+            pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
+            o = add(mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
+        elif variant == "fa1":
+            m_blk = cast(s.max(axis=-1), policy.stats)
+            e = shifted_exp(s, m_blk[..., None], policy.exp)
+            l_blk = row_sum(e, policy.stats, kind)
+            m_new = cast(np.maximum(m, m_blk), policy.stats)
+            alpha = shifted_exp(m, m_new, policy.exp)
+            beta = shifted_exp(m_blk, m_new, policy.exp)
+            l_alpha = mul(l, alpha, policy.stats)
+            l = add(l_alpha, mul(beta, l_blk, policy.stats), policy.stats)
+            pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
+            num = add(
+                mul(l_alpha[..., None], o, policy.o_acc),
+                mul(beta[..., None], pv, policy.o_acc),
+                policy.o_acc,
+            )
+            m, o = m_new, div(num, l[..., None], policy.o_acc)
+        else:
+            assert variant == "rowwise", f"variant: expected fa1, fa2 or rowwise, got {variant}"
+            l_old = l
+            m, l, e, alpha = _online(m, l, s, policy)
+            ratio = div(mul(l_old, alpha, policy.stats), l, policy.o_acc)
+            pv = matmul(div(e, l[..., None], policy.p), v_j, policy.pv_acc, kind)
+            o = add(mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
+    out = div(o, l[..., None], policy.out) if variant == "fa2" else cast(o, policy.out)
+    return out, log_sum_exp(m, l, policy.stats), (q, k, v, scale)
+
+
+# -- backward --------------------------------------------------------------------------
+
+
+def _row_dot(a, b, policy):
+    """fl_d_stats(Σ_c fl_d_stats(a ∘ b)) along the last axis."""
+    return row_sum(mul(a, b, policy.d_stats), policy.d_stats, policy.accumulation.kind)
+
+
+def _softmax_grad(p, d_p, d_row, policy):
+    """dS = fl_d_s(fl_d_stats(P ∘ fl_d_stats(dP − D)))."""
+    ds = mul(p, sub(d_p, d_row[..., None], policy.d_stats), policy.d_stats)
+    return cast(ds, policy.d_s)
+
+
+def _d_k(acc, scale, policy):
+    """dK = fl_grads(fl_d_acc(acc · scale)), or fl_grads(acc) for scale="q"."""
+    if policy.scale == "scores":
+        return cast(mul(acc, scale, policy.d_acc), policy.grads)
+    return cast(acc, policy.grads)
+
+
+def reference_backward(prepared, p, d_o, d_lse, policy):
+    """(dQ, dK, dV) of materialised attention from the stored P (fa_jax/backward.py)."""
+    q, k, v, scale = prepared
+    kind = policy.accumulation.kind
+    d_o = cast(d_o, policy.d_out)
+    d_v = cast(matmul(_t(p), d_o, policy.d_acc, kind), policy.grads)
+    d_p = cast(matmul(d_o, _t(v), policy.d_acc, kind), policy.d_p)
+    d_row = sub(_row_dot(p, d_p, policy), d_lse, policy.d_stats)
+    d_s = _softmax_grad(p, d_p, d_row, policy)
+    d_q = cast(mul(matmul(d_s, k, policy.d_acc, kind), scale, policy.d_acc), policy.grads)
+    d_k = _d_k(matmul(_t(d_s), q, policy.d_acc, kind), scale, policy)
+    return d_q, d_k, d_v
+
+
+def flash_backward(prepared, o, lse, d_o, d_lse, policy, bc: int, causal: bool):
+    """(dQ, dK, dV) of FlashAttention-2's backward (Dao 2023, Algorithm 2) over key
+    blocks of ``bc`` columns, P recomputed from the log-sum-exp L."""
+    q, k, v, scale = prepared
+    kind = policy.accumulation.kind
+    mk = k.shape[-2]
+    d_o = cast(d_o, policy.d_out)
+    d_row = sub(_row_dot(d_o, o, policy), d_lse, policy.d_stats)
+    d_q = np.zeros(q.shape)
+    d_ks, d_vs = [], []
+    for k_j, v_j, col0 in _key_blocks(k, v, bc):
+        p_j = shifted_exp(
+            scores(q, k_j, scale, policy, causal, col0, mk), lse[..., None], policy.exp
+        )
+        d_vs.append(cast(matmul(_t(cast(p_j, policy.p)), d_o, policy.d_acc, kind), policy.grads))
+        d_p_j = cast(matmul(d_o, _t(v_j), policy.d_acc, kind), policy.d_p)
+        d_s_j = _softmax_grad(p_j, d_p_j, d_row, policy)
+        d_q = add(d_q, matmul(d_s_j, k_j, policy.d_acc, kind), policy.d_acc)
+        d_ks.append(_d_k(matmul(_t(d_s_j), q, policy.d_acc, kind), scale, policy))
+    d_q = cast(mul(d_q, scale, policy.d_acc), policy.grads)
+    d_k = np.concatenate(d_ks, axis=-2)[..., :mk, :]
+    d_v = np.concatenate(d_vs, axis=-2)[..., :mk, :]
+    return d_q, d_k, d_v

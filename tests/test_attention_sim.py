@@ -1,0 +1,212 @@
+"""fa_jax.attention and fa_jax.backward against the op-by-op simulation, bit for bit.
+
+tests/attention_sim.py computes every op of the forward and backward passes
+exactly and rounds it once to its stage's format.  The policies here give every
+one of the fifteen stages its own format, so a value rounded to the wrong stage
+(the FA2 output update in pv_acc instead of o_acc, D's products in d_acc instead
+of d_stats, the scaled scores in qk_acc instead of scores) changes some bit.
+The shapes are small enough for the Fraction arithmetic: N = 7 queries in
+Br = 3 row tiles (3 tiles, the last ragged), M = 10 keys in Bc = 3 column tiles
+(4 tiles, the last ragged), d = 3, d_v = 2, two heads.  Compile time dominates:
+one jitted forward-and-backward program per case.
+"""
+
+import zlib
+
+import jax
+import numpy as np
+import pytest
+from attention_sim import flash_backward, flash_forward, reference_backward, reference_forward
+from helpers import x64_enabled
+
+from fa_jax import custom
+from fa_jax.accumulation import get_accumulation
+from fa_jax.attention import Blocks, flash_attention, reference_attention
+from fa_jax.policy import STAGES, Policy
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with x64_enabled():
+        yield
+
+
+def _policy(widths: dict, accumulation: str, scale: str) -> Policy:
+    """A policy with stage -> (exp_bits, man_bits); every stage a different format."""
+    assert set(widths) == set(STAGES)
+    assert len({widths[s] for s in STAGES}) == len(STAGES)
+    return Policy(
+        **{s: custom(*widths[s]) for s in STAGES},
+        accumulation=get_accumulation(accumulation),
+        scale=scale,
+        name=f"mixed-{accumulation}-{scale}",
+    )
+
+
+# Formats widening along the computation, so that a rounding early on reaches the result.
+WIDENING = {
+    "inputs": (6, 3),
+    "d_out": (6, 4),
+    "scores": (7, 5),
+    "d_p": (7, 6),
+    "p": (7, 7),
+    "exp": (8, 8),
+    "qk_acc": (8, 9),
+    "pv_acc": (8, 10),
+    "o_acc": (8, 11),
+    "stats": (8, 12),
+    "d_acc": (8, 13),
+    "d_stats": (8, 14),
+    "d_s": (8, 15),
+    "out": (8, 16),
+    "grads": (8, 17),
+}
+# No order: accumulators narrower than what they accumulate, statistics wider than
+# the scores, a narrow output fed by a wide accumulator.
+SCRAMBLED = {
+    "inputs": (6, 8),
+    "qk_acc": (7, 5),
+    "scores": (7, 10),
+    "stats": (8, 7),
+    "exp": (7, 12),
+    "p": (6, 9),
+    "pv_acc": (8, 14),
+    "o_acc": (7, 6),
+    "out": (8, 13),
+    "d_out": (7, 11),
+    "d_acc": (8, 16),
+    "d_p": (8, 4),
+    "d_stats": (7, 15),
+    "d_s": (8, 3),
+    "grads": (7, 17),
+}
+POLICIES = {
+    f"{kind}-{accumulation}-{scale}": _policy(widths, accumulation, scale)
+    for kind, widths in (("widening", WIDENING), ("scrambled", SCRAMBLED))
+    for accumulation in ("exact", "sequential")
+    for scale in ("scores", "q")
+}
+BLOCKS = Blocks(3, 3)
+N, M, D, DV = 7, 10, 3, 2
+
+
+def _problem(seed: int):
+    rng = np.random.default_rng(seed)
+    q, k = (rng.standard_normal((2, x, D)) * 1.5 for x in (N, M))
+    v = rng.standard_normal((2, M, DV))
+    return q, k, v, rng.standard_normal((2, N, DV)), rng.standard_normal((2, N))
+
+
+def _attention(kind: str, variant: str | None, causal: bool, policy: Policy):
+    """(q, k, v) -> (O, L) of fa_jax."""
+    if kind == "reference":
+        return lambda q, k, v: reference_attention(q, k, v, policy, causal=causal, return_lse=True)
+    return lambda q, k, v: flash_attention(
+        q, k, v, policy, BLOCKS, variant=variant or "fa2", causal=causal
+    )
+
+
+def _forward_backward(fn, q, k, v, d_o, d_lse):
+    (o, lse), vjp = jax.vjp(fn, q, k, v)
+    return (o, lse, *vjp((d_o, d_lse)))
+
+
+def _simulated(kind, variant, causal, policy, q, k, v, d_o, d_lse):
+    """(O, L, dQ, dK, dV) of the simulation."""
+    if kind == "reference":
+        o, lse, p, prepared = reference_forward(q, k, v, policy, causal)
+        return (o, lse, *reference_backward(prepared, p, d_o, d_lse, policy))
+    o, lse, prepared = flash_forward(q, k, v, policy, BLOCKS.bc, variant, causal)
+    return (o, lse, *flash_backward(prepared, o, lse, d_o, d_lse, policy, BLOCKS.bc, causal))
+
+
+def _assert_bitwise(got, want, what: str):
+    for name, g, w in zip(("O", "L", "dQ", "dK", "dV"), got, want):
+        g = np.asarray(g)
+        assert g.dtype == np.float64 and g.shape == w.shape, (what, name, g.dtype, g.shape)
+        bad = np.flatnonzero(g != w)
+        assert not bad.size, (
+            f"{what}: {name} differs at {bad.size} of {g.size} entries, e.g. flat index "
+            f"{bad[0]}: fa_jax {g.flat[bad[0]]!r}, simulation {w.flat[bad[0]]!r}"
+        )
+
+
+def _seed(*case) -> int:
+    return zlib.crc32(repr(case).encode())
+
+
+# Every variant, causal and not, both scale placements, both accumulation models, both
+# policies and both backward passes in four compiled programs (each costs seconds to
+# compile); the backward does not depend on the forward's variant, so fa1 and
+# rowwise run forward only here.  The slow tests run every combination.
+CASES = [  # (kind, variant, causal, policy name, with the backward)
+    ("reference", None, False, "scrambled-sequential-scores", True),
+    ("flash", "fa2", True, "widening-exact-q", True),
+    ("flash", "fa1", True, "scrambled-exact-scores", False),
+    ("flash", "rowwise", False, "widening-sequential-q", False),
+]
+MATRIX_POLICIES = (
+    "widening-exact-scores",
+    "widening-sequential-q",
+    "scrambled-exact-q",
+    "scrambled-sequential-scores",
+)
+ALL_CASES = [
+    (kind, variant, causal, name)
+    for kind, variant in [
+        ("reference", None),
+        ("flash", "fa1"),
+        ("flash", "fa2"),
+        ("flash", "rowwise"),
+    ]
+    for causal in (False, True)
+    for name in MATRIX_POLICIES
+]
+
+
+def _check_jitted(kind, variant, causal, name, backward=True):
+    policy = POLICIES[name]
+    args = _problem(_seed(kind, variant, causal, name))
+    fn = _attention(kind, variant, causal, policy)
+    if backward:
+        got = jax.jit(lambda *a: _forward_backward(fn, *a))(*args)
+    else:
+        got = jax.jit(fn)(*args[:3])
+    want = _simulated(kind, variant, causal, policy, *args)[: len(got)]
+    _assert_bitwise(got, want, f"jitted {kind} {variant} causal={causal} {name}")
+
+
+@pytest.mark.parametrize("kind, variant, causal, name, backward", CASES)
+def test_jitted_forward_and_backward_equal_the_simulation(kind, variant, causal, name, backward):
+    """O and L (and dQ, dK, dV) of one jitted program equal the simulation's bits."""
+    _check_jitted(kind, variant, causal, name, backward)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, variant, causal, name", [c for c in ALL_CASES if (*c, True) not in CASES]
+)
+def test_every_case_jitted_equals_the_simulation(kind, variant, causal, name):
+    """The rest of variant x causal x policy (a minute or more of compiling)."""
+    _check_jitted(kind, variant, causal, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, variant, causal, name",
+    [
+        ("flash", "fa2", True, "widening-exact-scores"),
+        ("reference", None, True, "scrambled-exact-q"),
+    ],
+)
+def test_eager_forward_and_backward_equal_the_simulation(kind, variant, causal, name):
+    """Op by op (jax.disable_jit: every primitive compiled on its own, no fusion) the
+    bits are the simulation's too.  Eager mode compiles each primitive for each
+    shape it meets: tens of seconds, hence slow."""
+    policy = POLICIES[name]
+    args = _problem(_seed(kind, variant, causal, name))
+    fn = _attention(kind, variant, causal, policy)
+    with jax.disable_jit():
+        got = _forward_backward(fn, *args)
+    want = _simulated(kind, variant, causal, policy, *args)
+    _assert_bitwise(got, want, f"eager {kind} {variant} causal={causal} {name}")
