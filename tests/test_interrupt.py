@@ -16,6 +16,13 @@ from fa_jax.studies.interrupt import check_interrupt, deferred_interrupts, inter
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
 def _deliver_sigint():
     """SIGINT to this process, and time for Python to run its handler."""
     os.kill(os.getpid(), signal.SIGINT)
@@ -95,22 +102,13 @@ def test_a_second_sigint_exits_at_once_with_the_message():
 SWEEP = "sweep --formats bf16 --seq-lens 8 --blocks 8x8 4x4 2x2 --d 4 --quiet --out".split()
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
-
-
-def _sweep(out, env, **kw):
-    return subprocess.Popen(
-        [sys.executable, "-m", "fa_jax", *SWEEP, str(out)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
+OUTS = ("out", "reference")
+RESUME_THEN_REFERENCE = (
+    "import sys\n"
+    "from fa_jax.cli import main\n"
+    "*command, out, reference = sys.argv[1:]\n"
+    "sys.exit(main([*command, out]) or main([*command, reference]))\n"
+)
 
 
 def _has_rows(path):
@@ -122,7 +120,7 @@ def _has_rows(path):
 
 
 def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
-    # The three runs share a compilation cache in tmp_path, so only the first compiles.
+    # The runs share a compilation cache in tmp_path: a program is compiled once.
     env = _env(
         FA_JAX_CACHE_DIR=str(tmp_path / "cache"),
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
@@ -130,7 +128,13 @@ def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
     csv_path = tmp_path / "out" / "results.csv"
-    proc = _sweep(tmp_path / "out", env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fa_jax", *SWEEP, str(tmp_path / "out")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not _has_rows(csv_path) and proc.poll() is None and time.monotonic() < deadline:
@@ -145,11 +149,21 @@ def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
     assert err.count("\n") == 1, err
     partial = csv_path.read_bytes()
 
-    for out in ("out", "reference"):  # resume, then an uninterrupted run
-        done = _sweep(tmp_path / out, env)
-        stdout, err = done.communicate(timeout=300)
-        assert done.returncode == 0 and err == "", err
-        assert stdout.startswith(f"wrote {tmp_path / out / 'results.csv'}")
+    # The same command again (resume), then into a fresh folder (uninterrupted), both by
+    # fa_jax.cli.main, which `python -m fa_jax` runs, in one process: the second run
+    # reuses the programs the first one compiled.
+    done = subprocess.run(
+        [sys.executable, "-c", RESUME_THEN_REFERENCE, *SWEEP, *(str(tmp_path / o) for o in OUTS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert [line.split()[1] for line in done.stdout.splitlines()] == [
+        str(tmp_path / o / "results.csv") for o in OUTS
+    ]
     full = (tmp_path / "reference" / "results.csv").read_bytes()
     assert csv_path.read_bytes() == full
     assert partial.count(b"\n") > 1
