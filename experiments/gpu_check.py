@@ -33,6 +33,10 @@ when every case is identical, 1 otherwise (the differing cases are listed last).
     python experiments/gpu_check.py --skip-timing    # bit identity only
     python experiments/gpu_check.py --quick          # tiny sizes, a few cases
 
+``--quick`` rounds to five formats (one per kind of special values, and TF32),
+and runs each preset and each attention function once, with gradients for the
+reference and fa2 only (the flash variants share FlashAttention-2's backward).
+
 On a CPU-only machine both sides are the CPU, which checks the script itself.
 Results: see docs/performance.md.
 """
@@ -447,7 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="platform to check against the CPU (default: jax.devices()[0])",
     )
-    p.add_argument("--quick", action="store_true", help="tiny sizes and a few cases")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes; five formats; each preset and attention function once",
+    )
     p.add_argument("--skip-timing", action="store_true", help="bit identity only (parts 1, 2)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
