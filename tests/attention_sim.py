@@ -183,11 +183,11 @@ def scores(q, k, scale, policy, causal: bool, col0: int = 0, m_real: int | None 
     return np.where(keep, s, -np.inf)
 
 
-def reference_forward(q, k, v, policy, causal: bool):
+def reference_forward(q, k, v, policy, causal: bool, scale=None):
     """(O, L, P, (Q, K, V, scale)) of materialised attention:
     S; m = fl_stats(max S); e = fl_exp(exp(fl_exp(S - m))); l = Σ_stats e;
     P = fl_p(e / l); O = fl_out(fl_pv_acc(P V)); L = fl_stats(m + log l)."""
-    q, k, v, scale = prepare(q, k, v, policy)
+    q, k, v, scale = prepare(q, k, v, policy, scale)
     s = scores(q, k, scale, policy, causal)
     m = cast(s.max(axis=-1), policy.stats)
     e = shifted_exp(s, m[..., None], policy.exp)

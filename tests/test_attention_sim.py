@@ -7,17 +7,26 @@ one of the fifteen stages its own format, so a value rounded to the wrong stage
 of d_stats, the scaled scores in qk_acc instead of scores) changes some bit.
 The shapes are small enough for the Fraction arithmetic: N = 7 queries in
 Br = 3 row tiles (3 tiles, the last ragged), M = 10 keys in Bc = 3 column tiles
-(4 tiles, the last ragged), d = 3, d_v = 2, two heads.  Compile time dominates:
-one jitted forward-and-backward program per case.
+(4 tiles, the last ragged), d = 3, d_v = 2, two heads.  Compile time dominates
+(seconds per jitted program), so the default run takes four programs that between
+them cover every variant, both backward passes, causal and not, both scale
+placements and both accumulation models; the slow tests (``-m slow``) run the
+whole matrix and op-by-op eager execution.  One more case builds a division whose
+float64 quotient is exactly a midpoint of the target format while the true
+quotient is not, which only a correct midpoint resolution in ops.div rounds right.
 """
 
+import decimal
+import math
 import zlib
+from fractions import Fraction
 
 import jax
 import numpy as np
 import pytest
 from attention_sim import flash_backward, flash_forward, reference_backward, reference_forward
 from helpers import x64_enabled
+from oracle import round_exact
 
 from fa_jax import custom
 from fa_jax.accumulation import get_accumulation
@@ -210,3 +219,74 @@ def test_eager_forward_and_backward_equal_the_simulation(kind, variant, causal, 
         got = _forward_backward(fn, *args)
     want = _simulated(kind, variant, causal, policy, *args)
     _assert_bitwise(got, want, f"eager {kind} {variant} causal={causal} {name}")
+
+
+# A probability whose float64 quotient 1 / l is exactly a midpoint of the p format
+# while the true quotient is not: one query, keys with scores (t, 0) (q = k_0 = 1,
+# k_1 = 0, the scale t), so l = 1 + X with X = fl_exp(exp(t)).  Choosing l = fl64(1/μ)
+# for a midpoint μ of p makes 1 / l = μ (1 + η) with |η| <= 2**-53: float64 rounds it
+# to μ, and only the sign of the residual says which neighbour of μ is right.
+MIDPOINT = _policy(
+    {
+        "inputs": (6, 5),
+        "qk_acc": (7, 20),
+        "scores": (9, 51),
+        "stats": (11, 52),
+        "exp": (10, 50),
+        "p": (6, 8),
+        "pv_acc": (8, 21),
+        "o_acc": (8, 22),
+        "out": (8, 23),
+        "d_out": (6, 6),
+        "d_acc": (8, 24),
+        "d_p": (7, 9),
+        "d_stats": (8, 25),
+        "d_s": (7, 10),
+        "grads": (8, 26),
+    },
+    "exact",
+    "scores",
+)
+
+
+def _midpoint_scales(policy: Policy):
+    """Scales t (values of ``exp``) for which 1 / l is a float64 midpoint of ``p``
+    whose correct rounding is not the tie-to-even one."""
+    p, exp_fmt = policy.p, policy.exp
+    out = []
+    for k in range(1 << p.man_bits):  # midpoints μ in [1/2, 1) of p
+        mu = (Fraction(1) + Fraction(2 * k + 1, 1 << (p.man_bits + 1))) / 2
+        if not Fraction(2, 3) < mu <= Fraction(4, 5):
+            continue
+        l = Fraction(round_exact(1 / mu, policy.stats))  # in [1.25, 1.5)
+        x = l - 1  # in [1/4, 1/2): on exp's grid of 2**-52
+        if round_exact(x, exp_fmt) != x or float(1.0 / float(l)) != mu:
+            continue
+        if round_exact(1 / l, p) == round_exact(mu, p):  # tie to even happens to be right
+            continue
+        with decimal.localcontext() as ctx:
+            ctx.prec = 60
+            t0 = round_exact(Fraction(decimal.Decimal(float(x)).ln()), exp_fmt)
+            ulp = math.ldexp(1.0, math.frexp(t0)[1] - 1 - exp_fmt.man_bits)
+            for t in (t0 - ulp, t0, t0 + ulp):  # ln x's neighbours on exp's grid
+                e = Fraction(decimal.Decimal(t).exp())
+                if abs(e - x) < Fraction(1, 2**55):  # far from exp's rounding boundaries
+                    out.append((t, float(mu), round_exact(1 / l, p)))
+                    break
+    return out
+
+
+def test_a_float64_midpoint_quotient_rounds_by_its_residual():
+    """P = fl_p(e / l) where the float64 quotient is exactly a midpoint of p: the
+    correct neighbour (the simulation's, from the exact quotient) is not the one
+    ties-to-even gives, so both a missing and an inverted midpoint resolution fail."""
+    cases = _midpoint_scales(MIDPOINT)
+    assert len(cases) >= 2, cases
+    q, k, v = np.array([[1.0]]), np.array([[1.0], [0.0]]), np.array([[0.0], [1.0]])
+    for t, mu, want_p in cases[:4]:
+        got = jax.jit(
+            lambda q, k, v, t: reference_attention(q, k, v, MIDPOINT, scale=t, return_lse=True)
+        )(q, k, v, t)
+        o, lse, p, _ = reference_forward(q, k, v, MIDPOINT, False, scale=t)
+        assert p[0, 1] == want_p != mu
+        _assert_bitwise(got, (o, lse), f"midpoint quotient {mu!r} (scale {t!r})")
