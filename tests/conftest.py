@@ -1,6 +1,10 @@
-"""Shared test configuration: bounded hypothesis profiles, x64 toggling."""
+"""Shared test configuration: bounded hypothesis profiles, x64 toggling, and a
+compilation cache of the test run's own (never the user's)."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -24,6 +28,12 @@ settings.register_profile(
     "thorough", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Sweeps cache compiled programs (fa_jax.studies.cache); the tests' go to a folder of
+# this run, shared by its workers (they inherit the environment) and removed at exit.
+if "FA_JAX_CACHE_DIR" not in os.environ:
+    os.environ["FA_JAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="fa_jax_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["FA_JAX_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture

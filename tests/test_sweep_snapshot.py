@@ -11,6 +11,8 @@ second format with a different bias.
 import pathlib
 
 from fa_jax.attention import Blocks
+from fa_jax.studies.options import study_options
+from fa_jax.studies.profile import Profile
 from fa_jax.studies.sweep import Grid, run_sweep
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -28,6 +30,22 @@ CAUSAL_GRID = Grid(
 )
 
 
-def test_causal_grid_equals_its_snapshot(tmp_path):
-    csv_path = run_sweep(CAUSAL_GRID, tmp_path, quiet=True)
-    assert csv_path.read_bytes() == (DATA / "sweep_causal_snapshot.csv").read_bytes()
+def test_causal_grid_equals_its_snapshot_compiled_and_loaded_from_the_cache(tmp_path):
+    """A fresh cache: every program compiled; a second run: every program loaded from
+    the cache.  Both reproduce the snapshot."""
+    want = (DATA / "sweep_causal_snapshot.csv").read_bytes()
+    sources = []
+    for run in ("first", "second"):
+        profile = Profile()
+        with study_options(cache=tmp_path / "cache", profile=profile):
+            csv_path = run_sweep(CAUSAL_GRID, tmp_path / run, quiet=True)
+        assert csv_path.read_bytes() == want, run
+        sources.append({p.source for p in profile.programs.values()})
+    assert sources == [{"compiled"}, {"loaded"}]
+
+
+def test_without_the_cache_nothing_is_stored(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA_JAX_CACHE_DIR", str(tmp_path / "cache"))
+    grid = Grid(formats=("bf16",), seq_lens=(12,), blocks=(Blocks(4, 8),), d=8)
+    run_sweep(grid, tmp_path / "out", quiet=True, cache=False)
+    assert not (tmp_path / "cache").exists()

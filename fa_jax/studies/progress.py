@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sized
 from typing import TypeVar
 
-__all__ = ["track"]
+__all__ = ["status", "track"]
 
 T = TypeVar("T")
 
@@ -25,11 +25,25 @@ def _tqdm():
     return tqdm
 
 
+_SHOWN: list = []  # the bars on screen, innermost last
+
+
 def _bar(items: Iterable[T], tqdm, desc: str, total: int | None, unit: str) -> Iterator[T]:
     with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
-        for x in items:
-            yield x
-            bar.update()
+        _SHOWN.append(bar)
+        try:
+            for x in items:
+                yield x
+                bar.update()
+        finally:
+            _SHOWN.remove(bar)
+
+
+def status(text: str) -> None:
+    """Show ``text`` beside the innermost bar on screen (e.g. "compiling ..."); an
+    empty text clears it; without a bar, nothing."""
+    if _SHOWN:
+        _SHOWN[-1].set_postfix_str(text, refresh=True)
 
 
 def track(

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from fa_jax.inputs import make_inputs
+from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import Grid
 from fa_jax.studies.sweep.programs import Kind, baseline_program, golden_program
 
@@ -69,6 +70,19 @@ def shard(args, n, *, pad_to=None):
     return jax.device_put(args, sharding)
 
 
+def _label(program, chunk, static) -> str:
+    """A program's name for the profile: what it computes and its static signature."""
+    parts = [program.__name__.removesuffix("_program")]
+    parts += [str(static[k]) for k in ("preset", "variant") if k in static]
+    if "blocks" in static:
+        parts.append(f"Bc={static['blocks'].bc}")
+    parts.append(f"{static['kind'][1]} formats")
+    if static.get("causal"):
+        parts.append("causal")
+    parts.append(f"N<={max(chunk)}")
+    return " ".join(parts)
+
+
 def host(x):
     """A device value as a numpy array."""
     return np.asarray(jax.device_get(x))
@@ -79,8 +93,9 @@ class KindBatch:
     (padded within length buckets, or one batch per length), and caches of the
     golden and baseline outputs that every variant and tiling reuses."""
 
-    def __init__(self, grid: Grid, fmts, pad: bool, memory_budget: int):
+    def __init__(self, grid: Grid, fmts, pad: bool, memory_budget: int, executables: Executables):
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
+        self.executables = executables
         lens = sorted(grid.seq_lens)
         self.chunks = length_buckets(lens, PAD_RATIO) if pad else [(n,) for n in lens]
         self._inputs = {}
@@ -130,7 +145,9 @@ class KindBatch:
         for start in range(0, total, size):
             piece = jax.tree_util.tree_map(lambda x, i=start: x[i : i + size], args)
             n = len(piece[-1])
-            outs.append(host(program(*shard(piece, n, pad_to=size), **static))[:n])
+            sharded = shard(piece, n, pad_to=size)
+            label = _label(program, chunk, static)
+            outs.append(host(self.executables.call(program, sharded, static, label=label))[:n])
         return np.concatenate(outs)
 
     def golden(self, chunk, kind: Kind):

@@ -19,7 +19,10 @@ Execution, in brief:
   padded within buckets, memory-bounded pieces and the axis sharded over
   ``jax.devices()`` (:mod:`.batch`);
 * metrics are computed per configuration on the unpadded output by the public
-  metric functions, so direct calls reproduce the CSV bitwise.
+  metric functions, so direct calls reproduce the CSV bitwise;
+* each program is compiled once and kept on disk
+  (:mod:`.executables`, under :func:`fa_jax.studies.cache.cache_dir`), so a
+  later run loads it instead of tracing and compiling it again.
 
 Files in ``out_dir``: ``results.csv`` (:data:`~fa_jax.studies.sweep.COLUMNS`;
 ``value`` is ``repr(float)``, so it round-trips exactly), rewritten atomically
@@ -38,11 +41,15 @@ so far are written, never inside a compile.
 from __future__ import annotations
 
 import pathlib
+import time
 
 from fa_jax._checks import positive_int
 from fa_jax._x64 import float64_enabled
 from fa_jax.attention import Blocks
+from fa_jax.studies.cache import compilation_cache
 from fa_jax.studies.interrupt import check_interrupt, interrupt_requested
+from fa_jax.studies.options import current_options
+from fa_jax.studies.profile import Profile
 from fa_jax.studies.progress import track
 from fa_jax.studies.results import (
     append_csv,
@@ -53,6 +60,7 @@ from fa_jax.studies.results import (
     write_json,
 )
 from fa_jax.studies.sweep.batch import MEMORY_BUDGET, KindBatch, host, length_buckets
+from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
 from fa_jax.studies.sweep.programs import flash_program, kind_of, metric_values
 
@@ -62,32 +70,71 @@ PAD_SEQ_LENS = True  # pad within length buckets (False: one program per length)
 
 
 def run_sweep(
-    grid: Grid, out_dir, *, quiet: bool = False, memory_budget: int = MEMORY_BUDGET
+    grid: Grid,
+    out_dir,
+    *,
+    quiet: bool = False,
+    memory_budget: int = MEMORY_BUDGET,
+    cache=None,
+    profile: Profile | None = None,
 ) -> pathlib.Path:
     """Run every configuration of ``grid`` not already in ``out_dir/results.csv``
     (module docstring); returns the CSV's path.  ``memory_budget`` (bytes) bounds
     the working memory of one compiled call.  ``quiet``: no progress bar.
+    ``cache`` (True, a folder, or False) and ``profile`` (a
+    :class:`~fa_jax.studies.profile.Profile` to fill): None takes them from
+    :func:`~fa_jax.studies.options.study_options` (default: cache on, no profile).
 
     Enables ``jax_enable_x64`` while it runs (float64 carriers) and restores the
     previous setting when it returns.
     """
-    return _run(grid, out_dir, quiet=quiet, pad=PAD_SEQ_LENS, memory_budget=memory_budget)
+    return _run(
+        grid,
+        out_dir,
+        quiet=quiet,
+        pad=PAD_SEQ_LENS,
+        memory_budget=memory_budget,
+        cache=cache,
+        profile=profile,
+    )
 
 
 def _run(
-    grid: Grid, out_dir, *, quiet: bool, pad: bool, memory_budget: int = MEMORY_BUDGET
+    grid: Grid,
+    out_dir,
+    *,
+    quiet: bool,
+    pad: bool,
+    memory_budget: int = MEMORY_BUDGET,
+    cache=None,
+    profile: Profile | None = None,
 ) -> pathlib.Path:
     if not isinstance(grid, Grid):
         raise TypeError(f"run_sweep: expected a Grid, got {grid!r}")
     positive_int(memory_budget, "run_sweep: memory_budget (bytes)")
-    with float64_enabled():
+    options = current_options()
+    cache = options.cache if cache is None else cache
+    profile = options.profile if profile is None else profile
+    with float64_enabled(), compilation_cache(cache) as folder:
+        executables = Executables(None if folder is None else folder / "programs", profile)
         return _sweep(
-            grid, pathlib.Path(out_dir), quiet=quiet, pad=pad, memory_budget=memory_budget
+            grid,
+            pathlib.Path(out_dir),
+            quiet=quiet,
+            pad=pad,
+            memory_budget=memory_budget,
+            executables=executables,
         )
 
 
 def _sweep(
-    grid: Grid, out: pathlib.Path, *, quiet: bool, pad: bool, memory_budget: int
+    grid: Grid,
+    out: pathlib.Path,
+    *,
+    quiet: bool,
+    pad: bool,
+    memory_budget: int,
+    executables: Executables,
 ) -> pathlib.Path:
     check_out_dir(out, {"results.csv": COLUMNS})
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +156,10 @@ def _sweep(
         for variant in grid.variants
         for bc in by_bc
     ]
-    batches = {kind: KindBatch(grid, fmts, pad, memory_budget) for kind, fmts in kinds.items()}
+    batches = {
+        kind: KindBatch(grid, fmts, pad, memory_budget, executables) for kind, fmts in kinds.items()
+    }
+    profile = executables.profile
 
     for kind, preset, variant, bc in track(groups, desc="sweep", unit="group", quiet=quiet):
         kb = batches[kind]
@@ -141,10 +191,13 @@ def _sweep(
                     name: a[j, :, :, :n]
                     for name, a in (("flash", flash), ("baseline", base), ("golden", gold))
                 }
+                start = time.perf_counter()
                 vals = {}
                 for comp in COMPARISONS:
                     a, b = comp.split("_vs_")
                     vals[comp] = host(metric_values(outs[a], outs[b]))
+                if profile is not None:
+                    profile.add_phase("metrics (eager)", time.perf_counter() - start)
                 for k in ks:
                     if tuple(k.values()) in done:
                         continue

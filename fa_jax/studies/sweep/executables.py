@@ -1,0 +1,137 @@
+"""The sweep's compiled programs, kept in memory for a run and on disk across runs.
+
+Tracing and compiling a flash program takes about a second on a CPU, longer
+than running it on a small grid, and JAX's own persistent cache still traces a
+program before it can look it up.  :class:`Executables` stores each compiled
+program (``jax.experimental.serialize_executable``) under a key that fixes
+everything its code can depend on:
+
+* the program and its static arguments (preset, format kind, variant, tiles,
+  causal flag) and its inputs' shapes, dtypes and shardings;
+* a fingerprint of fa_jax's source files, the jax and jaxlib versions, the
+  devices (platform, kind, count), ``jax_enable_x64`` and ``XLA_FLAGS``.
+
+A later run with the same key loads the executable instead of tracing and
+compiling it: it is the same binary, so it computes the same bits (the sweep's
+snapshot tests run with and without the cache).  An entry that cannot be
+read is compiled again and rewritten; entries are written atomically.  Loading
+unpickles, so the folder must be the user's own (it is, by default:
+:func:`fa_jax.studies.cache.cache_dir`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import pathlib
+import pickle
+import tempfile
+import time
+
+import jax
+from jax.experimental import serialize_executable
+
+from fa_jax.studies.profile import Profile
+from fa_jax.studies.progress import status
+
+__all__ = ["Executables", "source_fingerprint"]
+
+_PACKAGE = pathlib.Path(__file__).resolve().parents[2]  # the fa_jax folder
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """SHA-256 over fa_jax's Python sources (paths and bytes)."""
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        h.update(str(path.relative_to(_PACKAGE)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _environment() -> tuple:
+    devices = jax.devices()
+    return (
+        source_fingerprint(),
+        jax.__version__,
+        importlib.metadata.version("jaxlib"),
+        devices[0].platform,
+        devices[0].device_kind,
+        len(devices),
+        bool(jax.config.read("jax_enable_x64")),
+        os.environ.get("XLA_FLAGS", ""),
+    )
+
+
+def _signature(x) -> tuple:
+    return (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", "host")))
+
+
+class Executables:
+    """Compiled programs by key (module docstring); ``folder`` None keeps them in
+    memory only.  Each program's prepare and run seconds go to ``profile``."""
+
+    def __init__(self, folder: pathlib.Path | None = None, profile: Profile | None = None):
+        self.folder, self.profile = folder, profile
+        self._loaded: dict[str, tuple[str, jax.stages.Compiled]] = {}
+
+    def call(self, program, args, static: dict, *, label: str):
+        """``program(*args, **static)`` from its compiled executable."""
+        leaves = jax.tree_util.tree_leaves(args)
+        key_text = repr(
+            (
+                _environment(),
+                program.__module__,
+                program.__qualname__,
+                sorted(static.items()),
+                [_signature(x) for x in leaves],
+            )
+        )
+        key = hashlib.sha256(key_text.encode()).hexdigest()
+        if key not in self._loaded:
+            start = time.perf_counter()
+            compiled, source = self._load(key), "loaded"
+            if compiled is None:
+                status(f"compiling {label}")
+                compiled, source = program.lower(*args, **static).compile(), "compiled"
+                status("")
+                self._store(key, compiled)
+            self._loaded[key] = (label, compiled)
+            if self.profile is not None:
+                self.profile.prepared(label, source, time.perf_counter() - start)
+        label, compiled = self._loaded[key]
+        start = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        if self.profile is not None:
+            self.profile.ran(label, time.perf_counter() - start)
+        return out
+
+    def _path(self, key: str) -> pathlib.Path | None:
+        return None if self.folder is None else self.folder / f"{key}.bin"
+
+    def _load(self, key: str):
+        path = self._path(key)
+        if path is None or not path.exists():
+            return None
+        try:
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        except Exception:  # unreadable or incompatible entry: compile it again
+            return None
+        return compiled
+
+    def _store(self, key: str, compiled) -> None:
+        path = self._path(key)
+        if path is None:
+            return
+        try:
+            data = pickle.dumps(serialize_executable.serialize(compiled))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except (OSError, ValueError, NotImplementedError):
+            pass  # a backend without serialisation, or a full disk: run uncached
