@@ -26,6 +26,8 @@ from fa_jax.formats import get_format, registered_formats
 from fa_jax.rounding import ROUNDING_MODES
 from fa_jax.studies import DEFAULT_POLICIES
 from fa_jax.studies.interrupt import deferred_interrupts
+from fa_jax.studies.options import study_options
+from fa_jax.studies.profile import Profile
 from fa_jax.studies.table import print_table
 
 
@@ -387,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--causal", action="store_true")
     sw.add_argument("--out", default="fa_jax_out/sweep", help="output folder")
     sw.add_argument("--quiet", action="store_true", help="no progress line")
+    _add_run_flags(sw)
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("reproduce", help="Golden et al. 2024 figures: CSV, table and PNG")
@@ -404,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fa3-table only: add rows that locate the FP8 error (not in the paper)",
     )
+    _add_run_flags(rp)
     rp.set_defaults(func=cmd_reproduce)
 
     at = sub.add_parser("attribute", help="per-stage error attribution: table, CSV, bar chart")
@@ -446,6 +450,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_run_flags(parser) -> None:
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="neither load nor store compiled programs (default cache: $FA_JAX_CACHE_DIR, "
+        "else ~/.cache/fa_jax)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print compile (or cache load) and run seconds per program at the end",
+    )
+
+
+@contextlib.contextmanager
+def _run_options(args):
+    """The sweep options of ``--no-cache`` and ``--profile``; the profile's table goes
+    to standard error when the command ends, interrupted or not."""
+    if not hasattr(args, "no_cache"):
+        yield
+        return
+    profile = Profile() if args.profile else None
+    try:
+        with study_options(cache=not args.no_cache, profile=profile):
+            yield
+    finally:
+        if profile is not None:
+            print(profile.table(), file=sys.stderr)
+
+
 INTERRUPTED = "interrupted; run the same command to resume"
 
 
@@ -464,7 +498,8 @@ def main(argv=None) -> int:
         # an XLA compile); elsewhere Ctrl-C raises at once.  Either way: one line.
         cooperative = _stops_between_groups(args)
         with deferred_interrupts(INTERRUPTED) if cooperative else contextlib.nullcontext():
-            return args.func(args)
+            with _run_options(args):
+                return args.func(args)
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return 130

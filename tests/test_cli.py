@@ -267,3 +267,20 @@ def test_round_flags_underflow_to_zero_and_to_a_subnormal(capsys):
     assert lines["underflow"].startswith("x rounds to a subnormal")
     for value in ("0", "0.1", "6.103515625e-05"):  # zero, normal, fp16's tiny: no flag
         assert "underflow" not in _round_lines(capsys, "-f", "fp16", "--", value)
+
+
+def test_sweep_profile_and_no_cache(capsys, tmp_path, monkeypatch):
+    """--profile prints one line per program to stderr; --no-cache stores nothing, and
+    the default stores every program, which a second run loads."""
+    monkeypatch.setenv("FA_JAX_CACHE_DIR", str(tmp_path / "cache"))
+    cmd = ["sweep", "--formats", "bf16", "--seq-lens", "12", "--blocks", "4x8", "--d", "8"]
+    assert main([*cmd, "--out", str(tmp_path / "a"), "--no-cache", "--profile", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+    assert "(3 compiled, 0 loaded)" in err and "flash paper_uniform fa2 Bc=8" in err
+    for run in ("b", "c"):
+        assert main([*cmd, "--out", str(tmp_path / run), "--profile", "--quiet"]) == 0
+    assert "(0 compiled, 3 loaded)" in capsys.readouterr().err
+    assert (tmp_path / "a" / "results.csv").read_bytes() == (
+        tmp_path / "c" / "results.csv"
+    ).read_bytes()
