@@ -1,0 +1,899 @@
+"""A targeted mutation check of the numerics: does the test suite notice a wrong bit?
+
+Each mutant changes one exact snippet of fa_jax/rounding.py, ops.py, softmax.py,
+attention.py or backward.py (a flipped comparison, a rounding mode's branch, a
+stage swapped in a policy, a dropped rescale, an off-by-one mask, ...) and names
+the tests that must fail on it.  For every mutant the script copies fa_jax/,
+tests/ and pyproject.toml into a temporary folder, applies the mutant there
+(the original snippet must occur exactly once), and runs
+
+    python -m pytest -x -q -p no:cacheprovider -n 0 <the mutant's tests>
+
+in that folder with PYTHONPATH pointing at the copy (checked: the copy is the
+fa_jax that is imported).  The working checkout is never modified.  A mutant is
+killed when pytest fails, survives when it passes, and times out past
+``--timeout`` seconds.  Mutants that cannot change any result carry an
+``equivalent`` reason and are reported but not counted as survivors.
+
+    python experiments/mutation_check.py [--list] [--only PATTERN] [--jobs N] [--timeout S]
+
+Prints one line per mutant and the score (killed / counted); exits 0 when every
+mutant is killed or listed as equivalent, else 1.  The last run's score and its
+survivors: docs/mutation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COPIED = ("fa_jax", "tests", "pyproject.toml")
+
+# Test targets, named once: pytest node ids relative to the repository root.
+_R = "tests/test_rounding.py"
+CODES = f"{_R}::test_every_code_and_midpoint_matches_ml_dtypes"
+RANDOM_F32 = f"{_R}::test_random_float32_bit_patterns_match_ml_dtypes"
+F64_CASTS = f"{_R}::test_float64_carrier_matches_numpy_correctly_rounded_casts"
+DIRECTED = f"{_R}::test_directed_modes_bracket_and_are_adjacent"
+STOCHASTIC = f"{_R}::test_stochastic_resolves_probabilities_to_2_to_the_minus_12"
+NO_X64 = f"{_R}::test_float64_input_without_x64_rounds_once"
+ORACLE = "tests/test_rounding_oracle.py"
+_O = "tests/test_ops.py"
+BINARY = f"{_O}::test_binary_ops_round_the_exact_result_once"
+ADD_MID = f"{_O}::test_add_resolves_float64_midpoints"
+DIV_MID = f"{_O}::test_div_resolves_quotients_that_float64_rounds_onto_a_midpoint"
+DIV_FULL = f"{_O}::test_div_by_full_float64_divisors_resolves_midpoints"
+MUL_FULL = f"{_O}::test_mul_of_full_float64_operands_rounds_once"
+SUMS = f"{_O}::test_sum_models_against_exact_loops"
+MATMULS = f"{_O}::test_matmul_models_against_exact_loops"
+TC_MATMUL = f"{_O}::test_tensor_core_matmul_matches_the_rational_model"
+TC_SUM = f"{_O}::test_tensor_core_sum_matches_the_rational_model"
+TC_SPECIAL = f"{_O}::test_tensor_core_special_values"
+SIGNED_ZERO = f"{_O}::test_signed_zero_sums_follow_ieee"
+_S = "tests/test_softmax.py"
+SOFTMAX_SIM = f"{_S}::test_bit_exact_against_simulation"
+SOFTMAX_MASKED = f"{_S}::test_bit_exact_with_masked_entries"
+SOFTMAX_NO_INF = f"{_S}::test_masked_entries_in_a_format_without_infinities"
+SOFTMAX_MIDPOINT = f"{_S}::test_sums_are_exact_at_a_midpoint"
+SOFTMAX_ZERO_ROWS = f"{_S}::test_fully_masked_rows_give_zero"
+SOFTMAX_MUTANTS = "tests/test_softmax_mutants.py"
+ATT_SIM = "tests/test_attention_sim.py::test_jitted_forward_and_backward_equal_the_simulation"
+ATT_MIDPOINT = (
+    "tests/test_attention_sim.py::test_a_float64_midpoint_quotient_rounds_by_its_residual"
+)
+_A = "tests/test_attention.py"
+ATT_MASKS = f"{_A}::test_masks_agree_with_numpy_float64"
+ATT_CAUSAL = f"{_A}::test_causal_with_n_not_m_matches_numpy_float64"
+ATT_GOLDEN = f"{_A}::test_golden_flash_equals_reference"
+ATT_ZERO_ROWS = f"{_A}::test_fully_masked_rows_are_zero_with_lse_minus_inf"
+ATT_NO_INF = f"{_A}::test_formats_without_infinities_mask_cleanly"
+BWD_GOLDEN = "tests/test_backward.py::test_golden_gradients_match_float64_autodiff"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One change: ``original`` (occurring exactly once in ``module``) becomes ``replacement``."""
+
+    module: str
+    original: str
+    replacement: str
+    description: str
+    tests: tuple[str, ...]
+    equivalent: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{Path(self.module).stem}:{self.description}"
+
+
+def _m(module: str, original: str, replacement: str, description: str, *tests, equivalent=None):
+    return Mutant(f"fa_jax/{module}.py", original, replacement, description, tests, equivalent)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- rounding.py --------------------------------------------------------------
+    _m(
+        "rounding",
+        "(mask >> one) + ((sig >> du) & one)",
+        "(mask >> one) + one",
+        "ties to even -> ties away from zero",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "(mask >> one) + ((sig >> du) & one)",
+        "(mask >> one)",
+        "ties to even -> ties toward zero",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "(mask >> one) + ((sig >> du) & one)",
+        "(mask >> one) + ((a >> du) & one)",
+        "tie parity from the code instead of the significand",
+        CODES,
+        RANDOM_F32,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        "inc = jnp.where(neg, zero, mask)",
+        "inc = jnp.where(neg, mask, zero)",
+        "mode up rounds like down",
+        DIRECTED,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        "        inc = zero\n",
+        "        inc = mask >> one\n",
+        "toward_zero rounds half down to nearest",
+        DIRECTED,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        "a_r = (a + inc) & ~mask",
+        "a_r = (a + inc) & ~(mask >> one)",
+        "mask of the dropped bits one bit short",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "d = jnp.clip(q_exp - (E_lin - M), 0, M)",
+        "d = jnp.clip(q_exp - (E_lin - M) + 1, 0, M)",
+        "quantum one bit too coarse",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "(jnp.maximum(E, emin) if static.subnormals else E) - m",
+        "E - m",
+        "subnormal quantum not clamped at emin",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "E = jnp.where(Ef > 0, E_lin, c.emin - M + top_bit)",
+        "E = jnp.where(Ef > 0, E_lin, c.emin - M + top_bit + 1)",
+        "binade of a carrier subnormal off by one",
+        RANDOM_F32,
+        F64_CASTS,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        "away = a > _pow2_bits(s_exp - 1, c)",
+        "away = a >= _pow2_bits(s_exp - 1, c)",
+        "S/2 ties away from zero",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "away = ~neg & (a > 0)",
+        "away = ~neg",
+        "mode up rounds +0 to S",
+        DIRECTED,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        '(2 if specials == "ieee" else 1) - b',
+        '(2 if specials == "ieee" else 2) - b',
+        "emax of formats without infinities one binade short",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        '(U(2) if specials == "fn" else one)',
+        '(one if specials == "fn" else one)',
+        "fn formats' max takes the NaN code",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "mag = jnp.where(a_r > max_bits,",
+        "mag = jnp.where(a_r >= max_bits,",
+        "max itself overflows",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "        toward_max = ~neg\n",
+        "        toward_max = neg\n",
+        "mode down saturates the wrong sign",
+        DIRECTED,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        "is_nan = a > c.inf_bits",
+        "is_nan = a >= c.inf_bits",
+        "inf treated as NaN",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "out_neg = jnp.where(is_nan, ~neg, neg)",
+        "out_neg = neg",
+        "finite formats keep a NaN's sign on its zero",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "out_neg = jnp.where(mag == 0, False,",
+        "out_neg = jnp.where(mag == 0, neg,",
+        "fnuz formats give -0",
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "sub_shift = k - c.emin + c.man",
+        "sub_shift = k - c.emin + c.man - 1",
+        "2**k of a carrier subnormal off by one bit",
+        CODES,
+        F64_CASTS,
+        ORACLE,
+    ),
+    _m(
+        "rounding",
+        "away = (rbits & U((1 << (M + 1)) - 1)) < t",
+        "away = (rbits & U((1 << (M + 1)) - 1)) <= t",
+        "stochastic rounding below S biased up",
+        STOCHASTIC,
+        f"{_R}::test_stochastic_is_reproducible_and_brackets",
+    ),
+    _m(
+        "rounding",
+        "sh = s_exp - E_lin - 1",
+        "sh = s_exp - E_lin",
+        "stochastic probability below S halved",
+        STOCHASTIC,
+    ),
+    _m(
+        "rounding",
+        "code = np.where(inexact, code | np.uint32(1), code)",
+        "code = code",
+        "float64 narrowing without x64: round to odd dropped",
+        NO_X64,
+    ),
+    # -- ops.py -------------------------------------------------------------------
+    _m(
+        "ops",
+        "return round_to(jnp.where(_is_fp64(fmt), s, s_odd), fmt)",
+        "return round_to(s, fmt)",
+        "round-to-odd step removed (add, mul, sums)",
+        ADD_MID,
+        MUL_FULL,
+        BINARY,
+    ),
+    _m(
+        "ops",
+        "grow = (e > 0) == (s > 0)",
+        "grow = (e > 0) != (s > 0)",
+        "round to odd moves away from the exact value",
+        ADD_MID,
+        BINARY,
+    ),
+    _m(
+        "ops",
+        "return s, (a - ap) + (b - bp)",
+        "return s, (a - ap)",
+        "TwoSum error loses b's part",
+        ADD_MID,
+        BINARY,
+    ),
+    _m(
+        "ops",
+        "midpoint = (lo != hi) & (q - lo == hi - q) & ~_is_fp64(fmt)",
+        "midpoint = (lo != hi) & (q - lo == hi - q) & _is_fp64(fmt)",
+        "midpoint fix in div removed",
+        DIV_MID,
+        ATT_MIDPOINT,
+    ),
+    _m(
+        "ops",
+        "fixed = jnp.where(residual > 0, hi, jnp.where(residual < 0, lo, nearest))",
+        "fixed = jnp.where(residual > 0, lo, jnp.where(residual < 0, hi, nearest))",
+        "midpoint fix in div inverted",
+        DIV_MID,
+    ),
+    _m(
+        "ops",
+        "residual = _sign_of_residual(a, b, q) * jnp.sign(b)",
+        "residual = _sign_of_residual(a, b, q)",
+        "div residual ignores the divisor's sign",
+        DIV_MID,
+        DIV_FULL,
+    ),
+    _m(
+        "ops",
+        "k = (e_a - e_q - e_b).astype(a.dtype)",
+        "k = (e_a - e_q - e_b + 1).astype(a.dtype)",
+        "div residual exponent off by one",
+        DIV_MID,
+        DIV_FULL,
+    ),
+    _m(
+        "ops",
+        "return jnp.sign(l) * jnp.abs(p) * _BELOW_ULP",
+        "return -jnp.sign(l) * jnp.abs(p) * _BELOW_ULP",
+        "mul's error stand-in has the wrong sign",
+        MUL_FULL,
+    ),
+    _m(
+        "ops",
+        "l = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo",
+        "l = (a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi",
+        "Dekker's product drops lo * lo",
+        MUL_FULL,
+        DIV_FULL,
+    ),
+    _m(
+        "ops",
+        "_VELTKAMP = 2.0**27 + 1.0",
+        "_VELTKAMP = 2.0**26 + 1.0",
+        "Veltkamp split at 26 bits (halves not exact)",
+        MUL_FULL,
+        DIV_FULL,
+    ),
+    _m(
+        "ops",
+        "return round_to(jnp.maximum(a, b), get_format(fmt))",
+        "return round_to(jnp.minimum(a, b), get_format(fmt))",
+        "maximum computes the minimum",
+        BINARY,
+    ),
+    _m(
+        "ops",
+        "        return _round_to_odd_then(*_sum_and_error(x), fmt)\n"
+        '    if model.kind == "chunked"',
+        '        return round_to(jnp.sum(x, axis=0), fmt)\n    if model.kind == "chunked"',
+        "exact sum rounded twice (plain float64 sum)",
+        SOFTMAX_MIDPOINT,
+        SUMS,
+    ),
+    _m(
+        "ops",
+        "return s, (e1 + e2) + err",
+        "return s, e1 + e2",
+        "sum's combiner drops the TwoSum error",
+        SOFTMAX_MIDPOINT,
+        SUMS,
+    ),
+    _m(
+        "ops",
+        "return _round_to_odd_then(total, err + e_k, fmt), None",
+        "return _round_to_odd_then(total, err, fmt), None",
+        "chunked sum drops each chunk's error",
+        SUMS,
+    ),
+    _m(
+        "ops",
+        'c = 1 if model.kind == "sequential" else model.chunk',
+        'c = 2 if model.kind == "sequential" else model.chunk',
+        "sequential matmul adds two products per rounding",
+        MATMULS,
+    ),
+    _m(
+        "ops",
+        "- typing.cast(int, model.extra_bits)",
+        "- typing.cast(int, model.extra_bits) - 1",
+        "tensor core aligns with one extra bit too many",
+        TC_MATMUL,
+        TC_SUM,
+    ),
+    _m(
+        "ops",
+        "kept = jnp.where(drop > 52, bits & _SIGN, bits & ~mask)",
+        "kept = jnp.where(drop >= 52, bits & _SIGN, bits & ~mask)",
+        "tensor core truncation flushes a term of one quantum",
+        TC_MATMUL,
+        TC_SUM,
+    ),
+    _m(
+        "ops",
+        "    s = jnp.where(s == 0, 0.0, s)  # an exact zero sum is +0\n",
+        "",
+        "tensor core block keeps a -0 sum",
+        TC_SPECIAL,
+        SIGNED_ZERO,
+        TC_SUM,
+    ),
+    # -- softmax.py ---------------------------------------------------------------
+    _m(
+        "softmax",
+        "ops.exp(ops.sub(x, m, policy.exp), policy.exp)",
+        "ops.exp(ops.sub(x, m, policy.stats), policy.exp)",
+        "shift x - m rounded to stats instead of exp",
+        ATT_SIM,
+    ),
+    _m(
+        "softmax",
+        "d_new = ops.add(ops.mul(d, alpha, policy.stats), s, policy.stats)",
+        "d_new = ops.add(d, s, policy.stats)",
+        "running sum not rescaled by alpha",
+        SOFTMAX_SIM,
+    ),
+    _m(
+        "softmax",
+        "m_new = running_max(m, jnp.max(x_block, axis=axis), policy.stats)",
+        "m_new = cast_scores(jnp.max(x_block, axis=axis), policy.stats)",
+        "m_i not updated (block max only)",
+        SOFTMAX_SIM,
+    ),
+    _m(
+        "softmax",
+        "return shifted_exp(m_old, m_new, policy)",
+        "return shifted_exp(m_new, m_old, policy)",
+        "rescale factor exp(m_new - m_old)",
+        SOFTMAX_SIM,
+    ),
+    _m(
+        "softmax",
+        "return jnp.where(den == 0, 0.0, ops.div(num, safe_den, fmt))",
+        "return ops.div(num, safe_den, fmt)",
+        "fully masked rows not zeroed",
+        SOFTMAX_ZERO_ROWS,
+    ),
+    _m(
+        "softmax",
+        "return jnp.where(x == -jnp.inf, -jnp.inf, "
+        "ops.cast(jnp.where(x == -jnp.inf, 0.0, x), fmt))",
+        "return ops.cast(x, fmt)",
+        "masks rounded like values",
+        SOFTMAX_NO_INF,
+    ),
+    _m(
+        "softmax",
+        "m = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked so far: any shift will do",
+        "m = m",
+        "fully masked shift left at -inf",
+        SOFTMAX_ZERO_ROWS,
+        SOFTMAX_MASKED,
+        equivalent=(
+            "where m = -inf every entry is -inf too (m is the max), so every entry is "
+            "masked and the NaN of -inf - (-inf) is replaced by the exact 0 of "
+            "jnp.where(masked, 0.0, ...); no result can change"
+        ),
+    ),
+    _m(
+        "softmax",
+        "    e = shifted_exp(x, m, policy)\n    d = ops.sum(e, policy.stats,",
+        "    e = shifted_exp(x, m, policy)\n    d = ops.sum(e, policy.exp,",
+        "safe softmax's sum in exp instead of stats",
+        SOFTMAX_SIM,
+        SOFTMAX_MUTANTS,
+    ),
+    _m(
+        "softmax",
+        "m = cast_scores(jnp.max(x, axis=-1, keepdims=True), policy.stats)",
+        "m = cast_scores(jnp.max(x, axis=-1, keepdims=True), policy.scores)",
+        "safe softmax's max in scores instead of stats",
+        SOFTMAX_SIM,
+        SOFTMAX_MUTANTS,
+    ),
+    _m(
+        "softmax",
+        "constant_values=-jnp.inf)",
+        "constant_values=0.0)",
+        "online softmax pads with 0 instead of a mask",
+        SOFTMAX_SIM,
+    ),
+    _m(
+        "softmax",
+        "    pad = -n % block\n",
+        "    pad = -n % block + block\n",
+        "online softmax adds one fully masked block",
+        SOFTMAX_SIM,
+        equivalent=(
+            "an all -inf block leaves m unchanged (max with -inf, m already in stats), "
+            "gives alpha = exp(0) = 1 exactly and s = +0, so d = fl(fl(d * 1) + 0) = d"
+        ),
+    ),
+    # -- attention.py -------------------------------------------------------------
+    _m(
+        "attention",
+        "o = ops.add(ops.mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)",
+        "o = ops.add(o, pv, policy.o_acc)",
+        "FA2 update drops the rescale alpha",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "o = ops.add(ops.mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)",
+        "o = ops.add(ops.mul(o, alpha[..., None], policy.pv_acc), pv, policy.o_acc)",
+        "FA2 rescale o * alpha in pv_acc instead of o_acc",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "return ops.matmul(p, v_j, policy.pv_acc, accumulation=policy.accumulation)",
+        "return ops.matmul(p, v_j, policy.o_acc, accumulation=policy.accumulation)",
+        "flash P V in o_acc instead of pv_acc",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "online_update(m, l, s, policy)\n    pv = _pv(ops.cast(e, policy.p), v_j, policy)",
+        "online_update(m, l, s, policy)\n    pv = _pv(e, v_j, policy)",
+        "FA2 P not rounded to p before P V",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "return ops.mul(s, scale, policy.scores)",
+        "return ops.cast(s, policy.scores)",
+        "scale never applied to the scores",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        '    if policy.scale == "q":\n        q = ops.mul(q, scale, policy.inputs)',
+        "    if True:\n        q = ops.mul(q, scale, policy.inputs)",
+        "scale applied twice (to Q and to the scores)",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "s = ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)",
+        "s = ops.matmul(q, k_t, policy.scores, accumulation=policy.accumulation)",
+        "Q K^T accumulated in scores instead of qk_acc",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        'stage = policy.inputs if policy.scale == "q" else policy.scores',
+        'stage = policy.scores if policy.scale == "q" else policy.inputs',
+        "scale rounded to the wrong stage",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "scale = 1.0 / math.sqrt(q.shape[-1])",
+        "scale = 1.0 / math.sqrt(q.shape[-1] + 1)",
+        "default scale 1/sqrt(d + 1)",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "keep = jnp.ones((n, m), bool) if not causal else j <= i",
+        "keep = jnp.ones((n, m), bool) if not causal else j < i",
+        "causal mask drops the diagonal",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "keep = keep & (i < ql)",
+        "keep = keep & (i <= ql)",
+        "q_lengths mask keeps one row too many",
+        ATT_MASKS,
+    ),
+    _m(
+        "attention",
+        "keep = keep & (j < kl)",
+        "keep = keep & (j <= kl)",
+        "kv_lengths mask keeps one key too many",
+        ATT_MASKS,
+    ),
+    _m(
+        "attention",
+        "return jnp.where(j[:, None] < kl, v, 0.0)",
+        "return jnp.where(j[:, None] <= kl, v, 0.0)",
+        "V past the key length zeroed one row late",
+        ATT_MASKS,
+        BWD_GOLDEN,
+    ),
+    _m(
+        "attention",
+        "round_to(m + jnp.log(safe_l), policy.stats)",
+        "round_to(m - jnp.log(safe_l), policy.stats)",
+        "log-sum-exp m - log l",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "round_to(m + jnp.log(safe_l), policy.stats)",
+        "round_to(m + jnp.log(safe_l), policy.exp)",
+        "log-sum-exp rounded to exp instead of stats",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "l_new = ops.add(l_alpha, ops.mul(beta, l_blk, policy.stats), policy.stats)",
+        "l_new = ops.add(l_alpha, l_blk, policy.stats)",
+        "FA1 block sum not rescaled by beta",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "ratio = normalise(ops.mul(l, alpha, policy.stats), l_new, policy.o_acc)",
+        "ratio = normalise(l, l_new, policy.o_acc)",
+        "rowwise ratio drops alpha",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "out = normalise(o, l[..., None], policy.out)",
+        "out = normalise(o, l[..., None], policy.o_acc)",
+        "FA2 final O / l in o_acc instead of out",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "return k_blocks, v_blocks, jnp.arange(n_blocks) * bc",
+        "return k_blocks, v_blocks, jnp.arange(n_blocks) * bc + 1",
+        "key blocks' first columns off by one",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)",
+        "m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.exp)",
+        "reference attention's max in exp instead of stats",
+        ATT_SIM,
+    ),
+    _m(
+        "attention",
+        "p = normalise(e, l, policy.p)",
+        "p = normalise(e, l, policy.exp)",
+        "reference P rounded to exp instead of p",
+        ATT_SIM,
+    ),
+    # -- backward.py --------------------------------------------------------------
+    _m(
+        "backward",
+        "ops.mul(a, b, policy.d_stats), policy.d_stats",
+        "ops.mul(a, b, policy.d_acc), policy.d_stats",
+        "D's products in d_acc instead of d_stats",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "ops.sub(d_p, d_row[..., None], policy.d_stats)",
+        "ops.sub(d_p, d_row[..., None], policy.d_p)",
+        "dP - D rounded to d_p instead of d_stats",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "return ops.cast(ds, policy.d_s)",
+        "return ds",
+        "dS not rounded to d_s",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "return ops.cast(ops.mul(acc, scale, policy.d_acc), policy.grads)",
+        "return ops.cast(acc, policy.grads)",
+        "scale never applied to dQ (and dK)",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        '    if policy.scale == "scores":\n        return _scaled',
+        '    if policy.scale == "q":\n        return _scaled',
+        "dK scaled for the wrong scale placement",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "return ops.sub(d_row, d_lse, policy.d_stats)",
+        "return ops.add(d_row, d_lse, policy.d_stats)",
+        "log-sum-exp cotangent added instead of subtracted",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "d_q = ops.add(d_q, _matmul(d_s_j, k_j, policy), policy.d_acc)",
+        "d_q = ops.add(d_q, _matmul(d_s_j, k_j, policy), policy.grads)",
+        "flash dQ accumulated in grads instead of d_acc",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "_matmul(_t(ops.cast(p_j, policy.p)), d_o, policy)",
+        "_matmul(_t(p_j), d_o, policy)",
+        "flash dV from P not rounded to p",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "d_p = ops.cast(_matmul(d_o, _t(v), policy), policy.d_p)",
+        "d_p = ops.cast(_matmul(d_o, _t(v), policy), policy.d_s)",
+        "reference dP stored in d_s instead of d_p",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "return ops.matmul(a, b, policy.d_acc, accumulation=policy.accumulation)",
+        "return ops.matmul(a, b, policy.pv_acc, accumulation=policy.accumulation)",
+        "backward products in pv_acc instead of d_acc",
+        ATT_SIM,
+    ),
+    _m(
+        "backward",
+        "p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy)",
+        "p_j = shifted_exp(scores(k_j, col0), lse[..., None] + 1.0, policy)",
+        "recomputed P shifted by L + 1",
+        ATT_SIM,
+    ),
+)
+
+
+def check_unique(mutant: Mutant, root: Path = REPO) -> None:
+    """Raise ValueError unless the mutant's original snippet occurs exactly once."""
+    text = (root / mutant.module).read_text()
+    count = text.count(mutant.original)
+    if count != 1:
+        raise ValueError(
+            f"{mutant.name}: expected the original snippet once in {mutant.module}, "
+            f"found it {count} times: {mutant.original!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    mutant: Mutant
+    status: str  # killed, survived, timeout, error
+    seconds: float
+    detail: str = ""
+
+
+def _workspace() -> Path:
+    """A fresh copy of the package, the tests and pyproject.toml; checks that Python
+    imports fa_jax from it."""
+    root = Path(tempfile.mkdtemp(prefix="fa_jax_mutant_"))
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, root / name)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import fa_jax; print(fa_jax.__file__)"],
+        cwd=root,
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    imported = Path(probe.stdout.strip()).resolve()
+    if probe.returncode != 0 or root.resolve() not in imported.parents:
+        raise RuntimeError(f"the copy in {root} is not the fa_jax imported: {probe.stdout}")
+    return root
+
+
+def _env(root: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "FA_JAX_CACHE_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests")])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def run_mutant(mutant: Mutant, root: Path, timeout: float) -> Outcome:
+    """Apply ``mutant`` in the copy at ``root``, run its tests, restore the file."""
+    path = root / mutant.module
+    original = path.read_text()
+    check_unique(mutant, root)
+    path.write_text(original.replace(mutant.original, mutant.replacement, 1))
+    start = time.perf_counter()
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    try:
+        proc = subprocess.Popen(
+            [*cmd, *mutant.tests],
+            cwd=root,
+            env=_env(root),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            return Outcome(mutant, "timeout", time.perf_counter() - start)
+    finally:
+        path.write_text(original)
+    seconds = time.perf_counter() - start
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    if proc.returncode == 0:
+        return Outcome(mutant, "survived", seconds, last)
+    if proc.returncode in (1, 2):  # failures, or errors the mutant caused at collection
+        return Outcome(mutant, "killed", seconds, last)
+    return Outcome(mutant, "error", seconds, f"pytest exit {proc.returncode}: {last}")
+
+
+def run_all(mutants, jobs: int, timeout: float, report=print) -> list[Outcome]:
+    """Run the mutants on ``jobs`` workers, each with a copy of its own."""
+    spaces: queue.Queue[Path] = queue.Queue()
+    roots = [_workspace() for _ in range(min(jobs, len(mutants)))]
+    for root in roots:
+        spaces.put(root)
+    lock = threading.Lock()
+
+    def one(mutant: Mutant) -> Outcome:
+        root = spaces.get()
+        try:
+            outcome = run_mutant(mutant, root, timeout)
+        finally:
+            spaces.put(root)
+        with lock:
+            report(_line(outcome))
+        return outcome
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(roots)) as pool:
+            return list(pool.map(one, mutants))
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _line(o: Outcome) -> str:
+    status = o.status if o.mutant.equivalent is None or o.status == "killed" else "equivalent"
+    return f"{status:10s} {o.seconds:7.1f}s  {o.mutant.name}  {o.detail}"
+
+
+def summary(outcomes: list[Outcome]) -> tuple[str, bool]:
+    """(the score line, whether every mutant is killed or listed as equivalent)."""
+    counted = [o for o in outcomes if o.mutant.equivalent is None]
+    killed = sum(o.status == "killed" for o in counted)
+    equivalent = len(outcomes) - len(counted)
+    bad = [o for o in counted if o.status != "killed"]
+    line = f"score: {killed} / {len(counted)} killed ({equivalent} listed as equivalent)"
+    return line, not bad
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--only", metavar="PATTERN", help="run mutants whose name matches (regex)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run in parallel")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout: expected a positive number, got {args.timeout}")
+    mutants = [m for m in MUTANTS if args.only is None or re.search(args.only, m.name)]
+    for m in mutants:
+        check_unique(m)
+    if args.list:
+        for m in mutants:
+            eq = "  [equivalent]" if m.equivalent else ""
+            print(f"{m.name}{eq}\n    tests: {' '.join(m.tests)}")
+        return 0
+    if not mutants:
+        print(f"no mutant matches {args.only!r}", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    outcomes = run_all(mutants, args.jobs, args.timeout)
+    line, ok = summary(outcomes)
+    print(line)
+    for o in outcomes:
+        if o.mutant.equivalent is not None and o.status != "killed":
+            print(f"equivalent: {o.mutant.name}: {o.mutant.equivalent}")
+        elif o.status != "killed":
+            print(f"{o.status}: {o.mutant.name} (tests: {' '.join(o.mutant.tests)})")
+    print(f"wall time: {time.perf_counter() - start:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
