@@ -25,7 +25,6 @@ survivors: docs/mutation.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import queue
 import re
@@ -37,6 +36,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("fa_jax", "tests", "pyproject.toml")
@@ -82,8 +82,7 @@ ATT_NO_INF = f"{_A}::test_formats_without_infinities_mask_cleanly"
 BWD_GOLDEN = "tests/test_backward.py::test_golden_gradients_match_float64_autodiff"
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutant:
+class Mutant(NamedTuple):
     """One change: ``original`` (occurring exactly once in ``module``) becomes ``replacement``."""
 
     module: str
@@ -744,8 +743,7 @@ def check_unique(mutant: Mutant, root: Path = REPO) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     mutant: Mutant
     status: str  # killed, survived, timeout, error
     seconds: float

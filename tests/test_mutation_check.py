@@ -17,7 +17,6 @@ def _load():
     spec = importlib.util.spec_from_file_location("mutation_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
