@@ -859,7 +859,7 @@ def summary(outcomes: list[Outcome]) -> tuple[str, bool]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--only", metavar="PATTERN", help="run mutants whose name matches (regex)")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run in parallel")
