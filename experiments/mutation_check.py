@@ -252,7 +252,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "away = (rbits & U((1 << (M + 1)) - 1)) <= t",
         "stochastic rounding below S biased up",
         STOCHASTIC,
-        f"{_R}::test_stochastic_is_reproducible_and_brackets",
+        "tests/test_rounding_mutants.py",
     ),
     _m(
         "rounding",
@@ -378,6 +378,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "return _round_to_odd_then(total, err, fmt), None",
         "chunked sum drops each chunk's error",
         SUMS,
+        "tests/test_ops_mutants.py",
     ),
     _m(
         "ops",
@@ -410,6 +411,11 @@ MUTANTS: tuple[Mutant, ...] = (
         TC_SPECIAL,
         SIGNED_ZERO,
         TC_SUM,
+        equivalent=(
+            "jnp.sum reduces from XLA's init value +0, and +0 + (-0) = +0, so the block "
+            "sum s is never -0 (blocks of k = 1 and k = 4 whose terms are all -0 or are "
+            "truncated to -0 give +0 without the where): the where only states the intent"
+        ),
     ),
     # -- softmax.py ---------------------------------------------------------------
     _m(
@@ -446,6 +452,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "return ops.div(num, safe_den, fmt)",
         "fully masked rows not zeroed",
         SOFTMAX_ZERO_ROWS,
+        ATT_ZERO_ROWS,
+        equivalent=(
+            "den is 0 only on a row with no kept entry so far, and there num is +0: "
+            "shifted_exp's exact +0 for masked entries (safe, online, reference), or "
+            "flash's o (and fa1's and rowwise's numerators), each an ops.add whose first "
+            "operand is the +0 of a product with the +0 of alpha or l, and +0 + (+-0) = "
+            "+0; so ops.div(+0, 1) = +0, the value the where gives"
+        ),
     ),
     _m(
         "softmax",
