@@ -133,34 +133,55 @@ class KindBatch:
         cols = n if tile_cols is None else tile_cols + g.d
         return 3 * 8 * g.batch * g.heads * n * cols
 
-    def run(self, program, chunk, *, tile_cols=None, **static):
-        """``program`` over the chunk's configurations, in pieces of equal size that
-        fit ``self.memory_budget`` (one compile; the last piece is padded)."""
+    def _pieces(self, program, chunk, tile_cols, static):
+        """The chunk's configurations in pieces of equal size that fit
+        ``self.memory_budget`` (the last one padded): (configurations in the piece,
+        its sharded arguments), and the program's label."""
         args = self.inputs(chunk)
         total = len(args[-1])
         per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
         pieces = -(-total // min(per, total))
         size = -(-total // pieces)
-        outs = []
+        label = _label(program, chunk, static)
         for start in range(0, total, size):
             piece = jax.tree_util.tree_map(lambda x, i=start: x[i : i + size], args)
             n = len(piece[-1])
-            sharded = shard(piece, n, pad_to=size)
-            label = _label(program, chunk, static)
-            outs.append(host(self.executables.call(program, sharded, static, label=label))[:n])
+            yield n, shard(piece, n, pad_to=size), label
+
+    def plan(self, program, chunk, *, tile_cols=None, **static):
+        """What :meth:`run` will call, for :meth:`Executables.prepare`:
+        ``(program, args, static, label)`` (every piece shares one compile)."""
+        _, args, label = next(self._pieces(program, chunk, tile_cols, static))
+        return program, args, static, label
+
+    def run(self, program, chunk, *, tile_cols=None, **static):
+        """``program`` over the chunk's configurations, piece by piece (one compile)."""
+        outs = []
+        for n, args, label in self._pieces(program, chunk, tile_cols, static):
+            outs.append(host(self.executables.call(program, args, static, label=label))[:n])
         return np.concatenate(outs)
+
+    def _golden_static(self, kind: Kind) -> dict:
+        return dict(kind=kind, causal=self.grid.causal)
+
+    def _baseline_static(self, preset, kind: Kind) -> dict:
+        return dict(preset=preset, kind=kind, causal=self.grid.causal)
+
+    def reference_plans(self, chunk, preset, kind: Kind) -> list:
+        """The :meth:`plan` of :meth:`golden` and of :meth:`baseline`."""
+        return [
+            self.plan(golden_program, chunk, **self._golden_static(kind)),
+            self.plan(baseline_program, chunk, **self._baseline_static(preset, kind)),
+        ]
 
     def golden(self, chunk, kind: Kind):
         if chunk not in self._golden:
-            self._golden[chunk] = self.run(
-                golden_program, chunk, kind=kind, causal=self.grid.causal
-            )
+            self._golden[chunk] = self.run(golden_program, chunk, **self._golden_static(kind))
         return self._golden[chunk]
 
     def baseline(self, chunk, preset, kind: Kind):
         key = (chunk, preset)
         if key not in self._baseline:
-            self._baseline[key] = self.run(
-                baseline_program, chunk, preset=preset, kind=kind, causal=self.grid.causal
-            )
+            static = self._baseline_static(preset, kind)
+            self._baseline[key] = self.run(baseline_program, chunk, **static)
         return self._baseline[key]

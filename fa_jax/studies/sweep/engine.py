@@ -62,7 +62,13 @@ from fa_jax.studies.results import (
 from fa_jax.studies.sweep.batch import MEMORY_BUDGET, KindBatch, host, length_buckets
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
-from fa_jax.studies.sweep.programs import flash_program, kind_of, metric_values
+from fa_jax.studies.sweep.programs import (
+    baseline_program,
+    flash_program,
+    golden_program,
+    kind_of,
+    metric_values,
+)
 
 __all__ = ["MEMORY_BUDGET", "length_buckets", "run_sweep"]
 
@@ -161,30 +167,47 @@ def _sweep(
     }
     profile = executables.profile
 
+    def flash_static(kind, preset, variant, bc):
+        blocks = Blocks(bc, bc)
+        return dict(preset=preset, kind=kind, variant=variant, blocks=blocks, causal=grid.causal)
+
+    def keys_of(preset, variant, bc, entries):
+        return [
+            [row_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
+            for f, n, s in entries
+        ]
+
+    todo = set()  # (group, chunk) with rows still to compute
+    for kind, preset, variant, bc in groups:
+        kb = batches[kind]
+        for chunk in kb.chunks:
+            keys = keys_of(preset, variant, bc, kb.entries(chunk))
+            if not all(tuple(k.values()) in done for ks in keys for k in ks):
+                todo.add((kind, preset, variant, bc, chunk))
+    plans = []
+    for kind, preset, variant, bc, chunk in sorted(todo, key=repr):
+        kb = batches[kind]
+        plans.append(kb.plan(golden_program, chunk, kind=kind, causal=grid.causal))
+        plans.append(kb.plan(baseline_program, chunk, preset=preset, kind=kind, causal=grid.causal))
+        plans.append(
+            kb.plan(flash_program, chunk, tile_cols=bc, **flash_static(kind, preset, variant, bc))
+        )
+    executables.prepare(plans)
+
     for kind, preset, variant, bc in track(groups, desc="sweep", unit="group", quiet=quiet):
         kb = batches[kind]
         new_rows = []
         for chunk in kb.chunks:
             if interrupt_requested():
                 break
-            entries = kb.entries(chunk)
-            keys = [
-                [row_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
-                for f, n, s in entries
-            ]
-            if all(tuple(k.values()) in done for ks in keys for k in ks):
+            if (kind, preset, variant, bc, chunk) not in todo:
                 continue
+            entries = kb.entries(chunk)
+            keys = keys_of(preset, variant, bc, entries)
             gold = kb.golden(chunk, kind)
             base = kb.baseline(chunk, preset, kind)
             flash = kb.run(
-                flash_program,
-                chunk,
-                tile_cols=bc,
-                preset=preset,
-                kind=kind,
-                variant=variant,
-                blocks=Blocks(bc, bc),
-                causal=grid.causal,
+                flash_program, chunk, tile_cols=bc, **flash_static(kind, preset, variant, bc)
             )
             for j, ((_, n, _), ks) in enumerate(zip(entries, keys)):
                 outs = {

@@ -21,6 +21,7 @@ unpickles, so the folder must be the user's own (it is, by default:
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
@@ -66,7 +67,7 @@ def _environment() -> tuple:
 
 
 def _signature(x) -> tuple:
-    return (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", "host")))
+    return (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None)))
 
 
 class Executables:
@@ -77,10 +78,9 @@ class Executables:
         self.folder, self.profile = folder, profile
         self._loaded: dict[str, tuple[str, jax.stages.Compiled]] = {}
 
-    def call(self, program, args, static: dict, *, label: str):
-        """``program(*args, **static)`` from its compiled executable."""
+    def _key(self, program, args, static: dict) -> str:
         leaves = jax.tree_util.tree_leaves(args)
-        key_text = repr(
+        text = repr(
             (
                 _environment(),
                 program.__module__,
@@ -89,18 +89,59 @@ class Executables:
                 [_signature(x) for x in leaves],
             )
         )
-        key = hashlib.sha256(key_text.encode()).hexdigest()
-        if key not in self._loaded:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def prepare(self, calls) -> None:
+        """Load or compile, ahead of their first call, the programs of ``calls``:
+        ``(program, args, static, label)`` tuples (``args`` may be
+        ``jax.ShapeDtypeStruct``).  Programs are traced one after another and
+        compiled on a thread per CPU core, since XLA's compile releases the GIL
+        and each compile runs on one core."""
+        todo = {}
+        for program, args, static, label in calls:
+            key = self._key(program, args, static)
+            if key in self._loaded or key in todo:
+                continue
             start = time.perf_counter()
-            compiled, source = self._load(key), "loaded"
-            if compiled is None:
-                status(f"compiling {label}")
-                compiled, source = program.lower(*args, **static).compile(), "compiled"
-                status("")
+            compiled = self._load(key)
+            if compiled is not None:
+                self._keep(key, label, compiled, "loaded", time.perf_counter() - start)
+            else:
+                todo[key] = (program, args, static, label)
+        if not todo:
+            return
+        status(f"compiling {len(todo)} programs")
+
+        def build(item):
+            key, (program, args, static, label) = item
+            start = time.perf_counter()
+            lowered = program.lower(*args, **static)
+            return key, label, lowered, time.perf_counter() - start
+
+        def compile_one(key, label, lowered, seconds):
+            start = time.perf_counter()
+            return key, label, lowered.compile(), seconds + time.perf_counter() - start
+
+        workers = max(1, min(len(todo), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(compile_one, *build(item)) for item in todo.items()]
+            for future in futures:
+                key, label, compiled, seconds = future.result()
                 self._store(key, compiled)
-            self._loaded[key] = (label, compiled)
-            if self.profile is not None:
-                self.profile.prepared(label, source, time.perf_counter() - start)
+                self._keep(key, label, compiled, "compiled", seconds)
+        status("")
+
+    def _keep(self, key: str, label: str, compiled, source: str, seconds: float) -> None:
+        self._loaded[key] = (label, compiled)
+        if self.profile is not None:
+            self.profile.prepared(label, source, seconds)
+
+    def call(self, program, args, static: dict, *, label: str):
+        """``program(*args, **static)`` from its compiled executable (prepared now
+        if :meth:`prepare` did not)."""
+        key = self._key(program, args, static)
+        if key not in self._loaded:
+            self.prepare([(program, args, static, label)])
         label, compiled = self._loaded[key]
         start = time.perf_counter()
         out = jax.block_until_ready(compiled(*args))
