@@ -361,19 +361,18 @@ def time_sweep(device, quick: bool) -> None:
     from fa_jax.studies.sweep import Grid, run_sweep
 
     bench = load_experiment("bench_sweep")
-    default = SweepSize(
-        bench.DEFAULT["formats"], bench.DEFAULT["seq_lens"], bench.DEFAULT["blocks"], (0, 1, 2), 64
-    )
-    size = QUICK_SWEEP if quick else default
-    grid = Grid(
-        formats=size.formats,
-        seq_lens=size.seq_lens,
-        blocks=tuple(Blocks(br, bc) for br, bc in size.blocks),
-        variants=("fa2",),
-        policies=("paper_uniform",),
-        seeds=size.seeds,
-        d=size.d,
-    )
+    size = QUICK_SWEEP
+    grid = bench.grid_of(bench.DEFAULT)
+    if quick:
+        grid = Grid(
+            formats=size.formats,
+            seq_lens=size.seq_lens,
+            blocks=tuple(Blocks(br, bc) for br, bc in size.blocks),
+            variants=("fa2",),
+            policies=("paper_uniform",),
+            seeds=size.seeds,
+            d=size.d,
+        )
     configs = bench.numpy_configs(grid)
     print(
         f"\nsweep: formats {list(grid.formats)}, seq_lens {list(grid.seq_lens)}, blocks "
