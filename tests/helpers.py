@@ -5,4 +5,23 @@ from fa_jax._x64 import float64_enabled
 # Enable float64 for the duration of a block, restoring the previous setting.
 x64_enabled = float64_enabled
 
-__all__ = ["x64_enabled"]
+__all__ = ["csv_has_rows", "largest_n_below", "x64_enabled"]
+
+
+def csv_has_rows(path) -> bool:
+    """Whether a CSV file exists with at least one row below its header."""
+    try:
+        with open(path) as fh:
+            return sum(1 for _ in fh) > 1
+    except FileNotFoundError:
+        return False
+
+
+def largest_n_below(bound_at, longest: int, limit: float = 1.0) -> int:
+    """The largest n in 1 .. longest with ``bound_at(n) < limit``, for a bound that
+    grows with n (binary search; 1 if none)."""
+    lo, hi = 1, longest
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if bound_at(mid) < limit else (lo, mid - 1)
+    return lo

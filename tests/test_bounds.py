@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import softmax_sim as sim
-from helpers import x64_enabled
+from helpers import largest_n_below, x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from softmax_sim import exact_softmax, online_softmax, rnd, safe_softmax
@@ -261,11 +261,7 @@ def _longest_meaningful_row(fmt, longest=4096):
     """The largest n <= longest whose bounds are all below 1 at the format's largest
     row spread (the bounds grow with n and R)."""
     R = _row_spread_max(fmt)
-    lo, hi = 1, longest
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if _worst_bound(mid, R, fmt) < 1 else (lo, mid - 1)
-    return lo
+    return largest_n_below(lambda n: _worst_bound(n, R, fmt), longest)
 
 
 N_MAX = {fmt.name: _longest_meaningful_row(fmt) for fmt in FORMATS}

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from helpers import csv_has_rows
 
 from fa_jax.cli import INTERRUPTED
 from fa_jax.studies.interrupt import check_interrupt, deferred_interrupts, interrupt_requested
@@ -111,14 +112,6 @@ RESUME_THEN_REFERENCE = (
 )
 
 
-def _has_rows(path):
-    try:
-        with open(path) as fh:
-            return sum(1 for _ in fh) > 1
-    except FileNotFoundError:
-        return False
-
-
 def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
     # The runs share a compilation cache in tmp_path: a program is compiled once.
     env = _env(
@@ -137,7 +130,7 @@ def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
     )
     try:
         deadline = time.monotonic() + 300
-        while not _has_rows(csv_path) and proc.poll() is None and time.monotonic() < deadline:
+        while not csv_has_rows(csv_path) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=300)

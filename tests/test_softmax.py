@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import softmax_sim as sim
-from helpers import x64_enabled
+from helpers import largest_n_below, x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -203,12 +203,8 @@ def _row_spread_max(fmt):
 def _longest_meaningful_row(fmt):
     """The largest n <= LONG whose bounds are all below 1 at the largest row spread
     (the bounds grow with n and R): every drawn row is then a check."""
-    R = _row_spread_max(fmt)
-    lo, hi = 1, LONG  # test_bound_domains asserts that n = 2 is below 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if _worst_bound(mid, R, fmt) < 1 else (lo, mid - 1)
-    return lo
+    R = _row_spread_max(fmt)  # test_bound_domains asserts that n = 2 is below 1
+    return largest_n_below(lambda n: _worst_bound(n, R, fmt), LONG)
 
 
 N_MAX = {fmt.name: _longest_meaningful_row(fmt) for fmt in BOUND_FORMATS}

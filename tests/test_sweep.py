@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from helpers import csv_has_rows
 
 from fa_jax import metrics
 from fa_jax.attention import Blocks, flash_attention, reference_attention
@@ -246,14 +247,6 @@ def _env(**extra):
     return env
 
 
-def _has_rows(path):
-    try:
-        with open(path) as fh:
-            return sum(1 for _ in fh) > 1
-    except FileNotFoundError:
-        return False
-
-
 def test_killed_sweep_resumes_to_the_same_rows(sweep_csv, tmp_path, capfd):
     # Killed once its first group's rows are on disk (polled, not timed), then resumed
     # in this process, which already holds the compiled programs of `sweep_csv`.
@@ -265,14 +258,15 @@ def test_killed_sweep_resumes_to_the_same_rows(sweep_csv, tmp_path, capfd):
         )
         try:
             deadline = time.monotonic() + 300
-            while not _has_rows(csv_path) and proc.poll() is None and time.monotonic() < deadline:
+            waiting = lambda: proc.poll() is None and time.monotonic() < deadline  # noqa: E731
+            while not csv_has_rows(csv_path) and waiting():
                 time.sleep(0.02)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         err.seek(0)
         child = f"child exit status {proc.returncode}, stderr:\n{err.read()}"
-    assert _has_rows(csv_path), child
+    assert csv_has_rows(csv_path), child
     partial, full = csv_path.read_bytes(), sweep_csv.read_bytes()
     assert len(partial) < len(full), f"the kill should land before the last group; {child}"
     assert full.startswith(partial), child  # whole groups only, in the uninterrupted order
