@@ -327,8 +327,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "ops",
-        "return jnp.sign(l) * jnp.abs(p) * _BELOW_ULP",
-        "return -jnp.sign(l) * jnp.abs(p) * _BELOW_ULP",
+        "jnp.where(normal, jnp.sign(l), 0.0) * p * _BELOW_ULP",
+        "jnp.where(normal, -jnp.sign(l), 0.0) * p * _BELOW_ULP",
         "mul's error stand-in has the wrong sign",
         MUL_FULL,
     ),

@@ -63,6 +63,9 @@ __all__ = ["add", "carrier", "cast", "div", "exp", "matmul", "maximum", "mul", "
 _F64 = np.dtype(np.float64)
 _VELTKAMP = 2.0**27 + 1.0
 _BELOW_ULP = 2.0**-60  # a relative size well under half a float64 ulp
+_FRACTION_MASK = np.uint64((1 << 52) - 1)
+_EXPONENT_MASK = np.uint64(0x7FF << 52)
+_EXPONENT_OF_ONE = np.uint64(1023 << 52)
 _X64_HINT = (
     "fa_jax's emulated ops compute in float64 carriers: enable float64 with "
     "jax.config.update('jax_enable_x64', True) (or JAX_ENABLE_X64=1) before creating arrays"
@@ -175,15 +178,28 @@ def _product_error_stand_in(a, b, p):
     """A value with the sign of a·b - p (p = fl(a·b)), zero exactly when p is exact,
     and far below p's ulp, which is all round-to-odd needs.
 
-    On significands (a = m_a 2^e_a, b = m_b 2^e_b, m in [0.5, 1)) p = 2^(e_a+e_b) fl(m_a m_b)
-    whenever p is a normal float64, so the sign is that of Dekker's error of m_a m_b.
-    Where p is subnormal in float64 the stand-in underflows to 0: no format with
-    at most 10 exponent bits has a value there.
+    With |a| = m_a 2^e_a and |b| = m_b 2^e_b, m in [1, 2) read from the bits (no
+    overflow in Veltkamp's split), |p| = 2^(e_a+e_b) fl(m_a m_b) whenever p is a
+    normal float64, so the sign is sign(p) times that of Dekker's error of m_a m_b.  Where p is
+    subnormal in float64 the stand-in underflows to 0, and a float64-subnormal
+    operand counts as exact: no format with at most 10 exponent bits has a value
+    within a float64 ulp of those products.
     """
-    m_a, _ = jnp.frexp(a)
-    m_b, _ = jnp.frexp(b)
-    _, l = _two_product(m_a, m_b)
-    return jnp.sign(l) * jnp.abs(p) * _BELOW_ULP
+    _, l = _two_product(_significand(a), _significand(b))
+    normal = (_exponent_field(a) != 0) & (_exponent_field(b) != 0)
+    return jnp.where(normal, jnp.sign(l), 0.0) * p * _BELOW_ULP  # sign(p) restores the signs
+
+
+def _exponent_field(x):
+    """The exponent field of a float64 (0: zero or subnormal)."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint64) & _EXPONENT_MASK
+
+
+def _significand(x):
+    """|x| / 2^floor(log2 |x|) in [1, 2) for a normal float64 x (its fraction bits
+    under the exponent of 1)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint64) & _FRACTION_MASK
+    return jax.lax.bitcast_convert_type(bits | _EXPONENT_OF_ONE, jnp.float64)
 
 
 def div(a, b, fmt) -> jax.Array:
