@@ -127,6 +127,13 @@ def test_grid_accepts_format_kinds():
 # -- results ----------------------------------------------------------------------
 
 
+def test_csv_equals_its_stored_snapshot(sweep_csv):
+    """Byte for byte the CSV the engine wrote before its compile-time work (metadata
+    aside): batching, caching and compiling ahead change no value."""
+    with open(os.path.join(REPO, "tests", "data", "sweep_snapshot.csv"), "rb") as fh:
+        assert sweep_csv.read_bytes() == fh.read()
+
+
 def test_csv_complete_and_duplicate_free(sweep_csv):
     rows = read_rows(sweep_csv)
     assert tuple(rows[0]) == COLUMNS

@@ -3,7 +3,8 @@
 The snapshots in tests/data were written by the sweep engine before its
 compile-time work; any change to how programs are built, batched or cached
 must leave every value unchanged.  ``sweep_snapshot.csv`` is the grid of
-test_sweep.py (paper_uniform, fa1 and fa2, a custom format, SRAM tiles);
+test_sweep.py (paper_uniform, fa1 and fa2, a custom format, SRAM tiles), compared
+there against that module's sweep;
 ``sweep_causal_snapshot.csv`` covers causal masking, two other presets and a
 second format with a different bias.
 """
