@@ -16,14 +16,22 @@ __all__ = ["Profile", "ProgramTime"]
 
 @dataclasses.dataclass
 class ProgramTime:
-    """One program: how it was obtained ("compiled", "loaded" from the cache) and
-    its seconds."""
+    """The programs of one label (a label can name several shapes): how many were
+    compiled and how many loaded from the cache, and their seconds."""
 
     label: str
-    source: str
+    compiled: int = 0
+    loaded: int = 0
     prepare_s: float = 0.0
     run_s: float = 0.0
     calls: int = 0
+
+    @property
+    def source(self) -> str:
+        """ "compiled", "loaded", "mixed", or "memory" (prepared before this profile)."""
+        if self.compiled and self.loaded:
+            return "mixed"
+        return "compiled" if self.compiled else "loaded" if self.loaded else "memory"
 
 
 @dataclasses.dataclass
@@ -34,10 +42,18 @@ class Profile:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def prepared(self, label: str, source: str, seconds: float) -> None:
-        self.programs[label] = ProgramTime(label, source, prepare_s=seconds)
+        """One program of ``label`` obtained from ``source`` ("compiled" or "loaded")."""
+        entry = self.programs.setdefault(label, ProgramTime(label))
+        if source == "compiled":
+            entry.compiled += 1
+        elif source == "loaded":
+            entry.loaded += 1
+        else:
+            raise ValueError(f"Profile.prepared: expected 'compiled' or 'loaded', got {source!r}")
+        entry.prepare_s += seconds
 
     def ran(self, label: str, seconds: float) -> None:
-        entry = self.programs.setdefault(label, ProgramTime(label, "memory"))
+        entry = self.programs.setdefault(label, ProgramTime(label))
         entry.run_s += seconds
         entry.calls += 1
 
@@ -61,8 +77,8 @@ class Profile:
             lines.append(line(name, run=f"{seconds:.2f}"))
         prepare = sum(p.prepare_s for p in rows)
         run = sum(p.run_s for p in rows) + sum(self.phases.values())
-        compiled = sum(p.source == "compiled" for p in rows)
-        loaded = sum(p.source == "loaded" for p in rows)
+        compiled = sum(p.compiled for p in rows)
+        loaded = sum(p.loaded for p in rows)
         total = line("total", prepare=f"{prepare:.2f}", run=f"{run:.2f}")
         lines.append(f"{total}   ({compiled} compiled, {loaded} loaded)")
         return "\n".join(lines)
