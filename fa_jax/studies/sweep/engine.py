@@ -62,13 +62,7 @@ from fa_jax.studies.results import (
 from fa_jax.studies.sweep.batch import MEMORY_BUDGET, KindBatch, host, length_buckets
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
-from fa_jax.studies.sweep.programs import (
-    baseline_program,
-    flash_program,
-    golden_program,
-    kind_of,
-    metric_values,
-)
+from fa_jax.studies.sweep.programs import flash_program, kind_of, metric_values
 
 __all__ = ["MEMORY_BUDGET", "length_buckets", "run_sweep"]
 
@@ -177,18 +171,17 @@ def _sweep(
             for f, n, s in entries
         ]
 
-    todo = set()  # (group, chunk) with rows still to compute
+    todo = {}  # (group, chunk) with rows still to compute -> its row keys
     for kind, preset, variant, bc in groups:
         kb = batches[kind]
         for chunk in kb.chunks:
             keys = keys_of(preset, variant, bc, kb.entries(chunk))
             if not all(tuple(k.values()) in done for ks in keys for k in ks):
-                todo.add((kind, preset, variant, bc, chunk))
+                todo[kind, preset, variant, bc, chunk] = keys
     plans = []
-    for kind, preset, variant, bc, chunk in sorted(todo, key=repr):
+    for kind, preset, variant, bc, chunk in todo:
         kb = batches[kind]
-        plans.append(kb.plan(golden_program, chunk, kind=kind, causal=grid.causal))
-        plans.append(kb.plan(baseline_program, chunk, preset=preset, kind=kind, causal=grid.causal))
+        plans += kb.reference_plans(chunk, preset, kind)
         plans.append(
             kb.plan(flash_program, chunk, tile_cols=bc, **flash_static(kind, preset, variant, bc))
         )
@@ -200,10 +193,10 @@ def _sweep(
         for chunk in kb.chunks:
             if interrupt_requested():
                 break
-            if (kind, preset, variant, bc, chunk) not in todo:
+            keys = todo.get((kind, preset, variant, bc, chunk))
+            if keys is None:
                 continue
             entries = kb.entries(chunk)
-            keys = keys_of(preset, variant, bc, entries)
             gold = kb.golden(chunk, kind)
             base = kb.baseline(chunk, preset, kind)
             flash = kb.run(
