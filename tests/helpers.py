@@ -1,11 +1,29 @@
 """Helpers shared by the tests (import them with ``from helpers import ...``)."""
 
+import importlib.util
+import pathlib
+
 from fa_jax._x64 import float64_enabled
 
 # Enable float64 for the duration of a block, restoring the previous setting.
 x64_enabled = float64_enabled
 
-__all__ = ["csv_has_rows", "largest_n_below", "x64_enabled"]
+__all__ = ["csv_has_rows", "largest_n_below", "load_experiment", "x64_enabled"]
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load_experiment(path):
+    """A script of experiments/ (a name or a path) as a module: its definitions run,
+    its main does not."""
+    path = pathlib.Path(path)
+    if path.suffix != ".py":
+        path = EXPERIMENTS / f"{path}.py"
+    spec = importlib.util.spec_from_file_location(f"experiment_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def csv_has_rows(path) -> bool:

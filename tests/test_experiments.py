@@ -7,7 +7,6 @@ The scripts are found by glob, so a new one is covered without editing this file
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from helpers import load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "experiments").glob("*.py"))
@@ -63,11 +63,8 @@ def test_import_does_nothing(script, capfd):
     """Importing a script defines things and runs nothing: no output, and jax's
     x64 setting unchanged (a script enables float64 in its main)."""
     x64 = jax.config.read("jax_enable_x64")
-    spec = importlib.util.spec_from_file_location(f"experiment_{script.stem}", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        load_experiment(script)
     finally:
         changed = jax.config.read("jax_enable_x64") != x64
         jax.config.update("jax_enable_x64", x64)

@@ -4,12 +4,12 @@ a single differing bit is reported and makes the exit status 1."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from helpers import load_experiment
 
 from fa_jax.attention import VARIANTS
 from fa_jax.presets import PRESETS
@@ -19,11 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "gpu_check.py"
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("experiment_gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment(SCRIPT)
 
 
 def test_quick_run_on_cpu_is_bit_identical_and_lists_every_case(gpu_check, capsys):

@@ -1,27 +1,19 @@
 """experiments/mutation_check.py's plumbing: its mutant list stays applicable and
 ``--list`` shows every mutant.  No mutant is run here (that takes tens of minutes)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "mutation_check.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("mutation_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mc = _load()
+mc = load_experiment(SCRIPT)
 
 
 @pytest.mark.parametrize("mutant", mc.MUTANTS, ids=lambda m: m.name)
