@@ -138,7 +138,11 @@ def test_padded_equals_unpadded_bitwise(variant, policy):
     np.testing.assert_array_equal(np.asarray(ref_big)[:, :21], np.asarray(ref_small))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(
+    "variant",
+    # fa1's eager run is the suite's slowest test; its per-row-block loop runs in `-m slow`
+    [pytest.param(v, marks=pytest.mark.slow) if v == "fa1" else v for v in VARIANTS],
+)
 def test_jit_equals_eager_bitwise(variant):
     """Op-by-op execution (jax.disable_jit: no fusion, no excess precision) gives the
     same bits as the compiled program."""
