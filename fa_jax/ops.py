@@ -26,6 +26,9 @@ How each op achieves a single correct rounding from a float64 computation:
   ``fmt``.  Correctly rounded unless ``exp(x)`` lies within that error of a
   rounding boundary of ``fmt`` (never observed; exp of a nonzero
   representable number is never exactly a midpoint).
+* ``fma``: ``fl(a b + c)`` with one rounding; the product is exact for
+  operands of at most 26 significand bits, and TwoSum plus round-to-odd, as
+  for ``add``, rounds the sum once.
 * ``maximum``: exact.
 
 The elementwise ops round correctly for any float64 operands (for formats with at
@@ -58,7 +61,19 @@ from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
 from fa_jax.widening import widen
 
-__all__ = ["add", "carrier", "cast", "div", "exp", "matmul", "maximum", "mul", "sub", "sum"]
+__all__ = [
+    "add",
+    "carrier",
+    "cast",
+    "div",
+    "exp",
+    "fma",
+    "matmul",
+    "maximum",
+    "mul",
+    "sub",
+    "sum",
+]
 
 _F64 = np.dtype(np.float64)
 _VELTKAMP = 2.0**27 + 1.0
@@ -172,6 +187,21 @@ def mul(a, b, fmt) -> jax.Array:
     a, b = jnp.broadcast_arrays(a, b)
     p = a * b
     return _round_to_odd_then(p, _product_error_stand_in(a, b, p), fmt)
+
+
+def fma(a, b, c, fmt) -> jax.Array:
+    """fl_fmt(a * b + c) with a single rounding: a fused multiply-add.
+
+    Correctly rounded when the product a·b is exact in float64, i.e. a and b have
+    at most 26 significand bits together with room to spare (every format up to
+    FP32, as for ``matmul``): TwoSum of the exact product and c, then round-to-odd.
+    With ``fmt`` FP64 it is plain float64 arithmetic, fl(fl(a·b) + c).
+    """
+    _check(a, b, c)
+    fmt = get_format(fmt)
+    a, b, c = jnp.broadcast_arrays(a, b, c)
+    s, e = _two_sum(a * b, c)
+    return _round_to_odd_then(s, e, fmt)
 
 
 def _product_error_stand_in(a, b, p):

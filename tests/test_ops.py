@@ -514,3 +514,51 @@ def test_signed_zero_sums_follow_ieee(fmt):
     assert np.signbit(np.asarray(ops.sub(neg, pos, fmt)))[0]  # -0 - +0 = -0
     assert not np.signbit(np.asarray(ops.add(neg, pos, fmt)))[0]  # -0 + +0 = +0
     assert not np.signbit(np.asarray(ops.add(np.array([1.5]), np.array([-1.5]), fmt)))[0]
+
+
+FMA_COMBOS = [(BF16, FP32), (FP32, FP32), (FP16, BF16), (E4M3FN, custom(4, 2))]
+fma_compiled = jax.jit(ops.fma, static_argnums=3)
+
+
+@pytest.mark.parametrize("combo", FMA_COMBOS, ids=lambda c: "-".join(f.name for f in c))
+@settings(max_examples=max(5, settings.default.max_examples * 5 // 12))
+@given(data=st.data())
+def test_fma_rounds_the_exact_result_once(combo, data):
+    """fl(a b + c) against Fraction arithmetic, with c drawn near -a b so that
+    cancellation and float64 midpoints are exercised."""
+    infmt, outfmt = combo
+    finite = dict(allow_nan=False, allow_infinity=False)
+    triples = data.draw(
+        st.lists(
+            st.tuples(
+                fst.representable(infmt, **finite),
+                fst.representable(infmt, **finite),
+                fst.representable(FP32, **finite),
+                st.booleans(),
+            ),
+            min_size=N,
+            max_size=N,
+        )
+    )
+    a, b, c = (np.array(col, np.float64) for col in list(zip(*triples))[:3])
+    near = np.array([t[3] for t in triples])
+    with np.errstate(over="ignore"):
+        shifted = -np.float64(np.float32(a * b)) + np.float64(np.float32(c * 2.0**-30))
+    c = np.where(near & np.isfinite(shifted), shifted, c)
+    got = np.asarray(fma_compiled(a, b, c, outfmt))
+    for x, y, z, g in zip(a, b, c, got):
+        v = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        negative_zero = v == 0 and math.copysign(1, x * y) < 0 and math.copysign(1, z) < 0
+        want = round_exact(v, outfmt, negative_zero=negative_zero)
+        assert np.float64(want).view(np.uint64) == np.float64(g).view(np.uint64), (
+            f"fma({x!r}, {y!r}, {z!r}) -> {outfmt.name}: want {want!r}, got {g!r}"
+        )
+
+
+def test_fma_differs_from_mul_then_add_where_one_rounding_matters():
+    """(1 + 2^-12)^2 - 1 in BF16: the unfused product rounds 2^-11 + 2^-24 away."""
+    a = np.array([1 + 2.0**-12])
+    got = np.asarray(ops.fma(a, a, np.array([-1.0]), FP32))
+    unfused = np.asarray(ops.add(ops.mul(a, a, FP32), np.array([-1.0]), FP32))
+    assert got[0] == 2.0**-11 + 2.0**-24
+    assert unfused[0] == 2.0**-11
