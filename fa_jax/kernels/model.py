@@ -1,0 +1,113 @@
+"""A real attention kernel beside fa_jax's model of it.
+
+:class:`Kernel` describes one real implementation (what runs, where, the formats
+it runs natively) and :class:`KernelModel` is fa_jax's bit-exact emulation of it:
+a :class:`~fa_jax.Policy` (the format of every stage, the accumulation model,
+the exp model, the scale placement) and an algorithm, either the materialised
+``reference`` attention or the tiled ``flash`` recurrence with its tile sizes
+and loop variant (:mod:`fa_jax.attention`; Dao 2023, Algorithm 1).
+
+Calling convention (every kernel, real or emulated): q, k, v are float64 arrays
+of shape ``(..., N, d)`` whose values are exact in the kernel's format; the
+result is a float64 numpy array.  ``scale=None`` means 1/sqrt(d); ``causal``
+keeps key j for query i when j <= i (top-left aligned).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fa_jax._x64 import float64_enabled
+from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
+from fa_jax.formats import Format
+from fa_jax.policy import Policy
+
+__all__ = ["ALGORITHMS", "Kernel", "KernelModel"]
+
+ALGORITHMS = ("reference", "flash")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelModel:
+    """fa_jax's model of a real kernel: policy, algorithm, blocks, loop variant.
+
+    ``forward``, when given, replaces the algorithm: a function
+    ``forward(q, k, v, *, causal, scale)`` of float64 arrays composed of
+    :mod:`fa_jax.ops` steps, for a kernel whose order of steps neither
+    attention function follows (``algorithm`` then names the closest one).
+    """
+
+    kernel: str
+    policy: Policy
+    algorithm: str
+    blocks: Blocks | None = None
+    variant: str | None = None
+    forward: Callable[..., Any] | None = None
+
+    def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"KernelModel.algorithm: expected one of {ALGORITHMS}, got {self.algorithm!r}"
+            )
+        if not isinstance(self.policy, Policy):
+            raise TypeError(f"KernelModel.policy: expected a Policy, got {self.policy!r}")
+        if self.algorithm == "flash":
+            if not isinstance(self.blocks, Blocks):
+                raise ValueError(
+                    f"KernelModel.blocks: the flash algorithm needs Blocks(br, bc), "
+                    f"got {self.blocks!r}"
+                )
+            if self.variant is not None and self.variant not in VARIANTS:
+                raise ValueError(
+                    f"KernelModel.variant: expected one of {VARIANTS}, got {self.variant!r}"
+                )
+        elif self.blocks is not None or self.variant is not None:
+            raise ValueError(
+                "KernelModel: blocks and variant belong to the flash algorithm, "
+                f"got them with {self.algorithm!r}"
+            )
+
+    def __call__(self, q, k, v, *, causal: bool = False, scale=None) -> np.ndarray:
+        """The emulated output (..., N, d_v) as a float64 numpy array."""
+        with float64_enabled():
+            if self.forward is not None:
+                out = self.forward(q, k, v, causal=causal, scale=scale)
+            elif self.algorithm == "reference":
+                out = reference_attention(q, k, v, self.policy, causal=causal, scale=scale)
+            else:
+                assert self.blocks is not None  # checked in __post_init__
+                out = flash_attention(
+                    q,
+                    k,
+                    v,
+                    self.policy,
+                    self.blocks,
+                    variant=self.variant or "fa2",
+                    causal=causal,
+                    scale=scale,
+                )[0]  # pyright: ignore[reportIndexIssue]
+            return np.asarray(out, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A real attention kernel (module docstring for the calling convention).
+
+    ``real(q, k, v, *, fmt, causal=False, scale=None)`` runs it; ``model(fmt, n,
+    d)`` is fa_jax's model of it for that format and shape; ``unavailable()``
+    is None where it runs here, else the reason; ``platform()`` gives the facts
+    a report needs (library versions, CPU capability, backend and device);
+    ``formats`` are the names of the formats the real kernel runs natively.
+    """
+
+    name: str
+    description: str
+    real: Callable[..., np.ndarray]
+    model: Callable[[Format, int, int], KernelModel]
+    unavailable: Callable[[], str | None]
+    platform: Callable[[], dict[str, str]]
+    formats: tuple[str, ...] = ("bf16", "fp16")

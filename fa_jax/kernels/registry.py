@@ -1,0 +1,161 @@
+"""The kernel registry: real kernels and fa_jax's models of them, by name.
+
+Built-in kernels are registered on first use from the modules that define them
+(``xla``; ``torch-math`` and ``torch-flash``; ``cudnn``, ``torch-cuda-flash`` and
+``torch-cuda-mem-efficient``), so that importing :mod:`fa_jax.kernels` imports
+neither PyTorch nor the kernels' modules.  :func:`real` runs a kernel,
+:func:`emulate` runs fa_jax's model of it on the same inputs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+
+from fa_jax.formats import Format, get_format
+from fa_jax.kernels.model import Kernel, KernelModel
+
+__all__ = ["available", "emulate", "get", "model", "names", "real", "register"]
+
+# Built-in kernel name -> (module, attribute holding its Kernel).
+_BUILTINS = {
+    "xla": ("fa_jax.kernels.xla", "XLA"),
+    "torch-math": ("fa_jax.kernels.torch_cpu", "TORCH_MATH"),
+    "torch-flash": ("fa_jax.kernels.torch_cpu", "TORCH_FLASH"),
+    "cudnn": ("fa_jax.kernels.gpu", "CUDNN"),
+    "torch-cuda-flash": ("fa_jax.kernels.gpu", "TORCH_CUDA_FLASH"),
+    "torch-cuda-mem-efficient": ("fa_jax.kernels.gpu", "TORCH_CUDA_MEM_EFFICIENT"),
+}
+_REGISTERED: dict[str, Kernel] = {}
+
+
+def register(kernel: Kernel) -> None:
+    """Add (or replace) a kernel under ``kernel.name``."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"register: expected a fa_jax.kernels.Kernel, got {kernel!r}")
+    _REGISTERED[kernel.name] = kernel
+
+
+def names() -> list[str]:
+    """Every known kernel name, built-in or registered, available here or not."""
+    return sorted(set(_BUILTINS) | set(_REGISTERED))
+
+
+def _lookup(name: str) -> Kernel:
+    """The kernel called ``name``, loading a built-in's module on first use."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name not in _BUILTINS:
+        raise ValueError(f"unknown kernel {name!r}: expected one of {names()}")
+    module, attribute = _BUILTINS[name]
+    kernel = getattr(importlib.import_module(module), attribute)
+    _REGISTERED.setdefault(name, kernel)
+    return _REGISTERED[name]
+
+
+def get(name: str) -> Kernel:
+    """The kernel called ``name``; RuntimeError with the reason if it cannot run here."""
+    kernel = _lookup(name)
+    reason = kernel.unavailable()
+    if reason is not None:
+        raise RuntimeError(f"kernel {name!r} is not available here: {reason}")
+    return kernel
+
+
+def available() -> list[str]:
+    """The names of the kernels that run here."""
+    out = []
+    for name in names():
+        try:
+            kernel = _lookup(name)
+        except (ImportError, AttributeError):
+            continue  # a built-in whose module is missing or incomplete
+        if kernel.unavailable() is None:
+            out.append(name)
+    return out
+
+
+def _native_format(kernel: Kernel, fmt) -> Format:
+    fmt = get_format(fmt)
+    if fmt.name not in {get_format(name).name for name in kernel.formats}:
+        raise ValueError(
+            f"kernel {kernel.name!r}: format: expected one it runs natively, one of "
+            f"{kernel.formats}, got {fmt.name!r}"
+        )
+    return fmt
+
+
+def _shapes(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v as float64 numpy arrays after checking (..., N, d), (..., M, d), (..., M, d_v)."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            "kernel: expected q (..., N, d), k (..., M, d), v (..., M, d_v) of equal rank "
+            f"at least 2, got shapes {q.shape}, {k.shape}, {v.shape}"
+        )
+    if (
+        q.shape[:-2] != k.shape[:-2]
+        or k.shape[:-2] != v.shape[:-2]
+        or q.shape[-1] != k.shape[-1]
+        or k.shape[-2] != v.shape[-2]
+        or 0 in q.shape + k.shape + v.shape
+    ):
+        raise ValueError(
+            "kernel: expected q (..., N, d), k (..., M, d), v (..., M, d_v) with equal "
+            f"leading dimensions and no empty axis, got shapes {q.shape}, {k.shape}, {v.shape}"
+        )
+    return q, k, v
+
+
+def _exact_in(fmt: Format, **arrays: np.ndarray) -> None:
+    from fa_jax._x64 import float64_enabled
+    from fa_jax.rounding import round_to
+
+    with float64_enabled():
+        for name, t in arrays.items():
+            if not np.array_equal(np.asarray(round_to(t, fmt)), t, equal_nan=True):
+                raise ValueError(
+                    f"kernel: {name}: expected values exact in {fmt.name} "
+                    f"(round them with fa_jax.round_to first)"
+                )
+
+
+def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool):
+    fmt = _native_format(kernel, fmt)
+    q, k, v = _shapes(q, k, v)
+    _exact_in(fmt, q=q, k=k, v=v)
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"kernel: causal: expected N == M (top-left aligned mask), got N = "
+            f"{q.shape[-2]}, M = {k.shape[-2]}"
+        )
+    return fmt, q, k, v
+
+
+def real(name: str, q, k, v, *, fmt, causal: bool = False, scale=None) -> np.ndarray:
+    """The real kernel's output (..., N, d_v) as float64 (module docstring)."""
+    kernel = get(name)
+    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
+    return np.asarray(kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale), np.float64)
+
+
+def model(name: str, fmt, n: int, d: int) -> KernelModel:
+    """fa_jax's model of the kernel for format ``fmt`` and (N, d); needs no real kernel."""
+    from fa_jax._checks import positive_int
+
+    kernel = _lookup(name)
+    return kernel.model(
+        _native_format(kernel, fmt), positive_int(n, "model: n"), positive_int(d, "model: d")
+    )
+
+
+def emulate(name: str, q, k, v, *, fmt, causal: bool = False, scale=None) -> np.ndarray:
+    """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v)."""
+    kernel = _lookup(name)
+    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"emulate: scale: expected a finite number, got {scale!r}")
+    m = kernel.model(fmt, q.shape[-2], q.shape[-1])
+    return m(q, k, v, causal=causal, scale=scale)
