@@ -23,7 +23,7 @@ Per key block j, with scores S_j (rows × Bc):
 
     m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new);  α = exp(m − m_new)
     l = α l + rowsum P̃;          o = α o + fl_p(P̃) V_j
-    O = fl_out(o / l)  once at the end
+    O = fl_out(o / l)  once at the end  (or fl_out(o · fl_stats(1 / l)): Policy.normalise)
 
 ``fa1`` (Dao et al. 2022, Algorithm 1; block max m̃ and two rescale factors)::
 
@@ -35,6 +35,20 @@ Per key block j, with scores S_j (rows × Bc):
 
     m_new, l_new, P̃ as fa2
     o = ((l α) / l_new) o + fl_p(P̃ / l_new) V_j
+
+``torch_avx2`` (PyTorch's CPU flash attention, ``cpu_flash_attention`` in ATen's
+``FlashAttentionKernel.cpp``, with AVX2's 8 FP32 lanes)::
+
+    m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new)  (the policy's exp model)
+    α = exp(m − m_new)  (the scalar exp: correctly rounded)
+    l = fl(Σ_lanes P̃ + α l);  o = fl(α o) + fl_p(P̃) V_j
+    O = fl_out(o · fl_stats(1 / l))  (Policy.normalise "reciprocal")
+
+where Σ_lanes sums P̃ as the kernel's vector loop does: lane i (of 8) adds the
+entries i, i + 8, ... in order from 0, the lanes combine as
+((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), and the entries past the last full
+vector follow one by one.  Its last key block is as wide as the keys left
+(no padding), as the kernel's is.
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
@@ -76,6 +90,7 @@ from fa_jax import ops
 from fa_jax._checks import one_of, positive_int
 from fa_jax._jit import jit_config
 from fa_jax.backward import flash_backward, reference_backward
+from fa_jax.exponential import CORRECTLY_ROUNDED
 from fa_jax.formats import get_format
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
@@ -90,7 +105,8 @@ from fa_jax.softmax import (
 
 __all__ = ["VARIANTS", "Blocks", "blocks_from_sram", "flash_attention", "reference_attention"]
 
-VARIANTS = ("fa1", "fa2", "rowwise")
+VARIANTS = ("fa1", "fa2", "rowwise", "torch_avx2")
+_LANES = {"torch_avx2": 8}  # FP32 vector lanes of the variants that model a vector loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,8 +442,11 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     prepared = (q, k, v, scale)
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
-    k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
-    update = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}[cast(str, call.variant)]
+    variant = cast(str, call.variant)
+    # A vector-loop variant's last block holds only the keys left, unpadded.
+    full = mk - mk % bc if variant in _LANES else mk
+    steps = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}
+    update = steps.get(variant) or functools.partial(_torch_step, lanes=_LANES[variant])
 
     def step(carry, xs):
         k_j, v_j, col0 = xs
@@ -436,12 +455,26 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         return update(carry, s, v_j, policy), None
 
     init = (jnp.full((*lead, n), -jnp.inf), jnp.zeros((*lead, n)), jnp.zeros((*lead, n, dv)))
-    (m, l, o), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, col0s))
-    if call.variant == "fa2":
-        out = normalise(o, l[..., None], policy.out)
+    if full:
+        k_blocks, v_blocks, col0s = _key_blocks(k[..., :full, :], v[..., :full, :], bc)
+        init, _ = jax.lax.scan(step, init, (k_blocks, v_blocks, col0s))
+    if full < mk:
+        init, _ = step(init, (k[..., full:, :], v[..., full:, :], full))
+    m, l, o = init
+    if variant in ("fa2", *_LANES):
+        out = _normalise_output(o, l[..., None], policy)
     else:
         out = ops.cast(o, policy.out)
     return (out, _lse(m, l, policy)), prepared
+
+
+def _normalise_output(o, l, policy: Policy):
+    """O = o / l as the policy's ``normalise`` says: fl_out(o / l) ("divide"), or
+    fl_out(fl_o_acc(o · fl_stats(1 / l))) ("reciprocal"); 0 where l = 0."""
+    if policy.normalise == "divide":
+        return normalise(o, l, policy.out)
+    reciprocal = normalise(jnp.ones_like(l), l, policy.stats)
+    return ops.cast(ops.mul(o, reciprocal, policy.o_acc), policy.out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -514,4 +547,34 @@ def _rowwise_step(carry, s, v_j, policy: Policy):
     ratio = normalise(ops.mul(l, alpha, policy.stats), l_new, policy.o_acc)
     pv = _pv(normalise(e, l_new[..., None], policy.p), v_j, policy)
     o = ops.add(ops.mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
+    return m_new, l_new, o
+
+
+def _lane_sum(e, lanes: int, fmt):
+    """Σ e over the last axis as an 8-lane FP32 vector loop adds it (module
+    docstring, ``torch_avx2``): lanes in order, the lane tree, then the tail."""
+    if lanes != 8:
+        raise ValueError(f"_lane_sum: expected 8 lanes (AVX2), got {lanes}")
+    n = e.shape[-1]
+    full = lanes * (n // lanes)
+    vectors = e[..., :full].reshape(*e.shape[:-1], n // lanes, lanes)
+    acc = ops.sum(vectors, fmt, axis=-2, accumulation="sequential")  # (..., lanes)
+    half = ops.add(acc[..., :4], acc[..., 4:], fmt)  # lanes i + (i + 4)
+    quarter = ops.add(half[..., :2], half[..., 2:], fmt)  # (0 + 2), (1 + 3)
+    total = ops.add(quarter[..., 0], quarter[..., 1], fmt)
+    for j in range(full, n):
+        total = ops.add(total, e[..., j], fmt)
+    return total
+
+
+def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int):
+    m, l, o = carry
+    m_new = running_max(m, jnp.max(s, axis=-1), policy.stats)
+    alpha = rescale_factor(m, m_new, policy.replace(exp_model=CORRECTLY_ROUNDED))
+    e = shifted_exp(s, m_new[..., None], policy)
+    l_new = ops.add(
+        _lane_sum(e, lanes, policy.stats), ops.mul(alpha, l, policy.stats), policy.stats
+    )
+    pv = _pv(ops.cast(e, policy.p), v_j, policy)
+    o = ops.add(ops.mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
     return m_new, l_new, o

@@ -37,8 +37,12 @@ it names: a derived backward stage does not follow a later change of its
 forward stage.
 
 plus the :mod:`accumulation <fa_jax.accumulation>` model of every dot and sum,
-and where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale))
-or ``"q"`` (Q is pre-scaled: fl(Q · scale), as some kernels do).
+where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale))
+or ``"q"`` (Q is pre-scaled: fl(Q · scale), as some kernels do), the
+:mod:`exp implementation <fa_jax.exponential>` of the ``exp`` stage
+(``exp_model``; correctly rounded by default), and how flash attention's final
+output is normalised: ``"divide"`` (fl_out(o / l)) or ``"reciprocal"``
+(fl_out(fl_o_acc(o · fl_stats(1 / l))), as PyTorch's CPU flash kernel does).
 
 A Policy is a pytree whose leaves are its formats' widths, so policies can be
 vmapped over formats.  Presets live in :mod:`fa_jax.presets`.
@@ -50,10 +54,12 @@ import dataclasses
 
 import jax
 
+from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
+from fa_jax.exponential import CORRECTLY_ROUNDED, ExpModel, get_exp_model
 from fa_jax.formats import Format, get_format
 
-__all__ = ["BACKWARD_STAGES", "FORWARD_STAGES", "STAGES", "Policy"]
+__all__ = ["BACKWARD_STAGES", "FORWARD_STAGES", "NORMALISE", "STAGES", "Policy"]
 
 FORWARD_STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "o_acc", "out")
 BACKWARD_STAGES = ("d_out", "d_acc", "d_p", "d_stats", "d_s", "grads")
@@ -68,14 +74,17 @@ _BACKWARD_DEFAULTS = {
     "grads": "out",
 }
 _SCALES = ("scores", "q")
+NORMALISE = ("divide", "reciprocal")
+_STATIC = ("accumulation", "scale", "name", "exp_model", "normalise")
 
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """The Format of each attention stage (module docstring), the accumulation
-    model and the scale placement.  Build one directly or with a preset; the
-    backward stages may be left out (module docstring)."""
+    model, the scale placement, the exp model and the final normalisation.
+    Build one directly or with a preset; the backward stages may be left out
+    (module docstring)."""
 
     inputs: Format
     qk_acc: Format
@@ -95,6 +104,8 @@ class Policy:
     accumulation: Accumulation = EXACT
     scale: str = "scores"
     name: str = "custom"
+    exp_model: ExpModel = CORRECTLY_ROUNDED
+    normalise: str = "divide"
 
     def __post_init__(self):
         for stage, source in _BACKWARD_DEFAULTS.items():
@@ -105,10 +116,13 @@ class Policy:
         object.__setattr__(self, "accumulation", get_accumulation(self.accumulation))
         if self.scale not in _SCALES:
             raise ValueError(f"Policy.scale: expected one of {_SCALES}, got {self.scale!r}")
+        object.__setattr__(self, "exp_model", get_exp_model(self.exp_model))
+        one_of(self.normalise, NORMALISE, "Policy.normalise")
 
     def replace(self, **changes) -> Policy:
-        """A copy with some stages (or the accumulation/scale) changed."""
-        unknown = set(changes) - set(STAGES) - {"accumulation", "scale", "name"}
+        """A copy with some stages (or the accumulation, scale, name, exp model or
+        normalisation) changed."""
+        unknown = set(changes) - set(STAGES) - set(_STATIC)
         if unknown:
             raise ValueError(
                 f"Policy.replace: unknown fields {sorted(unknown)}; stages are {STAGES}"
@@ -116,20 +130,23 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
     def tree_flatten(self):
-        return tuple(getattr(self, s) for s in STAGES), (self.accumulation, self.scale, self.name)
+        return tuple(getattr(self, s) for s in STAGES), tuple(getattr(self, k) for k in _STATIC)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
         for s, f in zip(STAGES, children):
             object.__setattr__(obj, s, f)
-        for k, v in zip(("accumulation", "scale", "name"), aux):
+        for k, v in zip(_STATIC, aux):
             object.__setattr__(obj, k, v)
         return obj
 
     def describe(self) -> str:
         """One line per stage, forward then backward."""
-        lines = [f"policy {self.name}: accumulation {self.accumulation}, scale on {self.scale}"]
+        lines = [
+            f"policy {self.name}: accumulation {self.accumulation}, scale on {self.scale}, "
+            f"exp {self.exp_model.name}, normalise by {self.normalise}"
+        ]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
         lines += ["  backward:"]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in BACKWARD_STAGES]

@@ -8,7 +8,7 @@ its stage; ``fl_s`` below means "rounded to stage s":
 safe (Algorithm 3 of Milakov & Gimelshein)::
 
     m   = max_j x_j                                   (exact; stored in stats)
-    e_j = fl_exp(exp(fl_exp(x_j - m)))
+    e_j = fl_exp(exp(fl_exp(x_j - m)))                (exp: the policy's exp model)
     d   = Σ_j e_j                                     (stats, accumulation model)
     y_j = fl_p(e_j / d)
 
@@ -71,12 +71,15 @@ def running_max(m, block_max, fmt):
 def shifted_exp(x, m, policy: Policy):
     """fl_exp(exp(fl_exp(x - m))); exactly 0 where x = -inf (masked), whatever m is.
 
+    The exp is the policy's ``exp_model`` (correctly rounded by default).
+
     Masked entries never reach the rounding, so formats without infinities work.
     """
     masked = x == -jnp.inf
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked so far: any shift will do
     x = jnp.where(masked, m, x)
-    return jnp.where(masked, 0.0, ops.exp(ops.sub(x, m, policy.exp), policy.exp))
+    shifted = ops.sub(x, m, policy.exp)
+    return jnp.where(masked, 0.0, policy.exp_model.fn(shifted, policy.exp))
 
 
 def rescale_factor(m_old, m_new, policy: Policy):
@@ -152,6 +155,6 @@ def _online_softmax(x, *, policy: Policy, block: int, axis: int) -> jax.Array:
 def naive_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
     """Softmax without max subtraction; shows overflow (module docstring)."""
     x = _prepare(x, policy, axis)
-    e = ops.exp(x, policy.exp)
+    e = policy.exp_model.fn(x, policy.exp)
     d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
     return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)

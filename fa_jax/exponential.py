@@ -1,0 +1,180 @@
+"""Exp implementations: which exponential a kernel's softmax computes.
+
+A real kernel rarely computes a correctly rounded exp: PyTorch's CPU flash
+attention evaluates a polynomial (``exp_u20``) on full vectors of lanes and
+the C library's ``expf`` on the rest.  An :class:`ExpModel` names one such
+implementation; ``fn(x, fmt)`` returns its result for the carrier array ``x``
+(the shifted scores; last axis = the key positions of the current block),
+composed only of :mod:`fa_jax.ops` operations, so it is jittable and bit-exact.
+
+:data:`CORRECTLY_ROUNDED` (``ops.exp``, fl_fmt(exp(x))) is the default of every
+policy.  More are registered by :func:`register_exp_model`.
+
+:func:`exp_u20` is ATen's vectorised FP32 exp (``Vectorized<float>::exp_u20``,
+PyTorch's ``ATen/cpu/vec``), step by step: with x clamped to
+[ln FLT_MIN, ln FLT_MAX],
+
+    n  = floor(fma(x, log2 e, 1/2))          r = fma(-n, ln 2, x)
+    p  = 1 + r(c1 + r(c2 + r(c3 + r(c4 + r c5))))     (Horner, one fma a step)
+    y  = fl(fl(p · 2^(n-1)) · 2)             (2^(n-1) = 0 below 2^-126)
+
+and y = 0 for x < ln FLT_MIN; every step rounds to FP32 (the constants are the
+FP32 values of the source's literals).  :func:`vectorised` builds the model of a
+loop that runs a vector exp on full vectors of ``lanes`` entries and the C
+library's scalar ``expf`` (modelled as correctly rounded) on the remainder:
+:data:`TORCH_AVX2` is PyTorch's CPU flash-attention softmax on AVX2 (8 lanes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import ops
+from fa_jax.formats import FP32, Format
+
+__all__ = [
+    "CORRECTLY_ROUNDED",
+    "TORCH_AVX2",
+    "ExpModel",
+    "exp_models",
+    "exp_u20",
+    "get_exp_model",
+    "register_exp_model",
+    "vectorised",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpModel:
+    """An exp implementation: ``fn(x, fmt)`` is its result on the carrier ``x``,
+    rounded to ``fmt`` as that implementation rounds."""
+
+    name: str
+    fn: Callable[[jax.Array, Format], jax.Array]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _correctly_rounded(x: jax.Array, fmt: Format) -> jax.Array:
+    return ops.exp(x, fmt)
+
+
+CORRECTLY_ROUNDED = ExpModel("correctly_rounded", _correctly_rounded)
+
+
+def _f32_bits(bits: int) -> float:
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
+def _f32(literal: float) -> float:
+    return float(np.float32(literal))
+
+
+_LOG2E = _f32_bits(0x3FB8AA3B)
+_LN2 = _f32_bits(0x3F317218)
+_LN_FLT_MIN = _f32_bits(0xC2AEAC50)
+_LN_FLT_MAX = _f32_bits(0x42B17218)
+# 1/k! as the source writes them (its float literals), highest degree first.
+_U20_POLY = tuple(_f32(c) for c in (0.00828929059, 0.0418978221, 0.166676521, 0.499991506))
+_U20_C1 = _f32(0.999999701)
+
+
+def exp_u20(x: jax.Array) -> jax.Array:
+    """ATen's ``Vectorized<float>::exp_u20`` of FP32 values ``x`` (module docstring),
+    as FP32 carrier values."""
+    small = x < _LN_FLT_MIN
+    src = jnp.clip(x, _LN_FLT_MIN, _LN_FLT_MAX)
+    n = jnp.floor(ops.fma(src, jnp.full_like(src, _LOG2E), jnp.full_like(src, 0.5), FP32))
+    r = ops.fma(-n, jnp.full_like(n, _LN2), src, FP32)
+    p = ops.fma(r, jnp.full_like(r, _U20_POLY[0]), jnp.full_like(r, _U20_POLY[1]), FP32)
+    for c in (*_U20_POLY[2:], _U20_C1, 1.0):
+        p = ops.fma(r, p, jnp.full_like(r, c), FP32)
+    exponent = jnp.clip(n - 1, -126, 127).astype(jnp.int32)
+    scale = jnp.where(small | (n - 1 < -126), 0.0, jnp.ldexp(1.0, exponent))  # (n+126) << 23
+    return ops.mul(ops.mul(p, scale, FP32), jnp.full_like(p, 2.0), FP32)
+
+
+# fexp_u20: 2^f on f in [0, 1) as f - (c0 + f(c1 + f(c2 + f c3))), highest degree first.
+_FEXP_POLY = tuple(
+    _f32(c)
+    for c in (
+        -0.079204240219773236,
+        -0.22433836478672356,
+        0.30354260500649682,
+        0.00010703434948458272,
+    )
+)
+_TWO_23 = 2.0**23
+
+
+def fexp_u20(x: jax.Array) -> jax.Array:
+    """ATen's ``Vectorized<float>::fexp_u20`` of FP32 values ``x`` (module docstring),
+    as FP32 carrier values."""
+    src = ops.mul(x, jnp.full_like(x, _LOG2E), FP32)
+    frac = ops.sub(src, jnp.floor(src), FP32)  # exact
+    p = ops.fma(frac, jnp.full_like(frac, _FEXP_POLY[0]), jnp.full_like(frac, _FEXP_POLY[1]), FP32)
+    for c in _FEXP_POLY[2:]:
+        p = ops.fma(frac, p, jnp.full_like(frac, c), FP32)
+    t = ops.sub(src, p, FP32)
+    # The FP32 bits of the result are the integer trunc(fl(2^23 t + 127 · 2^23)).
+    bits = jnp.trunc(ops.fma(jnp.full_like(t, _TWO_23), t, jnp.full_like(t, 127 * _TWO_23), FP32))
+    biased = jnp.floor(bits / _TWO_23)  # exponent field
+    fraction = bits - biased * _TWO_23
+    normal = jnp.ldexp(
+        1.0 + fraction / _TWO_23, jnp.clip(biased - 127, -126, 127).astype(jnp.int32)
+    )
+    value = jnp.where(biased > 0, normal, fraction * 2.0**-149)
+    value = jnp.where(x < _LN_FLT_MIN, 0.0, value)
+    return jnp.where(x > _LN_FLT_MAX, jnp.inf, value)
+
+
+def vectorised(name: str, lanes: int, vector_exp: Callable[[jax.Array], jax.Array]) -> ExpModel:
+    """The model of a loop that applies ``vector_exp`` (FP32 in, FP32 out) to the
+    first ``lanes * (n // lanes)`` entries of the last axis (n entries) and the
+    correctly rounded scalar exp to the rest; results rounded to ``fmt``."""
+
+    def fn(x: jax.Array, fmt: Format) -> jax.Array:
+        full = lanes * (x.shape[-1] // lanes)
+        head = vector_exp(x[..., :full])
+        tail = ops.exp(x[..., full:], FP32)
+        return ops.cast(jnp.concatenate([head, tail], axis=-1), fmt)
+
+    return ExpModel(name, fn)
+
+
+TORCH_AVX2 = vectorised("torch_fexp_u20_avx2", 8, fexp_u20)
+
+_MODELS: dict[str, ExpModel] = {m.name: m for m in (CORRECTLY_ROUNDED, TORCH_AVX2)}
+
+
+def register_exp_model(model: ExpModel) -> None:
+    """Make ``model`` available by name; a name already taken by another model raises."""
+    if not isinstance(model, ExpModel):
+        raise TypeError(f"register_exp_model: expected an ExpModel, got {model!r}")
+    known = _MODELS.get(model.name)
+    if known is not None and known != model:
+        raise ValueError(
+            f"register_exp_model: name {model.name!r}: expected a new name, got one "
+            "already registered to another model"
+        )
+    _MODELS[model.name] = model
+
+
+def exp_models() -> list[str]:
+    """The registered names."""
+    return sorted(_MODELS)
+
+
+def get_exp_model(spec: str | ExpModel) -> ExpModel:
+    """An ExpModel itself, or the registered one of that name."""
+    if isinstance(spec, ExpModel):
+        return spec
+    if isinstance(spec, str) and spec in _MODELS:
+        return _MODELS[spec]
+    raise ValueError(f"exp model: expected an ExpModel or one of {exp_models()}, got {spec!r}")

@@ -1,0 +1,184 @@
+"""PyTorch's CPU attention kernels and fa_jax's bit-exact models of them.
+
+``torch.nn.functional.scaled_dot_product_attention`` on CPU tensors in bf16 or
+fp16, under ``torch.nn.attention.sdpa_kernel``:
+
+``torch-math`` (``SDPBackend.MATH``, ATen's ``_scaled_dot_product_attention_math``)
+  upcasts bf16/fp16 inputs to FP32 and computes the unfused attention in FP32
+  (scores, softmax, both products), rounding the output once to the input
+  format.  Model: the materialised (reference) algorithm with every inner
+  stage FP32.
+
+``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
+  ATen's ``native/cpu/FlashAttentionKernel.cpp``) tiles the queries in blocks of
+  256 rows (N >= 768), 64 (N >= 192) or 32, and the keys in blocks of 512
+  (capped at M).  Per key block: S = fl32(fl32(Q Kᵀ) · scale) (FP32 GEMM),
+  the row max, P̃ = exp_u20(S − m) on full vectors of lanes and the scalar
+  ``expf`` on the rest (:mod:`fa_jax.exponential`), P̃ stored in the input
+  format, the row sum over lanes, l = Σ P̃ + α l, o = α o + P V (FP32 GEMM);
+  at the end O = fl_in(fl32(o · fl32(1 / l))).  Model: the ``torch_avx2``
+  flash variant of :mod:`fa_jax.attention` with the kernel's block sizes.
+
+The vector width depends on the CPU capability ATen dispatches to
+(``torch.backends.cpu.get_cpu_capability()``): the flash model exists for AVX2
+(8 FP32 lanes); asking for it under another capability raises.  PyTorch is
+imported only when a real kernel runs or the capability is read.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform as _platform
+
+import numpy as np
+
+from fa_jax.accumulation import EXACT
+from fa_jax.attention import Blocks
+from fa_jax.exponential import TORCH_AVX2, ExpModel
+from fa_jax.formats import FP32, Format, get_format
+from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.policy import Policy
+
+__all__ = [
+    "TORCH_FLASH",
+    "TORCH_MATH",
+    "flash_blocks",
+    "flash_model",
+    "math_model",
+    "platform",
+    "real_flash",
+    "real_math",
+]
+
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
+# CPU capability -> (flash-attention variant, exp model) of the vector loop.
+_CAPABILITIES: dict[str, tuple[str, ExpModel]] = {"AVX2": ("torch_avx2", TORCH_AVX2)}
+
+
+def _unavailable() -> str | None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "PyTorch is not installed (pip install torch)"
+    return None
+
+
+@functools.cache
+def capability() -> str:
+    """The CPU capability ATen's kernels dispatch to (e.g. "AVX2", "AVX512")."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def platform() -> dict[str, str]:
+    """PyTorch's version, the CPU capability its kernels use, the machine."""
+    import torch
+
+    return {
+        "torch": str(torch.__version__),
+        "cpu_capability": capability(),
+        "backend": "cpu",
+        "machine": _platform.machine(),
+        "processor": _platform.processor() or _platform.machine(),
+    }
+
+
+def _sdpa(backend: str, q, k, v, fmt: Format, causal: bool, scale) -> np.ndarray:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fmt = get_format(fmt)
+    if fmt.name not in _DTYPES:
+        raise ValueError(
+            f"torch CPU attention: format: expected one of {sorted(_DTYPES)}, got {fmt.name!r}"
+        )
+    dtype = getattr(torch, _DTYPES[fmt.name])
+    q, k, v = (torch.from_numpy(np.asarray(t, dtype=np.float32)).to(dtype) for t in (q, k, v))
+    with sdpa_kernel(getattr(SDPBackend, backend)), torch.no_grad():
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=bool(causal), scale=None if scale is None else float(scale)
+        )
+    return o.to(torch.float64).numpy()
+
+
+def real_math(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
+    """PyTorch's math SDPA on the CPU, in ``fmt`` (bf16 or fp16)."""
+    return _sdpa("MATH", q, k, v, fmt, causal, scale)
+
+
+def real_flash(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
+    """PyTorch's flash SDPA on the CPU, in ``fmt`` (bf16 or fp16)."""
+    return _sdpa("FLASH_ATTENTION", q, k, v, fmt, causal, scale)
+
+
+def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
+    """Q, K, V, P and O in ``fmt``; scores, statistics, exp and accumulators FP32."""
+    f = get_format(fmt)
+    return Policy(
+        inputs=f,
+        qk_acc=FP32,
+        scores=FP32,
+        stats=FP32,
+        exp=FP32,
+        p=f,
+        pv_acc=FP32,
+        o_acc=FP32,
+        out=f,
+        accumulation=EXACT,
+        name=f"{name}({f.name})",
+    ).replace(**changes)
+
+
+def math_model(fmt: Format, n: int, d: int) -> KernelModel:
+    """The model of ``torch-math`` in ``fmt`` (module docstring)."""
+    del n, d
+    policy = _stage_policy(fmt, "torch_math_cpu", p=FP32)
+    return KernelModel("torch-math", policy, "reference")
+
+
+def flash_blocks(n: int, m: int) -> Blocks:
+    """The kernel's tiles for N queries and M keys: 256/64/32 query rows (N >= 768,
+    >= 192, else) and min(512, M) key columns."""
+    br = 256 if n >= 768 else 64 if n >= 192 else 32
+    return Blocks(br, min(512, m))
+
+
+def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None) -> KernelModel:
+    """The model of ``torch-flash`` in ``fmt`` for N = M = ``n`` (module docstring),
+    for ``cpu_capability`` (the one here by default)."""
+    del d
+    cap = capability() if cpu_capability is None else cpu_capability
+    if cap not in _CAPABILITIES:
+        raise ValueError(
+            f"torch-flash model: CPU capability: expected one of {sorted(_CAPABILITIES)} "
+            f"(the vector loops modelled), got {cap!r}"
+        )
+    variant, exp_model = _CAPABILITIES[cap]
+    policy = _stage_policy(fmt, "torch_flash_cpu", exp_model=exp_model, normalise="reciprocal")
+    return KernelModel("torch-flash", policy, "flash", flash_blocks(n, n), variant)
+
+
+TORCH_MATH = Kernel(
+    name="torch-math",
+    description=(
+        "PyTorch scaled_dot_product_attention, SDPBackend.MATH, CPU "
+        "(aten/src/ATen/native/transformers/attention.cpp)"
+    ),
+    real=real_math,
+    model=math_model,
+    unavailable=_unavailable,
+    platform=platform,
+)
+
+TORCH_FLASH = Kernel(
+    name="torch-flash",
+    description=(
+        "PyTorch scaled_dot_product_attention, SDPBackend.FLASH_ATTENTION, CPU "
+        "(aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)"
+    ),
+    real=real_flash,
+    model=flash_model,
+    unavailable=_unavailable,
+    platform=platform,
+)
