@@ -23,6 +23,7 @@ from typing import Any
 import fa_jax
 from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import get_format, registered_formats
+from fa_jax.presets import PRESETS
 from fa_jax.rounding import ROUNDING_MODES
 from fa_jax.studies import DEFAULT_POLICIES
 from fa_jax.studies.interrupt import deferred_interrupts
@@ -243,7 +244,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from fa_jax.presets import PRESETS
     from fa_jax.studies.figures import reproduce
     from fa_jax.studies.results import check_out_dir
 
@@ -333,6 +333,87 @@ def cmd_attribute(args) -> int:
         written.append(str(plot_attribution(result, out + ".png", metric=args.metric)))
     print(f"\nwrote {'  '.join(written)}  ({result.seconds:.1f} s)")
     return 0
+
+
+def cmd_kernels(args) -> int:
+    from fa_jax import kernels
+
+    rows = []
+    for name in kernels.names():
+        try:
+            k = kernels.get(name)
+        except (RuntimeError, ImportError) as err:
+            rows.append((name, "no", "", str(err)))
+        else:
+            rows.append((name, "yes", ", ".join(k.formats), k.description))
+    print_table(("kernel", "runs here", "formats", "what / why not"), rows)
+    return 0
+
+
+def _kernel(flag: str, name: str) -> str:
+    """A kernel name that runs here, else a one-line error naming the flag."""
+    from fa_jax import kernels
+
+    if name not in kernels.names():
+        raise ValueError(f"{flag}: expected one of {kernels.names()}, got {name!r}")
+    try:
+        kernels.get(name)
+    except (RuntimeError, ImportError) as err:
+        raise ValueError(f"{flag}: {err}") from None
+    return name
+
+
+def cmd_validate(args) -> int:
+    import json
+
+    from fa_jax.studies.validation import Shape, format_validation, validate
+
+    kernel = _kernel("--kernel", args.kernel)
+    try:
+        fmt = get_format(args.format)
+    except ValueError as err:
+        raise ValueError(f"--format: {err}") from None
+    sizes = [positive_int(_one_int(flag, v), flag) for flag, v in _shape_flags(args)]
+    shape = Shape(*sizes)
+    result = validate(
+        kernel,
+        fmt,
+        shape=shape,
+        causal=args.causal,
+        seeds=_seeds("--seeds", args.seeds),
+        presets=() if args.no_presets else _items("--presets", args.presets),
+    )
+    print(json.dumps(result.to_dict(), indent=1) if args.json else format_validation(result))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from fa_jax.studies.calibration import calibrate, format_calibration
+    from fa_jax.studies.validation import Shape
+
+    kernel = _kernel("--kernel", args.kernel)
+    try:
+        fmt = get_format(args.format)
+    except ValueError as err:
+        raise ValueError(f"--format: {err}") from None
+    shape = Shape(*(positive_int(_one_int(flag, v), flag) for flag, v in _shape_flags(args)))
+    steps = positive_int(_one_int("--max-steps", args.max_steps), "--max-steps")
+    result = calibrate(
+        kernel,
+        fmt,
+        shape=shape,
+        causal=args.causal,
+        seeds=_seeds("--seeds", args.seeds),
+        max_steps=steps,
+        knobs=None if args.knobs is None else _items("--knobs", args.knobs),
+    )
+    print(format_calibration(result))
+    return 0
+
+
+def _shape_flags(args):
+    """(flag, text) of --batch, --heads, --n and --d, in Shape's order."""
+    return (("--batch", args.batch), ("--heads", args.heads), ("--n", args.n), ("--d", args.d))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -447,7 +528,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     at.add_argument("--no-plot", action="store_true", help="skip the bar chart")
     at.set_defaults(func=cmd_attribute)
+
+    kl = sub.add_parser("kernels", help="list the real attention kernels and where they run")
+    kl.set_defaults(func=cmd_kernels)
+    va = sub.add_parser(
+        "validate", help="a real attention kernel vs fa_jax's model of it, bit for bit"
+    )
+    _add_kernel_flags(va)
+    va.add_argument(
+        "--presets",
+        nargs="*",
+        default=list(PRESETS),
+        help=f"generic presets shown beside the model (default {' '.join(PRESETS)})",
+    )
+    va.add_argument(
+        "--no-presets", action="store_true", help="only the kernel's model, not the generic presets"
+    )
+    va.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    va.set_defaults(func=cmd_validate)
+    ca = sub.add_parser(
+        "calibrate", help="which modelling knobs make fa_jax reproduce a real kernel"
+    )
+    _add_kernel_flags(ca, heads="1", n="256")
+    ca.add_argument("--max-steps", default="8", help="most knob changes in the search")
+    ca.add_argument(
+        "--knobs",
+        nargs="*",
+        default=None,
+        help="only these knobs (stage names, exp_model, accumulation, scale, normalise, "
+        "algorithm; default all)",
+    )
+    ca.set_defaults(func=cmd_calibrate)
     return p
+
+
+def _add_kernel_flags(parser, *, heads: str = "2", n: str = "512") -> None:
+    parser.add_argument("--kernel", required=True, help="kernel name (see 'fa-jax kernels')")
+    parser.add_argument("--format", default="bf16", help="a format the kernel runs: bf16, fp16")
+    parser.add_argument("--batch", default="1", help="batch size B")
+    parser.add_argument("--heads", default=heads, help=f"heads H (default {heads})")
+    parser.add_argument("--n", default=n, help=f"sequence length N (default {n})")
+    parser.add_argument("--d", default="64", help="head dimension d")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--seeds", nargs="*", default=["0"], help="input seeds")
 
 
 def _add_run_flags(parser) -> None:

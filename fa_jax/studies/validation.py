@@ -1,0 +1,169 @@
+"""A real kernel against fa_jax's model of it and against the generic presets.
+
+``validate`` draws inputs (:func:`fa_jax.inputs.make_inputs`, rounded to the
+format), runs the real kernel (:func:`fa_jax.kernels.real`), fa_jax's model of it
+(:func:`fa_jax.kernels.emulate`) and, for comparison, every generic preset
+(:data:`fa_jax.presets.PRESETS`) in the materialised reference algorithm and in
+FlashAttention-2's tiled recurrence (Dao 2023, Algorithm 1).  Each emulation is
+judged by :func:`fa_jax.kernels.compare` over all seeds at once: the share of
+output elements bit-identical to the real kernel, the histogram of ulp
+distances in the format, and the error of each against the FP64 golden output
+(Golden et al. 2024, arXiv 2405.02803, §3).  The platform facts a kernel's
+numerics may depend on (library versions, CPU capability) go with the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fa_jax import kernels
+from fa_jax._checks import non_negative_ints, one_of, positive_int
+from fa_jax._x64 import float64_enabled
+from fa_jax.attention import Blocks, flash_attention, reference_attention
+from fa_jax.formats import Format, get_format
+from fa_jax.inputs import make_inputs
+from fa_jax.kernels.compare import Comparison
+from fa_jax.presets import PRESETS, golden
+from fa_jax.rounding import round_to
+
+__all__ = ["Shape", "Validation", "format_validation", "validate", "validation_inputs"]
+
+# The tile of the generic presets' flash rows (Dao 2023's Bc = 128 for d = 64).
+_PRESET_BLOCKS = Blocks(128, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """(B, H, N, d) of the inputs of one validation."""
+
+    batch: int = 1
+    heads: int = 2
+    n: int = 512
+    d: int = 64
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "n", "d"):
+            positive_int(getattr(self, name), f"Shape.{name}")
+
+    def __str__(self) -> str:
+        return f"(B, H, N, d) = ({self.batch}, {self.heads}, {self.n}, {self.d})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """The result of :func:`validate`: one Comparison per emulation, the kernel's
+    model first; ``platform`` is the kernel's :meth:`~fa_jax.kernels.Kernel.platform`."""
+
+    kernel: str
+    fmt: str
+    shape: Shape
+    causal: bool
+    seeds: tuple[int, ...]
+    platform: dict[str, str]
+    rows: tuple[tuple[str, Comparison], ...]
+
+    def to_dict(self) -> dict:
+        """Plain data for JSON."""
+        return {
+            "kernel": self.kernel,
+            "format": self.fmt,
+            "shape": dataclasses.asdict(self.shape),
+            "causal": self.causal,
+            "seeds": list(self.seeds),
+            "platform": dict(self.platform),
+            "rows": [{"emulation": label, **dataclasses.asdict(c)} for label, c in self.rows],
+        }
+
+
+def validation_inputs(fmt: Format, shape: Shape, seed: int):
+    """(q, k, v) of ``seed``, standard normal, rounded to ``fmt`` (float64 numpy)."""
+    q, k, v = make_inputs(seed, shape.n, batch=shape.batch, heads=shape.heads, d=shape.d)
+    with float64_enabled():
+        return tuple(np.asarray(round_to(t, fmt), np.float64) for t in (q, k, v))
+
+
+def _golden(q, k, v, causal: bool) -> np.ndarray:
+    with float64_enabled():
+        return np.asarray(reference_attention(q, k, v, golden(), causal=causal), np.float64)
+
+
+def _preset(name: str, algorithm: str, fmt: Format):
+    policy = PRESETS[name](fmt)
+
+    def run(q, k, v, causal: bool) -> np.ndarray:
+        with float64_enabled():
+            if algorithm == "reference":
+                out = reference_attention(q, k, v, policy, causal=causal)
+            else:
+                out = flash_attention(q, k, v, policy, _PRESET_BLOCKS, causal=causal)[0]  # pyright: ignore[reportIndexIssue]
+            return np.asarray(out, np.float64)
+
+    return run
+
+
+def validate(
+    kernel: str,
+    fmt,
+    *,
+    shape: Shape = Shape(),
+    causal: bool = False,
+    seeds: Sequence[int] = (0,),
+    presets: Sequence[str] = tuple(PRESETS),
+) -> Validation:
+    """Real ``kernel`` vs its model and the generic ``presets`` (names of
+    :data:`~fa_jax.presets.PRESETS`; empty for none), in format ``fmt``, over
+    ``seeds`` (module docstring)."""
+    f = get_format(fmt)
+    seeds = tuple(non_negative_ints(seeds, "validate: seeds"))
+    if not seeds:
+        raise ValueError("validate: seeds: expected at least one seed, got none")
+    entry = kernels.get(kernel)
+    emulations: dict[str, Callable[..., np.ndarray] | None] = {f"{kernel} model": None}
+    for name in presets:
+        one_of(name, sorted(PRESETS), "validate: presets")
+        for algorithm in ("reference", "flash"):
+            emulations[f"{name} {algorithm}"] = _preset(name, algorithm, f)
+    real, golden_out = [], []
+    outputs: dict[str, list[np.ndarray]] = {label: [] for label in emulations}
+    for seed in seeds:
+        q, k, v = validation_inputs(f, shape, seed)
+        real.append(kernels.real(kernel, q, k, v, fmt=f, causal=causal))
+        golden_out.append(_golden(q, k, v, causal))
+        for label, run in emulations.items():
+            if run is None:
+                outputs[label].append(kernels.emulate(kernel, q, k, v, fmt=f, causal=causal))
+            else:
+                outputs[label].append(run(q, k, v, causal))
+    r, g = np.stack(real), np.stack(golden_out)
+    rows = tuple(
+        (label, kernels.compare(r, np.stack(outs), g, f)) for label, outs in outputs.items()
+    )
+    return Validation(kernel, f.name, shape, causal, seeds, dict(entry.platform()), rows)
+
+
+def format_validation(v: Validation) -> str:
+    """A plain-text report: the platform, then one row per emulation."""
+    facts = ", ".join(f"{k} {val}" for k, val in v.platform.items())
+    real = v.rows[0][1]
+    lines = [
+        f"kernel {v.kernel}, {v.fmt}, {v.shape}, causal={v.causal}, seeds {list(v.seeds)}",
+        f"platform: {facts}",
+        f"real kernel vs FP64: max abs {real.real_max_abs:.3e}, "
+        f"relative Frobenius {real.real_rel_frobenius:.3e}",
+        "",
+    ]
+    bins = list(real.ulp_histogram)
+    header = f"{'emulation':<26} {'identical':>10} {'max ulp':>8} " + " ".join(
+        f"{'ulp ' + b:>9}" for b in bins
+    )
+    lines += [header + f" {'max abs vs FP64':>16}", "-" * (len(header) + 17)]
+    for label, c in v.rows:
+        counts = " ".join(f"{c.ulp_histogram.get(b, 0):>9}" for b in bins)
+        lines.append(
+            f"{label:<26} {100 * c.identical_share:>9.4f}% {c.max_ulp:>8} {counts} "
+            f"{c.emulated_max_abs:>16.3e}"
+        )
+    return "\n".join(lines)

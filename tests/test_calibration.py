@@ -1,0 +1,67 @@
+"""fa_jax.studies.calibration and ``fa-jax calibrate``: ablation and knob search."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fa_jax import BF16, FP32, kernels
+from fa_jax.cli import main
+from fa_jax.studies.calibration import calibrate, format_calibration, knobs_for
+from fa_jax.studies.validation import Shape, validation_inputs
+
+TINY = Shape(1, 1, 32, 16)
+
+
+def test_knobs_apply_and_read_back():
+    model = kernels.model("xla", BF16, 32, 16)
+    for knob in knobs_for(model):
+        for value in knob.values:
+            assert knob.current(knob.apply(model, value)) == value, (knob.name, value)
+
+
+def test_ablation_and_search_measure_real_shares():
+    """A knob that changes the numbers (P kept in FP32 instead of BF16) costs share,
+    measured on the real kernel; the search from fa2_kernel finds nothing to add
+    for XLA, whose model is fa2_kernel's policy."""
+    c = calibrate("xla", "bf16", shape=TINY, knobs=("p", "normalise"), max_steps=2)
+    model = kernels.model("xla", BF16, 32, 16)
+    q, k, v = validation_inputs(BF16, TINY, 0)
+    real = kernels.real("xla", q, k, v, fmt=BF16)
+    changed = dataclasses.replace(model, policy=model.policy.replace(p=FP32))
+    want = float(np.mean(changed(q, k, v).view(np.uint64) == real.view(np.uint64)))
+    (p_row,) = [r for r in c.ablation if r[0] == "p"]
+    assert p_row[1:] == ("bfloat16", "float32", want)
+    assert want < c.model_share
+    assert c.search[0][:3] == (0, "start", "fa2_kernel reference")
+    assert [s for *_, s in c.search] == sorted(s for *_, s in c.search)
+    assert "ablation" in format_calibration(c)
+
+
+def test_calibrate_errors():
+    with pytest.raises(ValueError, match="knobs"):
+        calibrate("xla", "bf16", shape=TINY, knobs=("nope",))
+    with pytest.raises(ValueError, match="seeds"):
+        calibrate("xla", "bf16", shape=TINY, seeds=())
+
+
+def test_cli_calibrate(capsys):
+    argv = [
+        "calibrate",
+        "--kernel",
+        "xla",
+        "--n",
+        "32",
+        "--d",
+        "16",
+        "--knobs",
+        "scale",
+        "--max-steps",
+        "1",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "scale" in out and "search from fa2_kernel" in out
+    assert main(["calibrate", "--kernel", "xla", "--knobs", "nope"]) == 2
