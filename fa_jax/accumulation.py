@@ -22,6 +22,17 @@
                  :func:`tensor_core` ``("v100")``, ``("t4")``, ``("a100")``,
                  ``("a100_tf32")``; any other parameters with
                  :func:`tensor_core_model`.  Bit-exact (below).
+``tree``         a summation tree (Higham 2002, §4.1): every node rounds once,
+                 fl(left + right), or for a fused node the exact sum of its
+                 children (a k-term fused dot).  Builders give the tree for any
+                 n: :func:`sequential` (k terms a step), :func:`pairwise`,
+                 :func:`halving` (a SIMD reduction), :func:`fused`,
+                 :func:`lanes` (L lanes each summing every L-th term, then
+                 combined), :func:`blocked` and :func:`split_k` (GEMMs that cut
+                 the inner dimension); :func:`tree` takes explicit nested
+                 tuples.  :func:`tree_nodes` and :func:`nested` show the tree
+                 for a given n; str() parses back, e.g.
+                 ``tree(lanes(8, combine=pairwise))``.
 
 The tensor-core model
 ---------------------
@@ -63,9 +74,12 @@ mode; and the second extra bit of Khattak & Mikaitis's bit-accurate A100 model
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
-from typing import Literal, cast
+from typing import Literal, NoReturn, cast
+
+import numpy as np
 
 from fa_jax._checks import non_negative_int, positive_int
 
@@ -74,15 +88,98 @@ __all__ = [
     "SEQUENTIAL",
     "TENSOR_CORE_PRESETS",
     "Accumulation",
+    "Tree",
+    "blocked",
     "chunked",
+    "fused",
     "get_accumulation",
+    "halving",
+    "lanes",
+    "nested",
+    "pairwise",
+    "sequential",
+    "split_k",
     "tensor_core",
     "tensor_core_model",
+    "tree",
+    "tree_nodes",
+    "tree_roundings",
 ]
 
-_KINDS = ("exact", "sequential", "chunked", "tensor_core")
+_KINDS = ("exact", "sequential", "chunked", "tensor_core", "tree")
 NORMALIZATIONS = ("toward_zero", "nearest_even", "up", "down")
 _TC_DEFAULTS = {"extra_bits": 0, "normalization": "toward_zero", "fused_accumulator": True}
+
+
+_TREE_NAMES = ("sequential", "fused", "pairwise", "halving", "lanes", "blocked", "split_k", "tree")
+_LEAF_ORDERS = ("sequential", "fused", "pairwise", "halving")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """How a summation tree is built for any number of terms (module docstring,
+    "Summation trees"); build with the functions :func:`lanes`, :func:`split_k`,
+    :func:`blocked`, :func:`pairwise`, :func:`halving`, :func:`tree`.
+
+    Args:
+      order: "sequential", "fused", "pairwise", "halving", "lanes", "blocked",
+        "split_k" or "tree" (an explicit tree).
+      size: lanes L ("lanes"), terms per block ("blocked"), parts ("split_k"),
+        terms ("tree"); None for the others.
+      inner: how each lane, block or part is summed ("lanes", "blocked", "split_k").
+      outer: how the lane, block or part sums are combined (same kinds).
+      nodes: "tree" only: the internal nodes in post-order, each the tuple of its
+        children's ids (terms are 0 .. size-1, node k is size + k).
+    """
+
+    order: str
+    size: int | None = None
+    inner: Tree | None = None
+    outer: Tree | None = None
+    nodes: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self):
+        if self.order not in _TREE_NAMES:
+            raise ValueError(f"Tree.order: expected one of {_TREE_NAMES}, got {self.order!r}")
+        composite = self.order in ("lanes", "blocked", "split_k")
+        if composite or self.order == "tree":
+            object.__setattr__(self, "size", positive_int(self.size, f"Tree.size of {self.order}"))
+        elif self.order == "sequential" and self.size is not None:
+            size = positive_int(self.size, "Tree.size of sequential")
+            object.__setattr__(self, "size", None if size == 1 else size)
+        elif self.size is not None:
+            raise ValueError(f"Tree.size: {self.order!r} takes no size, got {self.size!r}")
+        for name in ("inner", "outer"):
+            value = getattr(self, name)
+            if composite and not isinstance(value, Tree):
+                raise TypeError(f"Tree.{name} of {self.order}: expected a Tree, got {value!r}")
+            if not composite and value is not None:
+                raise ValueError(f"Tree.{name}: {self.order!r} takes none, got {value!r}")
+        if (self.order == "tree") != (self.nodes is not None):
+            raise ValueError(f"Tree.nodes: only 'tree' takes (and needs) nodes, got {self.nodes!r}")
+
+    def __str__(self) -> str:
+        if self.order == "sequential" and self.size is not None:
+            return f"sequential({self.size})"
+        if self.order in _LEAF_ORDERS:
+            return self.order
+        if self.order == "tree":
+            return _nested_str(self)
+        args = [str(self.size)]
+        defaults = _DEFAULTS[self.order]
+        for name in ("inner", "outer"):
+            value = str(getattr(self, name))
+            if value != defaults[name]:
+                label = "combine" if (self.order, name) == ("lanes", "outer") else name
+                args.append(f"{label}={value}")
+        return f"{self.order}({', '.join(args)})"
+
+
+_DEFAULTS = {
+    "lanes": {"inner": "sequential", "outer": "halving"},
+    "blocked": {"inner": "sequential", "outer": "sequential"},
+    "split_k": {"inner": "sequential", "outer": "sequential"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,15 +201,21 @@ class Accumulation:
         IEEE round-to-nearest addition.
     """
 
-    kind: Literal["exact", "sequential", "chunked", "tensor_core"]
+    kind: Literal["exact", "sequential", "chunked", "tensor_core", "tree"]
     chunk: int | None = None
     extra_bits: int | None = None
     normalization: str | None = None
     fused_accumulator: bool | None = None
+    tree: Tree | None = None
 
     def __post_init__(self):
         if self.kind not in _KINDS:
             raise ValueError(f"Accumulation.kind: expected one of {_KINDS}, got {self.kind!r}")
+        if (self.kind == "tree") != isinstance(self.tree, Tree):
+            raise ValueError(
+                f"Accumulation.tree: expected a Tree for kind 'tree' (and only then), "
+                f"got {self.tree!r} for kind {self.kind!r}"
+            )
         tc_fields = ("extra_bits", "normalization", "fused_accumulator")
         if self.kind == "tensor_core":
             for name, default in _TC_DEFAULTS.items():
@@ -163,6 +266,8 @@ class Accumulation:
         return man_bits + cast(int, self.extra_bits) + 1 + math.ceil(math.log2(self.block_terms))
 
     def __str__(self) -> str:
+        if self.kind == "tree":
+            return f"tree({self.tree})"
         if self.kind == "chunked":
             return f"chunked({self.chunk})"
         if self.kind == "tensor_core":
@@ -254,7 +359,10 @@ def tensor_core(preset: str) -> Accumulation:
 _EXPECTED = (
     "'exact', 'sequential', 'chunked', 'chunked(k)', 'tensor_core(PRESET)' "
     f"(PRESET one of {', '.join(TENSOR_CORE_PRESETS)}) or "
-    "'tensor_core(k=K, extra_bits=E[, normalization=MODE][, fused_accumulator=BOOL])'"
+    "'tensor_core(k=K, extra_bits=E[, normalization=MODE][, fused_accumulator=BOOL])' or "
+    "'tree(TREE)' (TREE: sequential, fused, pairwise, halving, lanes(L[, combine=TREE]"
+    "[, inner=TREE]), blocked(K[, inner=TREE][, outer=TREE]), split_k(S, ...) or nested "
+    "tuples of term indices)"
 )
 
 
@@ -299,4 +407,321 @@ def get_accumulation(spec) -> Accumulation:
         m = re.fullmatch(r"tensor_core\((.*)\)", s)
         if m:
             return _parse_tensor_core(m.group(1), spec)
+        m = re.fullmatch(r"tree\((.*)\)", s, re.DOTALL)
+        if m:
+            return _tree_model(_parse_tree(m.group(1)))
+        if s.startswith(("lanes", "blocked", "split_k", "pairwise", "halving", "fused", "(")):
+            return _tree_model(_parse_tree(s))
     raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}")
+
+
+# -- summation trees ---------------------------------------------------------------
+
+
+def _as_tree(spec, what: str) -> Tree:
+    """A Tree from a Tree, a tree Accumulation or a name/str() form."""
+    if isinstance(spec, Tree):
+        return spec
+    if isinstance(spec, Accumulation) and spec.tree is not None:
+        return spec.tree
+    if isinstance(spec, str):
+        return _parse_tree(spec)
+    raise ValueError(f"{what}: expected a summation tree or one of {_LEAF_ORDERS}, got {spec!r}")
+
+
+def _tree_model(t: Tree) -> Accumulation:
+    return Accumulation("tree", tree=t)
+
+
+def sequential(k: int = 1) -> Accumulation:
+    """In index order, ``k`` terms a step: acc = fl(acc + x_i) for k = 1, and a fused
+    node over the accumulator and the next k terms for k > 1 (a k-term fused dot
+    unit that adds into its accumulator: ``chunked(k)`` as a tree)."""
+    return _tree_model(Tree("sequential", k))
+
+
+def pairwise() -> Accumulation:
+    """Adjacent pairs, level by level: ((x0+x1)+(x2+x3))+...; an odd last value
+    is carried up a level unchanged."""
+    return _tree_model(Tree("pairwise"))
+
+
+def halving() -> Accumulation:
+    """A SIMD horizontal reduction: with m values and h = ceil(m/2), v_i + v_{i+h}
+    for i < m - h, repeated until one is left (x0+x2, x1+x3, then the two)."""
+    return _tree_model(Tree("halving"))
+
+
+def fused() -> Accumulation:
+    """One node over every term: the exact sum, rounded once."""
+    return _tree_model(Tree("fused"))
+
+
+def lanes(n_lanes: int, combine="halving", *, inner="sequential") -> Accumulation:
+    """``n_lanes`` lanes, lane l summing terms l, l+L, l+2L, ... (``inner``, in
+    index order), then the lane sums combined by ``combine`` ("halving" as SIMD
+    reductions do, "pairwise", "sequential", "fused" or any tree)."""
+    return _tree_model(
+        Tree(
+            "lanes",
+            n_lanes,
+            _as_tree(inner, "lanes: inner"),
+            _as_tree(combine, "lanes: combine"),
+        )
+    )
+
+
+def blocked(size: int, inner="sequential", outer="sequential") -> Accumulation:
+    """Consecutive blocks of ``size`` terms (the last may be shorter), each summed
+    by ``inner``, the block sums combined by ``outer``.  ``blocked(k, "fused")``
+    is ``chunked(k)``; a GEMM that blocks its inner dimension by ``size``."""
+    return _tree_model(
+        Tree("blocked", size, _as_tree(inner, "blocked: inner"), _as_tree(outer, "blocked: outer"))
+    )
+
+
+def split_k(parts: int, inner="sequential", outer="sequential") -> Accumulation:
+    """A split-k GEMM: the terms cut into ``parts`` consecutive parts of
+    ceil(n / parts) terms (the last shorter), each summed by ``inner``, the part
+    sums combined by ``outer``."""
+    return _tree_model(
+        Tree("split_k", parts, _as_tree(inner, "split_k: inner"), _as_tree(outer, "split_k: outer"))
+    )
+
+
+def tree(nested) -> Accumulation:
+    """An explicit tree over n terms from nested tuples: a leaf is a term's index,
+    a tuple of two is fl(left + right), a tuple of more is a fused node (their
+    exact sum rounded once).  The leaves are 0 .. n-1, each once."""
+    return _tree_model(_explicit(nested))
+
+
+def _explicit(nested) -> Tree:
+    """Flatten nested tuples (iteratively: deep chains are fine) into post-order nodes."""
+    leaves: list[int] = []
+    ids: dict[int, int] = {}  # id(tuple) -> node number
+    order: list[tuple] = []
+    stack: list[tuple[object, bool]] = [(nested, False)]
+    while stack:
+        item, done = stack.pop()
+        if isinstance(item, tuple):
+            if len(item) < 2:
+                raise ValueError(
+                    f"tree: expected nodes of at least two children, got {item!r} in the tree"
+                )
+            if done:
+                order.append(item)
+            else:
+                stack.append((item, True))
+                stack.extend((c, False) for c in reversed(item))
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
+            leaves.append(int(item))
+        else:
+            raise ValueError(f"tree: expected nested tuples of term indices, got {item!r}")
+    n = len(leaves)
+    if sorted(leaves) != list(range(n)):
+        raise ValueError(
+            f"tree: expected the leaves 0 .. {n - 1} once each, got {sorted(leaves)!r}"
+        )
+    if not order:
+        raise ValueError(f"tree: expected at least one node of two terms, got {nested!r}")
+    for k, node in enumerate(order):
+        ids[id(node)] = n + k
+    nodes = tuple(
+        tuple(ids[id(c)] if isinstance(c, tuple) else int(c) for c in node) for node in order
+    )
+    return Tree("tree", n, nodes=nodes)
+
+
+def _nested_str(t: Tree) -> str:
+    """The nested-tuple form of an explicit tree (built bottom-up, no recursion)."""
+    n, nodes = cast(int, t.size), cast(tuple, t.nodes)
+    text = [str(i) for i in range(n)]
+    for node in nodes:
+        text.append("(" + ", ".join(text[c] for c in node) + ")")
+    return text[-1]
+
+
+def tree_nodes(model, n: int) -> tuple[tuple[int, ...], ...]:
+    """The internal nodes of ``model``'s summation tree over ``n`` terms, in an
+    order where children come first, each the tuple of its children's ids
+    (terms are 0 .. n-1, node k is n + k; the root is the last node, or term 0
+    when n == 1).  ``model``: a tree Accumulation, a Tree or its str()."""
+    t = _as_tree(get_accumulation(model) if isinstance(model, str) else model, "tree_nodes")
+    return _nodes_for(t, positive_int(n, "tree_nodes: n"))
+
+
+def nested(model, n: int):
+    """``model``'s tree over ``n`` terms as nested tuples (the form :func:`tree`
+    takes); a term index when n == 1."""
+    nodes = tree_nodes(model, n)
+    built: list = list(range(n))
+    for node in nodes:
+        built.append(tuple(built[c] for c in node))
+    return built[-1]
+
+
+@functools.lru_cache(maxsize=256)
+def _nodes_for(t: Tree, n: int) -> tuple[tuple[int, ...], ...]:
+    nodes: list[tuple[int, ...]] = []
+    _build(t, list(range(n)), nodes, n)
+    return tuple(nodes)
+
+
+def _build(t: Tree, ids: list[int], nodes: list, n: int) -> int:
+    """Append the nodes summing ``ids`` under ``t``; return the root's id."""
+
+    def new(*children: int) -> int:
+        nodes.append(children)
+        return n + len(nodes) - 1
+
+    if len(ids) == 1 and t.order != "tree":
+        return ids[0]
+    if t.order == "sequential":
+        k = t.size or 1
+        acc = ids[0] if k == 1 or len(ids) == 1 else new(*ids[:k])
+        for j in range(1 if k == 1 else k, len(ids), k):
+            acc = new(acc, *ids[j : j + k])
+        return acc
+    if t.order == "fused":
+        return new(*ids)
+    if t.order == "pairwise":
+        level = ids
+        while len(level) > 1:
+            pairs = [new(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            level = pairs + level[len(level) - len(level) % 2 :]
+        return level[0]
+    if t.order == "halving":
+        level = ids
+        while len(level) > 1:
+            m, h = len(level), (len(level) + 1) // 2
+            level = [new(level[i], level[i + h]) for i in range(m - h)] + level[m - h : h]
+        return level[0]
+    inner, outer, size = cast(Tree, t.inner), cast(Tree, t.outer), cast(int, t.size)
+    if t.order == "lanes":
+        groups = [ids[lane::size] for lane in range(min(size, len(ids)))]
+    elif t.order in ("blocked", "split_k"):
+        step = size if t.order == "blocked" else -(-len(ids) // size)
+        groups = [ids[i : i + step] for i in range(0, len(ids), step)]
+    else:  # an explicit tree
+        if len(ids) != size:
+            raise ValueError(f"tree {_nested_str(t)}: made for {size} terms, got {len(ids)}")
+        mapped = list(ids)
+        for node in cast(tuple, t.nodes):
+            mapped.append(new(*(mapped[c] for c in node)))
+        return mapped[-1]
+    roots = [_build(inner, g, nodes, n) for g in groups]
+    return _build(outer, roots, nodes, n)
+
+
+def tree_roundings(model, n: int) -> int:
+    """The most roundings a term of an ``n``-term sum goes through under a tree
+    model: the most nodes on a path from a leaf to the root."""
+    nodes = tree_nodes(model, n)
+    depth = [0] * n
+    for node in nodes:
+        depth.append(1 + max(depth[c] for c in node))
+    return max(depth)
+
+
+# -- parsing str() of a tree -------------------------------------------------------
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([a-z_]+)|(.))")
+
+
+def _tokens(text: str) -> list[str]:
+    out = []
+    for m in _TOKEN.finditer(text):
+        tok = m.group(1) or m.group(2) or m.group(3)
+        if tok and not tok.isspace():
+            out.append(tok)
+    return out
+
+
+def _parse_tree(text: str) -> Tree:
+    toks = _tokens(text.strip().lower())
+    pos = [0]
+
+    def fail(what: str) -> NoReturn:
+        raise ValueError(f"summation tree: expected {what} at token {pos[0]} of {text!r}")
+
+    def peek() -> str | None:
+        return toks[pos[0]] if pos[0] < len(toks) else None
+
+    def take(expected: str | None = None) -> str:
+        tok = peek()
+        if tok is None or (expected is not None and tok != expected):
+            fail(repr(expected) if expected else "more")
+        pos[0] += 1
+        return tok
+
+    def nested_tuple():  # iterative: deep sequential chains exceed Python's recursion
+        stack: list[list] = []
+        while True:
+            tok = take()
+            if tok == "(":
+                stack.append([])
+                continue
+            if not tok.isdigit():
+                fail("a term index or '('")
+            value: object = int(tok)
+            while True:
+                stack[-1].append(value)
+                sep = take()
+                if sep == ",":
+                    if peek() == ")":
+                        take()
+                    else:
+                        break
+                elif sep != ")":
+                    fail("',' or ')'")
+                value = tuple(stack.pop())
+                if not stack:
+                    return value
+
+    def expr() -> Tree:
+        tok = peek()
+        if tok == "(":
+            return _explicit(nested_tuple())
+        name = take()
+        if name == "sequential" and peek() == "(":
+            take("(")
+            size = take()
+            if not size.isdigit():
+                fail("a positive integer")
+            take(")")
+            return Tree(name, int(size))
+        if name in _LEAF_ORDERS:
+            return Tree(name)
+        if name not in ("lanes", "blocked", "split_k"):
+            fail(f"one of {_TREE_NAMES[:-1]} or nested tuples")
+        take("(")
+        size = take()
+        if not size.isdigit():
+            fail("a positive integer")
+        args = {"inner": _DEFAULTS[name]["inner"], "outer": _DEFAULTS[name]["outer"]}
+        positional = ["outer", "inner"] if name == "lanes" else ["inner", "outer"]
+        parsed: dict[str, Tree] = {}
+        while peek() == ",":
+            take()
+            key = None
+            if pos[0] + 1 < len(toks) and toks[pos[0] + 1] == "=":
+                key = take()
+                take("=")
+                key = {"combine": "outer"}.get(key, key)
+                if key not in args or key in parsed:
+                    fail("inner= or outer= once each")
+            elif positional:
+                key = positional.pop(0)
+            else:
+                fail("')'")
+            parsed[cast(str, key)] = expr()
+        take(")")
+        inner = parsed.get("inner") or Tree(args["inner"])
+        outer = parsed.get("outer") or Tree(args["outer"])
+        return Tree(name, int(size), inner, outer)
+
+    result = expr()
+    if peek() is not None:
+        fail("the end")
+    return result

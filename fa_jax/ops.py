@@ -50,13 +50,15 @@ model, as for every op here).
 
 from __future__ import annotations
 
+import builtins
+import functools
 import typing
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
+from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_nodes
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
 from fa_jax.widening import widen
@@ -294,13 +296,13 @@ def maximum(a, b, fmt) -> jax.Array:
     return round_to(jnp.maximum(a, b), get_format(fmt))
 
 
-def _sequential(terms, fmt: Format):
-    """acc_k = fl(acc_{k-1} + terms[k]) over the leading axis, from acc_0 = 0."""
+def _sequential(terms, fmt: Format, start):
+    """acc_k = fl(acc_{k-1} + terms[k]) over the leading axis, from acc_0 = start."""
 
     def step(acc, t):
         return add(acc, t, fmt), None
 
-    acc, _ = jax.lax.scan(step, jnp.zeros(terms.shape[1:], terms.dtype), terms)
+    acc, _ = jax.lax.scan(step, start, terms)
     return acc
 
 
@@ -319,7 +321,14 @@ def _sum_and_error(x, axis: int = 0) -> tuple[jax.Array, jax.Array]:
     return s, e
 
 
-def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> jax.Array:
+def sum(
+    x,
+    fmt,
+    *,
+    axis: int = -1,
+    accumulation: Accumulation | str = EXACT,
+    initial=None,
+) -> jax.Array:
     """fl_fmt(Σ x along ``axis``) under an accumulation model.
 
     "exact" and the chunks of "chunked(k)" are summed with their error terms
@@ -327,66 +336,106 @@ def sum(x, fmt, *, axis: int = -1, accumulation: Accumulation | str = EXACT) -> 
     that lands on a midpoint of ``fmt`` does not round the wrong way.
     "tensor_core" takes the terms in index order, k per block, each block
     aligned, truncated and normalised with the accumulator (the model of
-    :mod:`fa_jax.accumulation`).
+    :mod:`fa_jax.accumulation`).  "tree" evaluates the model's summation tree
+    level by level (each node ``add``, or a fused node's exact sum rounded once).
+
+    ``initial`` (shape of ``x`` without ``axis``), if given, is the accumulator's
+    starting value: the first term of "exact" and of a tree (leaf 0, before the
+    terms), the value the sequential, chunked and tensor-core accumulators start
+    from instead of 0 (a GEMM that adds into C).
     """
     _check(x)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     x = jnp.moveaxis(x, axis, 0)
+    if initial is not None:
+        _check(initial)
+        initial = jnp.broadcast_to(initial, x.shape[1:])
+    if model.kind == "tree":
+        terms = x if initial is None else jnp.concatenate([initial[None], x])
+        return _tree_sum(terms, fmt, typing.cast(Tree, model.tree))
+    start = jnp.zeros(x.shape[1:], x.dtype) if initial is None else initial
     if model.kind == "tensor_core":
         return _with_tensor_core_support(
             fmt,
             model,
-            lambda: _tensor_core_sum(x, fmt, model),
-            lambda: _round_to_odd_then(*_sum_and_error(x), fmt),
+            lambda: _tensor_core_sum(x, fmt, model, start),
+            lambda: _exact_sum(x, fmt, initial),
         )
     if model.kind == "exact":
-        return _round_to_odd_then(*_sum_and_error(x), fmt)
+        return _exact_sum(x, fmt, initial)
     if model.kind == "chunked":
         n, k = x.shape[0], typing.cast(int, model.chunk)
         pad = -n % k
         x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
         chunks = _sum_and_error(x.reshape((n + pad) // k, k, *x.shape[1:]), axis=1)
-        return _sequential_pairs(*chunks, fmt)
-    return _sequential(x, fmt)
+        return _sequential_pairs(*chunks, fmt, start)
+    return _sequential(x, fmt, start)
 
 
-def _sequential_pairs(s, e, fmt: Format):
-    """acc_k = fl(acc_{k-1} + (s_k + e_k)) over the leading axis, from acc_0 = 0."""
+def _exact_sum(x, fmt: Format, initial):
+    """The exact sum of ``x`` over its leading axis (and ``initial``), rounded once."""
+    terms = x if initial is None else jnp.concatenate([initial[None], x])
+    return _round_to_odd_then(*_sum_and_error(terms), fmt)
+
+
+def _sequential_pairs(s, e, fmt: Format, start):
+    """acc_k = fl(acc_{k-1} + (s_k + e_k)) over the leading axis, from acc_0 = start."""
 
     def step(acc, term):
         s_k, e_k = term
         total, err = _two_sum(acc, s_k)
         return _round_to_odd_then(total, err + e_k, fmt), None
 
-    acc, _ = jax.lax.scan(step, jnp.zeros(s.shape[1:], s.dtype), (s, e))
+    acc, _ = jax.lax.scan(step, start, (s, e))
     return acc
 
 
-def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
+def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None) -> jax.Array:
     """fl_fmt(a @ b) for a (..., n, k) and b (..., k, m) under an accumulation model.
 
     "exact" rounds the float64 dot once; "sequential" rounds after each of the k
     fused multiply-adds in index order; "chunked(c)" takes exact float64 dots of
     c consecutive terms and adds them sequentially; "tensor_core" runs the
     block FMA of Fasi et al. (2021) on k consecutive products at a time (the
-    model of :mod:`fa_jax.accumulation`), vectorised over the output elements.
+    model of :mod:`fa_jax.accumulation`), vectorised over the output elements;
+    "tree" sums the k exact products of every output element by the model's
+    summation tree (it holds all k products of every output: memory k times the
+    output's).
+
+    ``initial`` (broadcastable to the output), if given, is C of C + a @ b: the
+    starting value of the sequential, chunked and tensor-core accumulators, a
+    tree's leaf 0 before the k products, and for "exact" added to the float64
+    dot before the one rounding.
     """
     _check(a, b)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"matmul: contraction sizes differ: a is {a.shape}, b is {b.shape}")
+    out_shape = (*jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    if initial is not None:
+        _check(initial)
+        initial = jnp.broadcast_to(initial, out_shape)
     dot = lambda x, y: jnp.matmul(  # noqa: E731
         x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float64
     )
+
+    def exact():
+        if initial is None:
+            return round_to(dot(a, b), fmt)
+        return _round_to_odd_then(*_two_sum(dot(a, b), initial), fmt)
+
+    if model.kind == "tree":
+        products = _products(a, b)
+        if initial is not None:
+            products = jnp.concatenate([initial[None], products])
+        return _tree_sum(products, fmt, typing.cast(Tree, model.tree))
+    start = jnp.zeros(out_shape, jnp.float64) if initial is None else initial
     if model.kind == "tensor_core":
         return _with_tensor_core_support(
-            fmt,
-            model,
-            lambda: _tensor_core_matmul(a, b, fmt, model),
-            lambda: round_to(dot(a, b), fmt),
+            fmt, model, lambda: _tensor_core_matmul(a, b, fmt, model, start), exact
         )
     if model.kind == "exact":
-        return round_to(dot(a, b), fmt)
+        return exact()
     k = a.shape[-1]
     c = 1 if model.kind == "sequential" else model.chunk
     pad = -k % c
@@ -395,12 +444,11 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT) -> jax.Array:
     q = (k + pad) // c
     a_chunks = jnp.moveaxis(a.reshape(*a.shape[:-1], q, c), -2, 0)  # (q, ..., n, c)
     b_chunks = jnp.moveaxis(b.reshape(*b.shape[:-2], q, c, b.shape[-1]), -3, 0)  # (q, ..., c, m)
-    out_shape = (*jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
 
     def step(acc, ab):
         return add(acc, dot(*ab), fmt), None
 
-    acc, _ = jax.lax.scan(step, jnp.zeros(out_shape, jnp.float64), (a_chunks, b_chunks))
+    acc, _ = jax.lax.scan(step, start, (a_chunks, b_chunks))
     return acc
 
 
@@ -474,20 +522,20 @@ def _tensor_core_scan(c, blocks, products, fmt: Format, model: Accumulation):
     return c
 
 
-def _tensor_core_sum(x, fmt: Format, model: Accumulation):
-    """Σ over the leading axis of ``x`` (n, ...) in blocks of k (zero padded: a zero
-    term changes nothing)."""
+def _tensor_core_sum(x, fmt: Format, model: Accumulation, c):
+    """Σ over the leading axis of ``x`` (n, ...) in blocks of k from accumulator ``c``
+    (zero padded: a zero term changes nothing)."""
     n, k = x.shape[0], model.chunk
     pad = -n % k
     x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
     blocks = jnp.moveaxis(x.reshape((n + pad) // k, k, *x.shape[1:]), 1, -1)  # (q, ..., k)
-    c = jnp.zeros(x.shape[1:], jnp.float64)
     return _tensor_core_scan(c, blocks, lambda p: p, fmt, model)
 
 
-def _tensor_core_matmul(a, b, fmt: Format, model: Accumulation):
-    """a (..., n, K) @ b (..., K, m): per K-block of k, the exact products
-    a[i, t] b[t, j] of every output element (..., n, m, k), then a block FMA."""
+def _tensor_core_matmul(a, b, fmt: Format, model: Accumulation, c):
+    """a (..., n, K) @ b (..., K, m) from accumulator ``c``: per K-block of k, the
+    exact products a[i, t] b[t, j] of every output element (..., n, m, k), then a
+    block FMA."""
     k_dim, k = a.shape[-1], model.chunk
     pad = -k_dim % k
     a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
@@ -495,12 +543,101 @@ def _tensor_core_matmul(a, b, fmt: Format, model: Accumulation):
     q = (k_dim + pad) // k
     a_blocks = jnp.moveaxis(a.reshape(*a.shape[:-1], q, k), -2, 0)  # (q, ..., n, k)
     b_blocks = jnp.moveaxis(b.reshape(*b.shape[:-2], q, k, b.shape[-1]), -3, 0)  # (q, ..., k, m)
-    out_shape = (*jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
 
     def products(block):
         a_j, b_j = block
         return a_j[..., :, None, :] * jnp.swapaxes(b_j, -1, -2)[..., None, :, :]  # exact
 
-    return _tensor_core_scan(
-        jnp.zeros(out_shape, jnp.float64), (a_blocks, b_blocks), products, fmt, model
-    )
+    return _tensor_core_scan(c, (a_blocks, b_blocks), products, fmt, model)
+
+
+# -- summation trees (fa_jax.accumulation, "Summation trees") -------------------------
+
+
+_FREE_PADDING = 4096  # padded node evaluations a segment may add before a new one starts
+
+
+@functools.lru_cache(maxsize=256)
+def _tree_schedule(t: Tree, n: int):
+    """The nodes of ``t`` over ``n`` leaves as padded levels to evaluate in order.
+
+    A node's level is one more than its deepest child's.  Consecutive levels of
+    the same kind (all binary, or some fused) and of widths within a factor two
+    form a segment, evaluated by one scan over its levels, each level gathering
+    its nodes' children from a buffer of every value (leaves, then nodes, then a
+    -0 pad and a slot that absorbs the pads' writes) and scattering the results.
+    Returns (segments, buffer size, root id); a segment is (children (levels,
+    width, arity) int32, outputs (levels, width) int32).
+    """
+    nodes = tree_nodes(t, n)
+    size = n + len(nodes) + 2
+    zero, dump = size - 2, size - 1
+    depth = [0] * n
+    levels: list[list[int]] = []
+    for k, node in enumerate(nodes):
+        d = 1 + max(depth[c] for c in node)
+        depth.append(d)
+        if d > len(levels):
+            levels.append([])
+        levels[d - 1].append(n + k)
+    groups: list[list[list[int]]] = []
+    for level in levels:
+        binary = max(len(nodes[i - n]) for i in level) == 2
+        last = groups[-1] if groups else None
+        if last is not None and (max(len(nodes[i - n]) for i in last[0]) == 2) == binary:
+            width = max(len(level), *(len(x) for x in last))
+            real = len(level) + builtins.sum(len(x) for x in last)
+            if (len(last) + 1) * width <= 2 * real + _FREE_PADDING:
+                last.append(level)
+                continue
+        groups.append([level])
+    segments = []
+    for group in groups:
+        width = max(len(level) for level in group)
+        arity = max(len(nodes[i - n]) for level in group for i in level)
+        children = np.full((len(group), width, arity), zero, np.int32)
+        outputs = np.full((len(group), width), dump, np.int32)
+        for j, level in enumerate(group):
+            for w, i in enumerate(level):
+                node = nodes[i - n]
+                children[j, w, : len(node)] = node
+                outputs[j, w] = i
+        segments.append((children, outputs))
+    return tuple(segments), size, (n + len(nodes) - 1 if nodes else 0)
+
+
+def _tree_sum(x, fmt: Format, t: Tree):
+    """Σ over the leading axis of ``x`` (n, ...) as the tree ``t`` gives: each node
+    is fl(left + right) (``add``), or a fused node's exact sum rounded once."""
+    n = x.shape[0]
+    if n == 0:
+        return jnp.zeros(x.shape[1:], x.dtype)
+    if n == 1:
+        return round_to(x[0], fmt)
+    segments, size, root = _tree_schedule(t, n)
+    rest = jnp.zeros((size - n, *x.shape[1:]), x.dtype)
+    buf = jnp.concatenate([x, rest.at[-2].set(-0.0)])
+
+    def level(buf, idx):
+        children, outputs = idx
+        c = buf[children]  # (width, arity, ...)
+        if children.shape[-1] == 2:
+            value = add(c[:, 0], c[:, 1], fmt)
+        else:
+            value = _round_to_odd_then(*_sum_and_error(c, axis=1), fmt)
+        return buf.at[outputs].set(value), None
+
+    for children, outputs in segments:
+        if children.shape[0] == 1:
+            buf, _ = level(buf, (children[0], outputs[0]))
+        else:
+            buf, _ = jax.lax.scan(level, buf, (jnp.asarray(children), jnp.asarray(outputs)))
+    return buf[root]
+
+
+def _products(a, b):
+    """The exact products a[..., i, t] b[..., t, j] as (K, ..., n, m): the leaves of
+    a tree matmul."""
+    pa = jnp.moveaxis(a, -1, 0)[..., :, None]  # (K, ..., n, 1)
+    pb = jnp.moveaxis(b, -2, 0)[..., None, :]  # (K, ..., 1, m)
+    return pa * pb

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fa_jax import BF16, FP16, FP32, bounds, ops
+from fa_jax import accumulation as acc
 from fa_jax.accumulation import (
     EXACT,
     SEQUENTIAL,
@@ -17,8 +18,11 @@ from fa_jax.accumulation import (
     Accumulation,
     chunked,
     get_accumulation,
+    nested,
     tensor_core,
     tensor_core_model,
+    tree_nodes,
+    tree_roundings,
 )
 from fa_jax.presets import fa2_kernel, paper_uniform
 from fa_jax.softmax import online_softmax, safe_softmax
@@ -288,3 +292,94 @@ def test_tensor_core_softmax_bounds_hold(x64):
         np.asarray(online_softmax(x, paper_uniform(BF16, accumulation=a100), block=32)) / exact - 1
     )
     assert 0 < err.max() <= bounds.online_softmax_bound(96, R, BF16, block=32, accumulation=a100)
+
+
+# -- summation trees ------------------------------------------------------------
+
+
+def test_tree_builders_give_the_documented_trees():
+    assert nested(acc.sequential(), 4) == (((0, 1), 2), 3)
+    assert nested(acc.sequential(3), 8) == (((0, 1, 2), 3, 4, 5), 6, 7)
+    assert nested(acc.pairwise(), 5) == (((0, 1), (2, 3)), 4)
+    assert nested(acc.halving(), 8) == (((0, 4), (2, 6)), ((1, 5), (3, 7)))
+    assert nested(acc.halving(), 5) == (((0, 3), 2), (1, 4))
+    assert nested(acc.fused(), 4) == (0, 1, 2, 3)
+    # lanes: lane l sums l, l+L, ... in order; here 10 terms in 4 lanes, halved.
+    assert nested(acc.lanes(4), 10) == ((((0, 4), 8), (2, 6)), (((1, 5), 9), (3, 7)))
+    assert nested(acc.lanes(4, "sequential"), 3) == ((0, 1), 2)  # empty lanes drop out
+    assert nested(acc.lanes(2, "pairwise", inner="pairwise"), 6) == (((0, 2), 4), ((1, 3), 5))
+    assert nested(acc.blocked(3, "fused"), 7) == (((0, 1, 2), (3, 4, 5)), 6)
+    assert nested(acc.split_k(2, "pairwise", "sequential"), 5) == (((0, 1), 2), (3, 4))
+    assert nested(acc.tree((2, (0, 1))), 3) == (2, (0, 1))
+    assert nested(acc.pairwise(), 1) == 0
+    assert tree_nodes(acc.sequential(), 3) == ((0, 1), (3, 2))
+    assert tree_roundings(acc.sequential(), 9) == 8 and tree_roundings(acc.pairwise(), 9) == 4
+    assert tree_roundings(acc.lanes(8), 64) == 7 + 3
+
+
+TREE_MODELS = [
+    acc.sequential(),
+    acc.sequential(4),
+    acc.pairwise(),
+    acc.halving(),
+    acc.fused(),
+    acc.lanes(8),
+    acc.lanes(16, "pairwise", inner="pairwise"),
+    acc.lanes(4, acc.blocked(2, "fused")),
+    acc.blocked(256),
+    acc.split_k(4, inner="halving", outer="pairwise"),
+    acc.tree(((0, 1), (2, (3, 4, 5)))),
+]
+
+
+@pytest.mark.parametrize("model", TREE_MODELS, ids=str)
+def test_tree_models_print_parse_and_hash(model):
+    assert get_accumulation(str(model)) == model
+    assert get_accumulation(str(model).upper()) == model
+    assert hash(get_accumulation(str(model))) == hash(model)  # a static jit argument
+    pol = paper_uniform(BF16, accumulation=str(model))
+    assert pol.accumulation == model and isinstance(hash(pol), int)
+
+
+def test_tree_spellings():
+    assert get_accumulation("lanes(8)") == acc.lanes(8, "halving", inner="sequential")
+    assert get_accumulation("tree(lanes(8, pairwise))") == acc.lanes(8, "pairwise")
+    assert get_accumulation("tree(lanes(8, combine = sequential))") == acc.lanes(8, "sequential")
+    assert get_accumulation("tree(blocked(4, fused, pairwise))") == acc.blocked(
+        4, "fused", "pairwise"
+    )
+    assert get_accumulation("tree(sequential(1))") == acc.sequential()
+    assert get_accumulation("tree((0, (1, 2),))") == acc.tree((0, (1, 2)))
+    assert acc.lanes(8, acc.pairwise()) == acc.lanes(8, "pairwise")
+    assert str(acc.split_k(2)) == "tree(split_k(2))"
+
+
+def test_deep_explicit_trees_round_trip():
+    # A chain of 3000 terms: deeper than Python's recursion limit and its parser's nesting.
+    model = acc.tree(nested(acc.sequential(), 3000))
+    assert tree_nodes(model, 3000) == tree_nodes(acc.sequential(), 3000)
+    assert get_accumulation(str(model)) == model
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: acc.tree((0, 2)), r"tree: expected the leaves 0 \.\. 1 once each, got \[0, 2\]"),
+        (lambda: acc.tree((0, (1,))), r"expected nodes of at least two children, got \(1,\)"),
+        (lambda: acc.tree((0, "1")), r"expected nested tuples of term indices, got '1'"),
+        (lambda: acc.tree(0), r"expected at least one node of two terms, got 0"),
+        (lambda: acc.lanes(0), r"Tree.size of lanes: expected a positive integer, got 0"),
+        (lambda: acc.lanes(4, "kahan"), r"summation tree: expected one of"),
+        (lambda: acc.lanes(4, 3), r"lanes: combine: expected a summation tree"),
+        (lambda: nested(acc.tree((0, 1)), 3), r"made for 2 terms, got 3"),
+        (lambda: get_accumulation("tree(lanes(4, inner=fused, inner=fused))"), r"once each"),
+        (lambda: get_accumulation("tree(lanes(4) x)"), r"expected the end"),
+        (lambda: get_accumulation("tree(sequential(x))"), r"a positive integer"),
+        (lambda: acc.Tree("pairwise", 3), r"'pairwise' takes no size, got 3"),
+        (lambda: Accumulation("tree"), r"expected a Tree for kind 'tree'"),
+        (lambda: tree_nodes(acc.pairwise(), 0), r"tree_nodes: n: expected a positive integer"),
+    ],
+)
+def test_tree_errors(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -4,6 +4,7 @@ Each op's result must equal the exact result (Fraction; 60-digit Decimal for exp
 rounded once to the output format, for operands of mixed formats.
 """
 
+import builtins
 import decimal
 import math
 from fractions import Fraction
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from oracle import round_exact
 
 from fa_jax import BF16, E4M3FN, FP16, FP32, FP64, Format, custom, ops
+from fa_jax import accumulation as acc
 from fa_jax import testing as fst
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked, tensor_core, tensor_core_model
 
@@ -562,3 +564,128 @@ def test_fma_differs_from_mul_then_add_where_one_rounding_matters():
     unfused = np.asarray(ops.add(ops.mul(a, a, FP32), np.array([-1.0]), FP32))
     assert got[0] == 2.0**-11 + 2.0**-24
     assert unfused[0] == 2.0**-11
+
+
+# -- summation trees (fa_jax.accumulation, "Summation trees") --------------------------
+
+TREE_BUILDERS = [
+    acc.sequential(),
+    acc.sequential(3),
+    acc.pairwise(),
+    acc.halving(),
+    acc.fused(),
+    acc.lanes(4),
+    acc.lanes(8, "pairwise"),
+    acc.lanes(4, "sequential", inner="pairwise"),
+    acc.blocked(5, "fused", "pairwise"),
+    acc.split_k(3, inner="halving"),
+    acc.tree(((0, 4), (1, (2, 3, 5)), 6)),
+]
+TREE_NS = (2, 13)  # 13: no multiple of the lanes, blocks or parts
+TREE_NS_SLOW = (1, 7, 32, 100)
+
+
+def tree_reference(leaves, model, fmt):
+    """Walk the model's tree: a binary node of two binary32 values is numpy's IEEE
+    binary32 addition, any other node the exact sum of its children rounded once."""
+    vals = list(leaves)
+    for node in acc.tree_nodes(model, len(leaves)):
+        children = [vals[c] for c in node]
+        if fmt == FP32 and len(node) == 2 and all(isinstance(c, np.float32) for c in children):
+            vals.append(np.float32(children[0] + children[1]))
+        else:
+            exact_sum = builtins.sum((Fraction(float(c)) for c in children), Fraction(0))
+            rounded = round_exact(exact_sum, fmt)
+            vals.append(np.float32(rounded) if fmt == FP32 else rounded)
+    return float(vals[-1]) if len(vals) > 1 else float(round_exact(Fraction(float(vals[0])), fmt))
+
+
+@pytest.mark.parametrize(
+    "sizes", [TREE_NS, pytest.param(TREE_NS_SLOW, marks=pytest.mark.slow)], ids=["", "more-n"]
+)
+@pytest.mark.parametrize("model", TREE_BUILDERS, ids=str)
+def test_tree_sums_walk_the_same_tree_as_a_binary32_loop(model, sizes):
+    rng = np.random.default_rng(7)
+    if model.tree.order == "tree":  # an explicit tree has one size
+        sizes = (7,)
+    x = {n: np.asarray(ops.cast(jnp.asarray(rng.standard_normal((3, n)) * 8), FP32)) for n in sizes}
+    run = jax.jit(lambda xs: {n: ops.sum(v, FP32, accumulation=model) for n, v in xs.items()})
+    got = run(x)
+    for n, rows in x.items():
+        for row, g in zip(rows, np.asarray(got[n])):
+            want = tree_reference([np.float32(v) for v in row], model, FP32)
+            assert g == want, (str(model), n, g, want)
+
+
+def test_tree_sum_eager_equals_jit_and_vmaps():
+    model = acc.lanes(4, "pairwise", inner="sequential")
+    x = np.asarray(
+        ops.cast(jnp.asarray(np.random.default_rng(8).standard_normal((2, 3, 11))), BF16)
+    )
+    eager = np.asarray(ops.sum(x, BF16, accumulation=model))
+    jitted = np.asarray(jax.jit(lambda v: ops.sum(v, BF16, accumulation=model))(x))
+    mapped = np.asarray(jax.vmap(lambda v: ops.sum(v, BF16, accumulation=model))(x))
+    assert np.array_equal(eager, jitted) and np.array_equal(eager, mapped)
+    for i in np.ndindex(eager.shape):
+        assert eager[i] == tree_reference([float(v) for v in x[i]], model, BF16)
+    # Along another axis, as for the other models.
+    along = np.asarray(ops.sum(np.moveaxis(x, -1, 0), BF16, axis=0, accumulation=model))
+    assert np.array_equal(along, eager)
+
+
+def test_tree_forms_of_the_other_models_agree_with_them():
+    x = np.asarray(ops.cast(jnp.asarray(np.random.default_rng(9).standard_normal((4, 37))), FP32))
+    pairs = [(acc.sequential(), SEQUENTIAL), (acc.sequential(8), chunked(8)), (acc.fused(), EXACT)]
+    run = jax.jit(
+        lambda x: [
+            (ops.sum(x, FP32, accumulation=t), ops.sum(x, FP32, accumulation=m)) for t, m in pairs
+        ]
+    )
+    for (tree_model, _), (got, want) in zip(pairs, run(x)):
+        assert np.array_equal(np.asarray(got), np.asarray(want)), tree_model
+
+
+@pytest.mark.parametrize("model", [acc.lanes(4, "halving"), acc.split_k(2, "pairwise")], ids=str)
+def test_tree_matmul_sums_the_exact_products_by_the_tree(model):
+    rng = np.random.default_rng(10)
+    a = np.asarray(ops.cast(jnp.asarray(rng.standard_normal((2, 3, 10))), FP32))
+    b = np.asarray(ops.cast(jnp.asarray(rng.standard_normal((2, 10, 4))), FP32))
+    c = np.asarray(ops.cast(jnp.asarray(rng.standard_normal((2, 3, 4))), FP32))
+    run = jax.jit(
+        lambda a, b, c: (
+            ops.matmul(a, b, FP32, accumulation=model),
+            ops.matmul(a, b, FP32, accumulation=model, initial=c),
+        )
+    )
+    got, with_c = (np.asarray(v) for v in run(a, b, c))
+    for i in np.ndindex(got.shape):
+        products = [
+            Fraction(float(a[i[0], i[1], t])) * Fraction(float(b[i[0], t, i[2]])) for t in range(10)
+        ]
+        assert got[i] == tree_reference(products, model, FP32), i
+        assert with_c[i] == tree_reference([Fraction(float(c[i])), *products], model, FP32), i
+
+
+def test_initial_value_starts_every_accumulator():
+    rng = np.random.default_rng(11)
+    a, b, c = (
+        np.asarray(ops.cast(jnp.asarray(rng.standard_normal(s)), BF16))
+        for s in ((3, 9), (9, 2), (3, 2))
+    )
+    products = a[:, None, :] * np.swapaxes(b, 0, 1)[None]  # exact: (3, 2, 9)
+    models = (SEQUENTIAL, chunked(4), EXACT, tensor_core("v100"))
+
+    def run(a, b, c, products):
+        out = []
+        for model in models:
+            got = ops.matmul(a, b, FP32, accumulation=model, initial=c)
+            if model.kind == "tensor_core":  # C joins the first block, not as a term
+                want = ops.sum(products, FP32, accumulation=model, initial=c)
+            else:  # C + a @ b as a sum whose first term is C
+                terms = jnp.concatenate([c[..., None], products], -1)
+                want = ops.sum(terms, FP32, accumulation=model)
+            out.append((got, want))
+        return out
+
+    for model, (got, want) in zip(models, jax.jit(run)(a, b, c, products)):
+        assert np.array_equal(np.asarray(got), np.asarray(want)), model
