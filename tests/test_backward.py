@@ -176,7 +176,16 @@ def test_vmap_over_mantissa_width_equals_separate_calls():
 
 @pytest.mark.parametrize("n, m", [(7, 12), (12, 7)], ids=["N<M", "N>M"])
 @pytest.mark.parametrize(
-    "kind, variant", [("flash", "fa1"), ("flash", "fa2"), ("flash", "rowwise"), ("reference", None)]
+    "kind, variant",
+    # Every flash variant runs FlashAttention-2's backward (fa_jax.attention); fa1's and
+    # rowwise's forwards with N != M are checked in test_attention, their gradients
+    # here in `-m slow`.
+    [
+        pytest.param("flash", "fa1", marks=pytest.mark.slow),
+        ("flash", "fa2"),
+        pytest.param("flash", "rowwise", marks=pytest.mark.slow),
+        ("reference", None),
+    ],
 )
 def test_causal_gradients_with_n_not_m_match_float64_autodiff(n, m, kind, variant):
     """Causal, N != M (top-left aligned: query i sees keys j <= i, see
