@@ -29,6 +29,7 @@ from fa_jax.studies import DEFAULT_POLICIES
 from fa_jax.studies.interrupt import deferred_interrupts
 from fa_jax.studies.options import study_options
 from fa_jax.studies.profile import Profile
+from fa_jax.studies.sweep.grid import KERNEL_PREFIX
 from fa_jax.studies.table import print_table
 
 
@@ -203,6 +204,19 @@ _GRID_FLAGS = {
 }
 
 
+def _policies(flag: str, presets, kernel_names, default) -> tuple[str, ...]:
+    """Preset names from ``flag`` and ``kernel:NAME`` entries from --kernel;
+    ``default`` when neither is given."""
+    if presets is None and kernel_names is None:
+        return tuple(default)
+    out = (
+        [] if presets is None else [one_of(p, sorted(PRESETS), flag) for p in _items(flag, presets)]
+    )
+    if kernel_names is not None:
+        out += [KERNEL_PREFIX + _kernel("--kernel", k) for k in _items("--kernel", kernel_names)]
+    return tuple(out)
+
+
 def cmd_sweep(args) -> int:
     from fa_jax.studies.results import check_out_dir
     from fa_jax.studies.sweep import COLUMNS, Grid, run_sweep
@@ -218,7 +232,7 @@ def cmd_sweep(args) -> int:
         seq_lens=_ints("--seq-lens", args.seq_lens),
         blocks=tuple(_block_spec(b) for b in _items("--blocks", args.blocks)),
         variants=tuple(_items("--variants", args.variants)),
-        policies=tuple(_items("--policies", args.policies)),
+        policies=_policies("--policies", args.policies, args.kernel, ("paper_uniform",)),
         seeds=_seeds("--seeds", args.seeds),
         batch=args.batch,
         heads=args.heads,
@@ -247,7 +261,11 @@ def cmd_reproduce(args) -> int:
     from fa_jax.studies.figures import reproduce
     from fa_jax.studies.results import check_out_dir
 
-    policies = [one_of(p, sorted(PRESETS), "--policy") for p in _items("--policy", args.policy)]
+    if args.kernel is not None and args.figure in ("fig8", "fa3-table"):
+        raise ValueError(
+            f"--kernel: only fig3..fig6 and all run under a kernel's policy, got {args.figure}"
+        )
+    policies = _policies("--policy", args.policy, args.kernel, DEFAULT_POLICIES)
     check_out_dir(args.out, what="--out")  # each study checks its own subfolder too
     results = reproduce(
         args.figure, args.out, quick=args.quick, policies=policies, ablations=args.ablations
@@ -459,8 +477,16 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--policies",
         nargs="*",
-        default=["paper_uniform"],
-        help="policy presets (paper_uniform fa2_kernel torch_math)",
+        default=None,
+        help="policy presets (paper_uniform fa2_kernel torch_math; default paper_uniform "
+        "unless --kernel is given)",
+    )
+    sw.add_argument(
+        "--kernel",
+        nargs="*",
+        default=None,
+        help="real kernels whose model's policy to run under, as policy 'kernel:NAME' "
+        "(see 'fa-jax kernels'); any format, native to the kernel or not",
     )
     sw.add_argument("--seeds", nargs="*", default=["0"], help="input seeds")
     sw.add_argument("--batch", type=int, default=1)
@@ -480,8 +506,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--policy",
         nargs="*",
-        default=list(DEFAULT_POLICIES),
-        help=f"policy presets (default {' '.join(DEFAULT_POLICIES)})",
+        default=None,
+        help=f"policy presets (default {' '.join(DEFAULT_POLICIES)} unless --kernel is given)",
+    )
+    rp.add_argument(
+        "--kernel",
+        nargs="*",
+        default=None,
+        help="fig3..fig6: also run under these real kernels' model policies ('kernel:NAME')",
     )
     rp.add_argument(
         "--ablations",

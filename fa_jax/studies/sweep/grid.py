@@ -13,14 +13,28 @@ from __future__ import annotations
 
 import dataclasses
 
+from fa_jax import kernels
 from fa_jax._checks import non_negative_ints, one_of, positive_int, positive_ints
 from fa_jax.attention import VARIANTS, Blocks, blocks_from_sram
 from fa_jax.formats import Format, custom, get_format
 from fa_jax.inputs import DISTRIBUTIONS
+from fa_jax.policy import Policy
 from fa_jax.presets import PRESETS
 
-__all__ = ["COLUMNS", "COMPARISONS", "KEY_COLUMNS", "METRICS", "Grid", "SramBlocks", "row_key"]
+__all__ = [
+    "COLUMNS",
+    "COMPARISONS",
+    "KERNEL_PREFIX",
+    "KEY_COLUMNS",
+    "METRICS",
+    "Grid",
+    "SramBlocks",
+    "policy_for",
+    "row_key",
+]
 
+# A grid's policies entry "kernel:NAME" runs under the policy of a real kernel's model.
+KERNEL_PREFIX = "kernel:"
 COMPARISONS = ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
 METRICS = ("max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse")
 KEY_COLUMNS = (
@@ -89,7 +103,8 @@ class Grid:
     ``formats``: names ("bf16", "e5m4", ...), :class:`Format` objects or
     ``(exp_bits, man_bits)`` tuples.  ``blocks``: :class:`Blocks` or
     :class:`SramBlocks`.  ``policies``: preset names of
-    :data:`fa_jax.presets.PRESETS`.  ``distribution``: one of
+    :data:`fa_jax.presets.PRESETS`, or ``"kernel:NAME"`` for the policy of a real
+    kernel's model (:func:`policy_for`).  ``distribution``: one of
     :data:`DISTRIBUTIONS` (module docstring).
     """
 
@@ -123,7 +138,7 @@ class Grid:
         if len(set(names)) != len(names):
             raise ValueError(f"Grid.formats: expected distinct format names, got {names}")
         for p in self.policies:
-            one_of(p, sorted(PRESETS), "Grid.policies")
+            _check_policy(p)
         for v in self.variants:
             one_of(v, VARIANTS, "Grid.variants")
         one_of(self.distribution, DISTRIBUTIONS, "Grid.distribution")
@@ -200,6 +215,32 @@ class Grid:
             "distribution": self.distribution,
             "causal": self.causal,
         }
+
+
+def _check_policy(name) -> None:
+    if isinstance(name, str) and name.startswith(KERNEL_PREFIX):
+        kernel = name[len(KERNEL_PREFIX) :]
+        one_of(kernel, kernels.names(), "Grid.policies: kernel")
+        try:
+            kernels.get(kernel)
+        except RuntimeError as err:
+            raise ValueError(f"Grid.policies: {err}") from None
+        return
+    if name not in PRESETS:
+        raise ValueError(
+            f"Grid.policies: expected a preset among {sorted(PRESETS)} or "
+            f"'{KERNEL_PREFIX}NAME' with NAME among {kernels.names()}, got {name!r}"
+        )
+
+
+def policy_for(name: str, fmt: Format, n: int, d: int) -> Policy:
+    """The policy of a grid's ``policies`` entry in format ``fmt``: a preset of
+    :data:`~fa_jax.presets.PRESETS`, or ``"kernel:NAME"``, the policy of fa_jax's
+    model of that real kernel (:mod:`fa_jax.kernels`) for (n, d), carried to
+    ``fmt`` even where the real kernel does not run in it."""
+    if name.startswith(KERNEL_PREFIX):
+        return kernels.get(name[len(KERNEL_PREFIX) :]).model(fmt, n, d).policy
+    return PRESETS[name](fmt)
 
 
 def row_key(grid, preset, f, n, label, blocks, variant, seed):

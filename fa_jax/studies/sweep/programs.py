@@ -28,9 +28,9 @@ import jax
 from fa_jax import metrics
 from fa_jax.attention import flash_attention, reference_attention
 from fa_jax.formats import Format
-from fa_jax.presets import PRESETS, golden
+from fa_jax.presets import golden
 from fa_jax.rounding import round_to
-from fa_jax.studies.sweep.grid import METRICS
+from fa_jax.studies.sweep.grid import METRICS, policy_for
 
 __all__ = [
     "Kind",
@@ -67,7 +67,7 @@ def golden_program(q, k, v, widths, lengths, *, kind, causal):
 @functools.partial(jax.jit, static_argnames=("preset", "kind", "causal"))
 def baseline_program(q, k, v, widths, lengths, *, preset, kind, causal):
     def one(q, k, v, w, n):
-        pol = PRESETS[preset](_fmt(w, kind))
+        pol = policy_for(preset, _fmt(w, kind), *q.shape[-2:])
         return reference_attention(q, k, v, pol, causal=causal, q_lengths=n, kv_lengths=n)
 
     return jax.vmap(one)(q, k, v, widths, lengths)
@@ -76,7 +76,7 @@ def baseline_program(q, k, v, widths, lengths, *, preset, kind, causal):
 @functools.partial(jax.jit, static_argnames=("preset", "kind", "variant", "blocks", "causal"))
 def flash_program(q, k, v, widths, lengths, *, preset, kind, variant, blocks, causal):
     def one(q, k, v, w, n):
-        pol = PRESETS[preset](_fmt(w, kind))
+        pol = policy_for(preset, _fmt(w, kind), *q.shape[-2:])
         return flash_attention(
             q, k, v, pol, blocks, variant=variant, causal=causal, q_lengths=n, kv_lengths=n
         )[0]  # pyright: ignore[reportIndexIssue]
