@@ -28,11 +28,12 @@
                  n: :func:`sequential` (k terms a step), :func:`pairwise`,
                  :func:`halving` (a SIMD reduction), :func:`fused`,
                  :func:`lanes` (L lanes each summing every L-th term, then
-                 combined), :func:`blocked` and :func:`split_k` (GEMMs that cut
-                 the inner dimension); :func:`tree` takes explicit nested
-                 tuples.  :func:`tree_nodes` and :func:`nested` show the tree
-                 for a given n; str() parses back, e.g.
-                 ``tree(lanes(8, combine=pairwise))``.
+                 combined), :func:`vector` (lanes and a scalar tail),
+                 :func:`halves` (recursive halving), :func:`blocked` and
+                 :func:`split_k` (GEMMs that cut the inner dimension);
+                 :func:`tree` takes explicit nested tuples.  :func:`tree_nodes`
+                 and :func:`nested` show the tree for a given n; str() parses
+                 back, e.g. ``tree(lanes(8, combine=pairwise))``.
 
 The tensor-core model
 ---------------------
@@ -77,7 +78,7 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Literal, NoReturn, cast
+from typing import Literal, NoReturn, TypeAlias, cast
 
 import numpy as np
 
@@ -91,8 +92,10 @@ __all__ = [
     "Tree",
     "blocked",
     "chunked",
+    "fma_chains",
     "fused",
     "get_accumulation",
+    "halves",
     "halving",
     "lanes",
     "nested",
@@ -104,6 +107,7 @@ __all__ = [
     "tree",
     "tree_nodes",
     "tree_roundings",
+    "vector",
 ]
 
 _KINDS = ("exact", "sequential", "chunked", "tensor_core", "tree")
@@ -111,7 +115,19 @@ NORMALIZATIONS = ("toward_zero", "nearest_even", "up", "down")
 _TC_DEFAULTS = {"extra_bits": 0, "normalization": "toward_zero", "fused_accumulator": True}
 
 
-_TREE_NAMES = ("sequential", "fused", "pairwise", "halving", "lanes", "blocked", "split_k", "tree")
+_TREE_NAMES = (
+    "sequential",
+    "fused",
+    "pairwise",
+    "halving",
+    "lanes",
+    "vector",
+    "blocked",
+    "split_k",
+    "halves",
+    "tree",
+)
+_COMPOSITE = ("lanes", "vector", "blocked", "split_k")
 _LEAF_ORDERS = ("sequential", "fused", "pairwise", "halving")
 
 
@@ -119,17 +135,24 @@ _LEAF_ORDERS = ("sequential", "fused", "pairwise", "halving")
 class Tree:
     """How a summation tree is built for any number of terms (module docstring,
     "Summation trees"); build with the functions :func:`lanes`, :func:`split_k`,
-    :func:`blocked`, :func:`pairwise`, :func:`halving`, :func:`tree`.
+    :func:`blocked`, :func:`pairwise`, :func:`halving`, :func:`vector`,
+    :func:`halves`, :func:`sequential`, :func:`fused`, :func:`tree`.
 
     Args:
-      order: "sequential", "fused", "pairwise", "halving", "lanes", "blocked",
-        "split_k" or "tree" (an explicit tree).
-      size: lanes L ("lanes"), terms per block ("blocked"), parts ("split_k"),
-        terms ("tree"); None for the others.
-      inner: how each lane, block or part is summed ("lanes", "blocked", "split_k").
-      outer: how the lane, block or part sums are combined (same kinds).
+      order: "sequential", "fused", "pairwise", "halving", "lanes", "vector",
+        "blocked", "split_k", "halves" or "tree" (an explicit tree).
+      size: terms a step ("sequential", None for 1), lanes ("lanes", "vector"),
+        terms per block ("blocked"), parts ("split_k"), the most terms of a leaf
+        block ("halves"), terms ("tree"); None for the others.
+      inner: how each lane, block or part is summed (composite orders, "halves").
+      outer: how the lane, block or part sums are combined (composite orders).
+      align: "halves" only: the first half's length is a multiple of it.
       nodes: "tree" only: the internal nodes in post-order, each the tuple of its
-        children's ids (terms are 0 .. size-1, node k is size + k).
+        children's ids (terms are 0 .. size-1, node k is size + k); a node of
+        one child rounds it.
+      from_zero: "sequential" of one term a step only: the chain starts from a
+        zero accumulator, so its first term is rounded on entry (a loop of
+        fused multiply-adds, whose first product is rounded).
     """
 
     order: str
@@ -137,12 +160,14 @@ class Tree:
     inner: Tree | None = None
     outer: Tree | None = None
     nodes: tuple[tuple[int, ...], ...] | None = None
+    align: int | None = None
+    from_zero: bool = False
 
     def __post_init__(self):
         if self.order not in _TREE_NAMES:
             raise ValueError(f"Tree.order: expected one of {_TREE_NAMES}, got {self.order!r}")
-        composite = self.order in ("lanes", "blocked", "split_k")
-        if composite or self.order == "tree":
+        composite = self.order in _COMPOSITE
+        if composite or self.order in ("tree", "halves"):
             object.__setattr__(self, "size", positive_int(self.size, f"Tree.size of {self.order}"))
         elif self.order == "sequential" and self.size is not None:
             size = positive_int(self.size, "Tree.size of sequential")
@@ -151,34 +176,51 @@ class Tree:
             raise ValueError(f"Tree.size: {self.order!r} takes no size, got {self.size!r}")
         for name in ("inner", "outer"):
             value = getattr(self, name)
-            if composite and not isinstance(value, Tree):
+            needed = composite or (self.order, name) == ("halves", "inner")
+            if needed and not isinstance(value, Tree):
                 raise TypeError(f"Tree.{name} of {self.order}: expected a Tree, got {value!r}")
-            if not composite and value is not None:
+            if not needed and value is not None:
                 raise ValueError(f"Tree.{name}: {self.order!r} takes none, got {value!r}")
+        if self.order == "halves":
+            align = positive_int(1 if self.align is None else self.align, "Tree.align of halves")
+            object.__setattr__(self, "align", align)
+        elif self.align is not None:
+            raise ValueError(f"Tree.align: only 'halves' takes one, got {self.align!r}")
         if (self.order == "tree") != (self.nodes is not None):
             raise ValueError(f"Tree.nodes: only 'tree' takes (and needs) nodes, got {self.nodes!r}")
+        if self.from_zero not in (True, False):
+            raise TypeError(f"Tree.from_zero: expected True or False, got {self.from_zero!r}")
+        if self.from_zero and (self.order != "sequential" or self.size is not None):
+            raise ValueError(
+                "Tree.from_zero: only 'sequential' of one term a step starts from zero "
+                f"(a fused step rounds once anyway), got {self.order!r} of size {self.size!r}"
+            )
 
     def __str__(self) -> str:
         if self.order == "sequential" and self.size is not None:
             return f"sequential({self.size})"
+        if self.from_zero:
+            return "sequential(from_zero)"
         if self.order in _LEAF_ORDERS:
             return self.order
         if self.order == "tree":
             return _nested_str(self)
         args = [str(self.size)]
-        defaults = _DEFAULTS[self.order]
-        for name in ("inner", "outer"):
+        for name, default in _DEFAULTS[self.order].items():
             value = str(getattr(self, name))
-            if value != defaults[name]:
-                label = "combine" if (self.order, name) == ("lanes", "outer") else name
+            if value != str(default):
+                label = "combine" if name == "outer" and self.order in _LANES else name
                 args.append(f"{label}={value}")
         return f"{self.order}({', '.join(args)})"
 
 
-_DEFAULTS = {
+_LANES = ("lanes", "vector")
+_DEFAULTS: dict[str, dict[str, str | int]] = {
     "lanes": {"inner": "sequential", "outer": "halving"},
+    "vector": {"inner": "sequential", "outer": "halving"},
     "blocked": {"inner": "sequential", "outer": "sequential"},
     "split_k": {"inner": "sequential", "outer": "sequential"},
+    "halves": {"inner": "sequential", "align": 1},
 }
 
 
@@ -410,7 +452,7 @@ def get_accumulation(spec) -> Accumulation:
         m = re.fullmatch(r"tree\((.*)\)", s, re.DOTALL)
         if m:
             return _tree_model(_parse_tree(m.group(1)))
-        if s.startswith(("lanes", "blocked", "split_k", "pairwise", "halving", "fused", "(")):
+        if s.startswith((*_COMPOSITE, "halves", "pairwise", "halving", "fused", "(")):
             return _tree_model(_parse_tree(s))
     raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}")
 
@@ -418,7 +460,10 @@ def get_accumulation(spec) -> Accumulation:
 # -- summation trees ---------------------------------------------------------------
 
 
-def _as_tree(spec, what: str) -> Tree:
+TreeLike: TypeAlias = "str | Tree | Accumulation"  # a tree, or its name or str()
+
+
+def _as_tree(spec: TreeLike, what: str) -> Tree:
     """A Tree from a Tree, a tree Accumulation or a name/str() form."""
     if isinstance(spec, Tree):
         return spec
@@ -433,11 +478,13 @@ def _tree_model(t: Tree) -> Accumulation:
     return Accumulation("tree", tree=t)
 
 
-def sequential(k: int = 1) -> Accumulation:
+def sequential(k: int = 1, *, from_zero: bool = False) -> Accumulation:
     """In index order, ``k`` terms a step: acc = fl(acc + x_i) for k = 1, and a fused
     node over the accumulator and the next k terms for k > 1 (a k-term fused dot
-    unit that adds into its accumulator: ``chunked(k)`` as a tree)."""
-    return _tree_model(Tree("sequential", k))
+    unit that adds into its accumulator: ``chunked(k)`` as a tree).  With
+    ``from_zero`` (k = 1) the chain starts from acc = 0, so its first term is
+    rounded, fl(0 + x_0): a loop of fused multiply-adds in a dot product."""
+    return _tree_model(Tree("sequential", k, from_zero=from_zero))
 
 
 def pairwise() -> Accumulation:
@@ -457,7 +504,9 @@ def fused() -> Accumulation:
     return _tree_model(Tree("fused"))
 
 
-def lanes(n_lanes: int, combine="halving", *, inner="sequential") -> Accumulation:
+def lanes(
+    n_lanes: int, combine: TreeLike = "halving", *, inner: TreeLike = "sequential"
+) -> Accumulation:
     """``n_lanes`` lanes, lane l summing terms l, l+L, l+2L, ... (``inner``, in
     index order), then the lane sums combined by ``combine`` ("halving" as SIMD
     reductions do, "pairwise", "sequential", "fused" or any tree)."""
@@ -471,7 +520,34 @@ def lanes(n_lanes: int, combine="halving", *, inner="sequential") -> Accumulatio
     )
 
 
-def blocked(size: int, inner="sequential", outer="sequential") -> Accumulation:
+def vector(
+    n_lanes: int, combine: TreeLike = "halving", *, inner: TreeLike = "sequential"
+) -> Accumulation:
+    """A vectorised loop with a scalar tail: the first n - n % L terms in ``n_lanes``
+    lanes as :func:`lanes`, combined by ``combine``, then the last n % L terms
+    added one by one to that sum (all sequential when n < L)."""
+    return _tree_model(
+        Tree(
+            "vector",
+            n_lanes,
+            _as_tree(inner, "vector: inner"),
+            _as_tree(combine, "vector: combine"),
+        )
+    )
+
+
+def halves(block: int, inner: TreeLike = "sequential", *, align: int = 1) -> Accumulation:
+    """Recursive halving: a run of more than ``block`` terms is cut after its first
+    h = n // 2 - (n // 2) % ``align`` terms and the two halves' sums added; a run
+    of at most ``block`` terms is summed by ``inner``.  NumPy's pairwise
+    summation (``np.add.reduce`` of a contiguous float array) is
+    ``halves(128, vector(8, "pairwise"), align=8)``."""
+    return _tree_model(Tree("halves", block, _as_tree(inner, "halves: inner"), align=align))
+
+
+def blocked(
+    size: int, inner: TreeLike = "sequential", outer: TreeLike = "sequential"
+) -> Accumulation:
     """Consecutive blocks of ``size`` terms (the last may be shorter), each summed
     by ``inner``, the block sums combined by ``outer``.  ``blocked(k, "fused")``
     is ``chunked(k)``; a GEMM that blocks its inner dimension by ``size``."""
@@ -480,7 +556,9 @@ def blocked(size: int, inner="sequential", outer="sequential") -> Accumulation:
     )
 
 
-def split_k(parts: int, inner="sequential", outer="sequential") -> Accumulation:
+def split_k(
+    parts: int, inner: TreeLike = "sequential", outer: TreeLike = "sequential"
+) -> Accumulation:
     """A split-k GEMM: the terms cut into ``parts`` consecutive parts of
     ceil(n / parts) terms (the last shorter), each summed by ``inner``, the part
     sums combined by ``outer``."""
@@ -505,10 +583,8 @@ def _explicit(nested) -> Tree:
     while stack:
         item, done = stack.pop()
         if isinstance(item, tuple):
-            if len(item) < 2:
-                raise ValueError(
-                    f"tree: expected nodes of at least two children, got {item!r} in the tree"
-                )
+            if not item:
+                raise ValueError("tree: expected nodes of at least one child, got () in the tree")
             if done:
                 order.append(item)
             else:
@@ -538,8 +614,35 @@ def _nested_str(t: Tree) -> str:
     n, nodes = cast(int, t.size), cast(tuple, t.nodes)
     text = [str(i) for i in range(n)]
     for node in nodes:
-        text.append("(" + ", ".join(text[c] for c in node) + ")")
+        text.append("(" + ", ".join(text[c] for c in node) + ("," if len(node) == 1 else "") + ")")
     return text[-1]
+
+
+def fma_chains(model: TreeLike) -> Accumulation:
+    """``model`` with its chains started from a zero accumulator, as loops of fused
+    multiply-adds are: the first product of each chain is rounded on entry
+    (fl(0 + a_0 b_0)), the others join exactly.  A builder gets
+    ``sequential(from_zero)`` for each of its one-term-a-step sequential parts;
+    an explicit tree rounds the lower-index term of each node of two terms."""
+    return _tree_model(_fma_chains(_as_tree(model, "fma_chains")))
+
+
+def _fma_chains(t: Tree) -> Tree:
+    if t.order == "sequential" and t.size is None:
+        return Tree("sequential", from_zero=True)
+    if t.order == "tree":
+        n, new_nodes, ids = cast(int, t.size), [], list(range(cast(int, t.size)))
+        for node in cast(tuple, t.nodes):
+            node = tuple(ids[c] for c in node)
+            if len(node) == 2 and max(node) < n:
+                new_nodes.append((min(node),))
+                node = (n + len(new_nodes) - 1, max(node))
+            new_nodes.append(node)
+            ids.append(n + len(new_nodes) - 1)
+        return Tree("tree", n, nodes=tuple(new_nodes))
+    inner = None if t.inner is None else _fma_chains(t.inner)
+    outer = None if t.outer is None else _fma_chains(t.outer)
+    return dataclasses.replace(t, inner=inner, outer=outer)
 
 
 def tree_nodes(model, n: int) -> tuple[tuple[int, ...], ...]:
@@ -575,11 +678,11 @@ def _build(t: Tree, ids: list[int], nodes: list, n: int) -> int:
         nodes.append(children)
         return n + len(nodes) - 1
 
-    if len(ids) == 1 and t.order != "tree":
+    if len(ids) == 1 and t.order != "tree" and not t.from_zero:
         return ids[0]
     if t.order == "sequential":
         k = t.size or 1
-        acc = ids[0] if k == 1 or len(ids) == 1 else new(*ids[:k])
+        acc = new(ids[0]) if t.from_zero else ids[0] if k == 1 or len(ids) == 1 else new(*ids[:k])
         for j in range(1 if k == 1 else k, len(ids), k):
             acc = new(acc, *ids[j : j + k])
         return acc
@@ -598,6 +701,22 @@ def _build(t: Tree, ids: list[int], nodes: list, n: int) -> int:
             level = [new(level[i], level[i + h]) for i in range(m - h)] + level[m - h : h]
         return level[0]
     inner, outer, size = cast(Tree, t.inner), cast(Tree, t.outer), cast(int, t.size)
+    if t.order == "halves":
+        if len(ids) <= size:
+            return _build(inner, ids, nodes, n)
+        h = len(ids) // 2
+        h -= h % cast(int, t.align)
+        if h == 0:
+            return _build(inner, ids, nodes, n)
+        return new(_build(t, ids[:h], nodes, n), _build(t, ids[h:], nodes, n))
+    if t.order == "vector":
+        main = len(ids) - len(ids) % size
+        acc = ids[0]
+        if main:
+            acc = _build(Tree("lanes", size, inner, outer), ids[:main], nodes, n)
+        for i in ids[main:] if main else ids[1:]:
+            acc = new(acc, i)
+        return acc
     if t.order == "lanes":
         groups = [ids[lane::size] for lane in range(min(size, len(ids)))]
     elif t.order in ("blocked", "split_k"):
@@ -686,40 +805,60 @@ def _parse_tree(text: str) -> Tree:
         name = take()
         if name == "sequential" and peek() == "(":
             take("(")
-            size = take()
-            if not size.isdigit():
-                fail("a positive integer")
+            size, zero = 1, False
+            if peek() is not None and cast(str, peek()).isdigit():
+                size = int(take())
+                if peek() == ",":
+                    take()
+            if peek() == "from_zero":
+                zero = bool(take())
             take(")")
-            return Tree(name, int(size))
+            return Tree(name, size, from_zero=zero)
         if name in _LEAF_ORDERS:
             return Tree(name)
-        if name not in ("lanes", "blocked", "split_k"):
+        if name not in _DEFAULTS:
             fail(f"one of {_TREE_NAMES[:-1]} or nested tuples")
         take("(")
         size = take()
         if not size.isdigit():
             fail("a positive integer")
-        args = {"inner": _DEFAULTS[name]["inner"], "outer": _DEFAULTS[name]["outer"]}
-        positional = ["outer", "inner"] if name == "lanes" else ["inner", "outer"]
-        parsed: dict[str, Tree] = {}
+        defaults = _DEFAULTS[name]
+        positional = [k for k in ("outer", "inner") if k in defaults] if name in _LANES else []
+        positional = positional or [k for k in ("inner", "outer") if k in defaults]
+        parsed: dict[str, object] = {}
         while peek() == ",":
             take()
-            key = None
             if pos[0] + 1 < len(toks) and toks[pos[0] + 1] == "=":
                 key = take()
                 take("=")
-                key = {"combine": "outer"}.get(key, key)
-                if key not in args or key in parsed:
-                    fail("inner= or outer= once each")
+                key = "outer" if key == "combine" and name in _LANES else key
+                if key not in defaults or key in parsed:
+                    fail(f"one of {sorted(defaults)} once each")
             elif positional:
-                key = positional.pop(0)
+                key = positional[0]
             else:
                 fail("')'")
-            parsed[cast(str, key)] = expr()
+            if key in positional:
+                positional.remove(key)
+            if key == "align":
+                value = take()
+                if not value.isdigit():
+                    fail("a positive integer")
+                parsed[key] = int(value)
+            else:
+                parsed[key] = expr()
         take(")")
-        inner = parsed.get("inner") or Tree(args["inner"])
-        outer = parsed.get("outer") or Tree(args["outer"])
-        return Tree(name, int(size), inner, outer)
+        values: dict[str, object] = {
+            k: Tree(v) if isinstance(v, str) else v for k, v in defaults.items()
+        }
+        values.update(parsed)
+        return Tree(
+            name,
+            int(size),
+            inner=cast(Tree, values["inner"]),
+            outer=cast("Tree | None", values.get("outer")),
+            align=cast("int | None", values.get("align")),
+        )
 
     result = expr()
     if peek() is not None:

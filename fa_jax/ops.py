@@ -562,10 +562,12 @@ def _tree_schedule(t: Tree, n: int):
     """The nodes of ``t`` over ``n`` leaves as padded levels to evaluate in order.
 
     A node's level is one more than its deepest child's.  Consecutive levels of
-    the same kind (all binary, or some fused) and of widths within a factor two
-    form a segment, evaluated by one scan over its levels, each level gathering
-    its nodes' children from a buffer of every value (leaves, then nodes, then a
-    -0 pad and a slot that absorbs the pads' writes) and scattering the results.
+    the same kind (at most two children, or some fused) form a segment as long
+    as padding them to its widest level costs at most twice their nodes plus
+    ``_FREE_PADDING`` (each segment is one more compiled scan); a segment is
+    evaluated by one scan over its levels, each level gathering its nodes'
+    children from a buffer of every value (leaves, then nodes, then a -0 pad and
+    a slot that absorbs the pads' writes) and scattering the results.
     Returns (segments, buffer size, root id); a segment is (children (levels,
     width, arity) int32, outputs (levels, width) int32).
     """
@@ -582,9 +584,9 @@ def _tree_schedule(t: Tree, n: int):
         levels[d - 1].append(n + k)
     groups: list[list[list[int]]] = []
     for level in levels:
-        binary = max(len(nodes[i - n]) for i in level) == 2
+        binary = max(len(nodes[i - n]) for i in level) <= 2
         last = groups[-1] if groups else None
-        if last is not None and (max(len(nodes[i - n]) for i in last[0]) == 2) == binary:
+        if last is not None and (max(len(nodes[i - n]) for i in last[0]) <= 2) == binary:
             width = max(len(level), *(len(x) for x in last))
             real = len(level) + builtins.sum(len(x) for x in last)
             if (len(last) + 1) * width <= 2 * real + _FREE_PADDING:
@@ -594,7 +596,7 @@ def _tree_schedule(t: Tree, n: int):
     segments = []
     for group in groups:
         width = max(len(level) for level in group)
-        arity = max(len(nodes[i - n]) for level in group for i in level)
+        arity = max(2, *(len(nodes[i - n]) for level in group for i in level))
         children = np.full((len(group), width, arity), zero, np.int32)
         outputs = np.full((len(group), width), dump, np.int32)
         for j, level in enumerate(group):
@@ -621,7 +623,7 @@ def _tree_sum(x, fmt: Format, t: Tree):
     def level(buf, idx):
         children, outputs = idx
         c = buf[children]  # (width, arity, ...)
-        if children.shape[-1] == 2:
+        if children.shape[-1] == 2:  # a node of one child: fl(x + -0) = fl(x)
             value = add(c[:, 0], c[:, 1], fmt)
         else:
             value = _round_to_odd_then(*_sum_and_error(c, axis=1), fmt)

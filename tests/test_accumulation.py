@@ -365,7 +365,7 @@ def test_deep_explicit_trees_round_trip():
     "make, message",
     [
         (lambda: acc.tree((0, 2)), r"tree: expected the leaves 0 \.\. 1 once each, got \[0, 2\]"),
-        (lambda: acc.tree((0, (1,))), r"expected nodes of at least two children, got \(1,\)"),
+        (lambda: acc.tree((0, ())), r"expected nodes of at least one child, got \(\)"),
         (lambda: acc.tree((0, "1")), r"expected nested tuples of term indices, got '1'"),
         (lambda: acc.tree(0), r"expected at least one node of two terms, got 0"),
         (lambda: acc.lanes(0), r"Tree.size of lanes: expected a positive integer, got 0"),
@@ -374,7 +374,8 @@ def test_deep_explicit_trees_round_trip():
         (lambda: nested(acc.tree((0, 1)), 3), r"made for 2 terms, got 3"),
         (lambda: get_accumulation("tree(lanes(4, inner=fused, inner=fused))"), r"once each"),
         (lambda: get_accumulation("tree(lanes(4) x)"), r"expected the end"),
-        (lambda: get_accumulation("tree(sequential(x))"), r"a positive integer"),
+        (lambda: get_accumulation("tree(sequential(x))"), r"expected '\)'"),
+        (lambda: acc.Tree("sequential", 2, from_zero=True), r"only 'sequential' of one term"),
         (lambda: acc.Tree("pairwise", 3), r"'pairwise' takes no size, got 3"),
         (lambda: Accumulation("tree"), r"expected a Tree for kind 'tree'"),
         (lambda: tree_nodes(acc.pairwise(), 0), r"tree_nodes: n: expected a positive integer"),
