@@ -1,39 +1,72 @@
-"""XLA's attention: ``jax.nn.dot_product_attention(..., implementation="xla")``.
+"""XLA's attention on the CPU: ``jax.nn.dot_product_attention(..., implementation="xla")``.
 
-The real kernel runs natively in bf16, fp16 and fp32 on JAX's default backend
-(the CPU here).  What it computes (jax/_src/nn/functions.py,
-``_dot_product_attention_core``):
+The real kernel runs natively in bf16, fp16 and fp32.  What it computes
+(jax/_src/nn/functions.py, ``_dot_product_attention_core``) and how XLA's CPU
+backend runs it (read from the optimised HLO, the rest inferred by experiment)::
 
-    S = fl32(Q Kᵀ)                 bf16/fp16: BF16_BF16_F32 / F16_F16_F32 dot
-    S = fl32(S · fl32(scale))      the scale rounded to float32, applied to S
-    masked S := -0.7 · FLT_MAX     (not -inf)
-    P = fl_in(softmax32(S))        m = max S; e = exp32(S - m); P = e / sum e
-    O = fl_in(P V)                 a dot in the input format
+    S = fl32(Q Kᵀ)              bf16/fp16: a BF16_BF16_F32 / F16_F16_F32 dot
+    S = fl32(S · fl32(scale))   the scale rounded to float32
+    masked S := fl32(-0.7 · FLT_MAX)                      (not -inf)
+    m = max S;  e = exp32(fl32(S - m));  l = sum32(e)
+    P = fl32(e · fl32(1 / l))   XLA rewrites the division as a reciprocal
+    P = fl_in(P)                kept or dropped: see below
+    O = fl_in(fl32(P V))        V widened to float32, an FP32 dot
 
-so its model is FlashAttention-2's policy with the materialised (reference)
-algorithm (Dao 2023 §3.1): Q, K, V, P and O in the input format, scores, the
-softmax statistics and both accumulators FP32.
+XLA hands the dots, the reductions and the element-wise steps between them to
+YNNPACK fusions.  Their summation orders, found with order-revealing inputs
+(FPRev-style probes: ±M pairs among ones, and random data checked against
+each candidate tree):
+
+* Q Kᵀ in bf16 (fp16 likewise): each dot sequential over d, in the order
+  1, 0, 3, 2, 5, 4, ... (pairs of terms, odd first), products exact in FP32;
+* the softmax sum: 16 lanes (term j in lane j mod 16); each lane's terms
+  summed by a 4-ary tree whose nodes add their children left to right
+  (groups of 4, of 16, of 64, ... terms of the lane); the 16 lane sums then
+  halved (l + l+8, then + 4, + 2, + 1);
+* P V: blocks of 512 keys, each a sequential FMA chain from zero, the block
+  sums added in order.
+
+Whether P is rounded to the input format before P V depends on XLA's fusion
+decision: when the softmax and the conversion land in the YNNPACK fusion of
+the Q Kᵀ dot, the float32 -> bf16 -> float32 pair is dropped (XLA allows
+excess precision) and P V multiplies the FP32 probabilities.  The model asks
+XLA's compiler for the program the real call would run and reads it.
+
+exp is XLA CPU's own float32 exp (a Cephes polynomial with a two-constant
+Cody-Waite reduction and FMAs, results below FLT_MIN flushed to zero), modelled
+bit for bit by :func:`xla_cpu_exp`.  Inside a YNNPACK fusion a different,
+unidentified float32 exp runs; the two differ by one ulp on a few percent of
+inputs, which leaves the model a few outputs in 10^4 from bit-identical.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import math
 import platform as _platform
+import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fa_jax.formats import Format
+from fa_jax import ops
+from fa_jax.formats import FP32, Format
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.presets import fa2_kernel
+from fa_jax.rounding import round_to
 
-__all__ = ["XLA", "model", "platform", "real"]
+__all__ = ["XLA", "model", "platform", "real", "xla_cpu_exp", "xla_cpu_exp_model"]
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_LARGE_NEGATIVE = float(np.float32(-0.7 * _F32_MAX))  # jax's mask value, in float32
+_LANES = 16  # the softmax sum's lanes
+_PV_BLOCK = 512  # the P V dot's block of keys
 
 
-@functools.cache
-def _attention(dtype: str, causal: bool, scale):
-    import jax
-    import jax.numpy as jnp
-
+def _attention_fn(dtype: str, causal: bool, scale):
     def run(q, k, v):
         q, k, v = (jnp.swapaxes(t, -2, -3).astype(dtype) for t in (q, k, v))
         o = jax.nn.dot_product_attention(
@@ -41,32 +74,212 @@ def _attention(dtype: str, causal: bool, scale):
         )
         return jnp.swapaxes(o, -2, -3).astype(jnp.float32)
 
-    return jax.jit(run)
+    return run
+
+
+def _jit_attention(dtype: str, causal: bool, scale):
+    return jax.jit(_attention_fn(dtype, causal, scale))
+
+
+@functools.cache
+def _attention(dtype: str, causal: bool, scale):
+    """The real call: jitted, except fp16, whose F16_F16_F32 dot XLA's CPU backend
+    refuses under jit; eagerly jax falls back to the default precision, op by op."""
+    if dtype == "float16":
+        return _attention_fn(dtype, causal, scale)
+    return _jit_attention(dtype, causal, scale)
+
+
+def _flat(q, k, v):
+    """(..., N, d) arrays as float32 (B·H, N, d), and the leading shape."""
+    lead = np.shape(q)[:-2]
+    return lead, [np.asarray(t, np.float32).reshape(-1, *np.shape(t)[-2:]) for t in (q, k, v)]
 
 
 def real(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
     """XLA's output for (..., N, d) inputs exact in ``fmt``, as float64."""
-    q, k, v = (np.asarray(t, dtype=np.float32) for t in (q, k, v))
-    lead = q.shape[:-2]
+    lead, (q, k, v) = _flat(q, k, v)
     run = _attention(fmt.name, bool(causal), None if scale is None else float(scale))
-    q4, k4, v4 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
-    out = np.asarray(run(q4, k4, v4), dtype=np.float64)
+    out = np.asarray(run(q, k, v), dtype=np.float64)
     return out.reshape(*lead, *out.shape[-2:])
 
 
+# -- XLA CPU's float32 exp -----------------------------------------------------------
+
+_LOG2E = 1.44269504088896341
+_C1, _C2 = 0.693359375, -2.12194440e-4  # ln 2 = C1 + C2 (Cody & Waite)
+_CEPHES = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1)
+_HALF_COEFF = 5.0000001201e-1
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def xla_cpu_exp(x: jax.Array) -> jax.Array:
+    """XLA CPU's float32 exp of float32 values ``x`` (float64 carriers), bit for bit.
+
+    x clamped to [-104, 88.8]; n = floor(fma(x, log2 e, 1/2)) clamped to
+    [-127, 127]; a = fma(-C2, n, fma(-C1, n, x)); z = 1 + fma(p(a), a², a) with
+    the Cephes polynomial p evaluated by FMAs (Horner); the result z · 2^n, and
+    0 where it falls below FLT_MIN (flushed to zero).
+    """
+    x = jnp.clip(x, -104.0, 88.8)
+    n = jnp.floor(ops.fma(x, _f32(_LOG2E), 0.5, FP32))
+    n = jnp.clip(n, -127.0, 127.0)
+    a = ops.fma(-_f32(_C1), n, x, FP32)
+    a = ops.fma(-_f32(_C2), n, a, FP32)
+    z = ops.fma(a, _f32(_CEPHES[0]), _f32(_CEPHES[1]), FP32)
+    for c in (*_CEPHES[2:], _HALF_COEFF):
+        z = ops.fma(z, a, _f32(c), FP32)
+    z = ops.fma(z, ops.mul(a, a, FP32), a, FP32)
+    z = ops.add(1.0, z, FP32)
+    out = jnp.ldexp(z, n.astype(jnp.int32))  # exact in float64
+    return jnp.where(out < _F32_TINY, 0.0, out)
+
+
+def xla_cpu_exp_model():
+    """:func:`xla_cpu_exp` as a :class:`fa_jax.exponential.ExpModel` ("xla_cpu")."""
+    from fa_jax.exponential import ExpModel
+
+    return ExpModel("xla_cpu", lambda x, fmt: ops.cast(xla_cpu_exp(x), fmt))
+
+
+# -- summation orders ------------------------------------------------------------------
+
+
+def _qk(q, k):
+    """fl32(Q Kᵀ), each dot sequential over d in the order 1, 0, 3, 2, ... (an odd
+    last term comes last), the products fused (exact for bf16 and fp16 inputs)."""
+    d = q.shape[-1]
+    order = [j for p in range(0, d - 1, 2) for j in (p + 1, p)] + ([d - 1] if d % 2 else [])
+    qs = jnp.moveaxis(q[..., order], -1, 0)[..., :, None]
+    ks = jnp.moveaxis(k[..., order], -1, 0)[..., None, :]
+
+    def step(acc, qk):
+        return ops.fma(qk[0], qk[1], acc, FP32), None
+
+    acc = jnp.zeros((*q.shape[:-1], k.shape[-2]))
+    return jax.lax.scan(step, acc, (qs, ks))[0]
+
+
+def _quad(x):
+    """Sum axis -2 of ``x`` by a 4-ary tree whose nodes add their children left to
+    right (children of 4**j terms, the largest that leaves more than one)."""
+    rows = x.shape[-2]
+    if rows == 1:
+        return x[..., 0, :]
+    part = 1
+    while part * 4 < rows:
+        part *= 4
+    full = rows - rows % part
+    kids = _quad(x[..., :full, :].reshape(*x.shape[:-2], full // part, part, x.shape[-1]))
+    acc = kids[..., 0, :]
+    for i in range(1, full // part):
+        acc = ops.add(acc, kids[..., i, :], FP32)
+    if full < rows:
+        acc = ops.add(acc, _quad(x[..., full:, :]), FP32)
+    return acc
+
+
+def _softmax_sum(e):
+    """The softmax sum (module docstring): 16 lanes, each a 4-ary tree, then halved;
+    a row of fewer than 16 or a ragged length is summed in order (not probed)."""
+    m = e.shape[-1]
+    if m % _LANES:
+        return ops.sum(e, FP32, axis=-1, accumulation="sequential")
+    lanes = _quad(e.reshape(*e.shape[:-1], m // _LANES, _LANES))
+    while lanes.shape[-1] > 1:
+        half = lanes.shape[-1] // 2
+        lanes = ops.add(lanes[..., :half], lanes[..., half:], FP32)
+    return lanes[..., 0]
+
+
+def _pv(p, v):
+    """fl32(P V): blocks of 512 keys, each a sequential FMA chain from zero, the
+    block sums added in order."""
+    m = p.shape[-1]
+    total = None
+    for start in range(0, m, _PV_BLOCK):
+        ps = jnp.moveaxis(p[..., start : start + _PV_BLOCK], -1, 0)[..., None]
+        vs = jnp.moveaxis(v[..., start : start + _PV_BLOCK, :], -2, 0)[..., None, :]
+
+        def step(acc, pv):
+            return ops.fma(pv[0], pv[1], acc, FP32), None
+
+        acc = jnp.zeros((*p.shape[:-1], v.shape[-1]))
+        block = jax.lax.scan(step, acc, (ps, vs))[0]
+        total = block if total is None else ops.add(total, block, FP32)
+    return total
+
+
+# -- the model -------------------------------------------------------------------------
+
+
+def _computations(text: str) -> dict[str, str]:
+    """The bodies of an HLO module's computations, by name ("ENTRY" for the entry)."""
+    bodies: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            name = "ENTRY" if line.startswith("ENTRY") else line.split()[0].lstrip("%")
+            bodies[name] = []
+        elif name is not None:
+            bodies[name].append(line)
+    return {k: "\n".join(v) for k, v in bodies.items()}
+
+
+@functools.cache
+def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
+    """Whether XLA keeps P's rounding to ``dtype`` for (B·H, N, d) inputs: False when
+    the conversion sits in a YNNPACK fusion (module docstring)."""
+    if dtype != "bfloat16":
+        return True
+    x = jax.ShapeDtypeStruct(shape, np.float32)
+    text = _jit_attention(dtype, causal, None).lower(x, x, x).compile().as_text()
+    bodies = _computations(text or "")
+    for line in bodies.get("ENTRY", "").splitlines():
+        called = re.search(r"calls=%([^,\s]+)", line)
+        if "__ynn_fusion" in line and called:
+            if re.search(r"= bf16\[[^\]]*\]\S* convert\(", bodies.get(called.group(1), "")):
+                return False
+    return True
+
+
+def _forward(q, k, v, *, causal: bool, scale, fmt: Format):
+    q, k, v = (ops.carrier(t) for t in (q, k, v))
+    n, d = q.shape[-2:]
+    shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    round_p = _p_rounded(fmt.name, shape, bool(causal))
+    return _model_core(q, k, v, scale, causal=bool(causal), fmt=fmt, round_p=round_p)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "fmt", "round_p"))
+def _model_core(q, k, v, scale, *, causal: bool, fmt: Format, round_p: bool):
+    q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
+    n, m = q.shape[-2], k.shape[-2]
+    s = ops.mul(_qk(q, k), round_to(scale, FP32), FP32)
+    if causal:
+        s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
+    e = xla_cpu_exp(ops.sub(s, jnp.max(s, axis=-1, keepdims=True), FP32))
+    p = ops.mul(e, ops.div(1.0, _softmax_sum(e), FP32)[..., None], FP32)
+    if round_p:
+        p = ops.cast(p, fmt)
+    return ops.cast(_pv(p, v), fmt)
+
+
 def model(fmt: Format, n: int, d: int) -> KernelModel:
-    """fa_jax's model of XLA's attention in ``fmt`` (module docstring)."""
+    """fa_jax's model of XLA's attention in ``fmt`` (module docstring); ``algorithm``
+    names the closest attention function, the reference."""
     del n, d
     policy = fa2_kernel(fmt).replace(name=f"xla({fmt.name})")
-    return KernelModel("xla", policy, "reference")
+    return KernelModel("xla", policy, "reference", forward=functools.partial(_forward, fmt=fmt))
 
 
 def platform() -> dict[str, str]:
-    """jax and jaxlib versions, the backend and device, the CPU."""
-    import importlib.metadata
-
-    import jax
-
+    """jax and jaxlib versions, the backend and device, the CPU, and where the exp
+    model comes from."""
     device = jax.devices()[0]
     return {
         "jax": jax.__version__,
@@ -75,6 +288,7 @@ def platform() -> dict[str, str]:
         "device": getattr(device, "device_kind", str(device)),
         "machine": _platform.machine(),
         "processor": _platform.processor() or _platform.machine(),
+        "exp_model": "XLA CPU's float32 exp (xla_cpu_exp)",
     }
 
 
