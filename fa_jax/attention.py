@@ -41,14 +41,21 @@ Per key block j, with scores S_j (rows × Bc):
 
     m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new)  (the policy's exp model)
     α = exp(m − m_new)  (the scalar exp: correctly rounded)
-    l = fl(Σ_lanes P̃ + α l);  o = fl(α o) + fl_p(P̃) V_j
+    l = fma(α, l, Σ_lanes P̃);  o = fl(α o) ⊕ fl_p(P̃) V_j
     O = fl_out(o · fl_stats(1 / l))  (Policy.normalise "reciprocal")
 
-where Σ_lanes sums P̃ as the kernel's vector loop does: lane i (of 8) adds the
-entries i, i + 8, ... in order from 0, the lanes combine as
+where Σ_lanes sums P̃ as the kernel's vector loop does: vector j (8 entries)
+goes to accumulator j mod 2, each accumulator adds its vectors lane by lane in
+order from 0, the two are added, their lanes combine as
 ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), and the entries past the last full
-vector follow one by one.  Its last key block is as wide as the keys left
-(no padding), as the kernel's is.
+vector follow one by one.  ``⊕ P V`` is the GEMM's accumulation into o: the
+key axis in blocks (192 wide, or two halves when fewer than 400, as measured
+on the kernel), each block summed in index order from 0 in FP32 and added into
+o; S's Q Kᵀ takes the policy's accumulation (in index order, for a head
+dimension up to 192).  Its last key block is as wide as the keys left
+(no padding), as the kernel's is; ``kv_lengths`` masks keys inside a block, so
+a length-masked call does not follow the kernel on the shorter inputs (the
+kernel has no such mask).
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
@@ -103,9 +110,18 @@ from fa_jax.softmax import (
     shifted_exp,
 )
 
-__all__ = ["VARIANTS", "Blocks", "blocks_from_sram", "flash_attention", "reference_attention"]
+__all__ = [
+    "KERNEL_VARIANTS",
+    "VARIANTS",
+    "Blocks",
+    "blocks_from_sram",
+    "flash_attention",
+    "reference_attention",
+]
 
-VARIANTS = ("fa1", "fa2", "rowwise", "torch_avx2")
+VARIANTS = ("fa1", "fa2", "rowwise")
+# Variants that model one real kernel's loop, lengths masks included as padding.
+KERNEL_VARIANTS = ("torch_avx2",)
 _LANES = {"torch_avx2": 8}  # FP32 vector lanes of the variants that model a vector loop
 
 
@@ -390,7 +406,7 @@ def flash_attention(
     in reverse mode by FlashAttention-2's backward (module docstring,
     :func:`fa_jax.backward.flash_backward`).
     """
-    one_of(variant, VARIANTS, "flash_attention: variant")
+    one_of(variant, VARIANTS + KERNEL_VARIANTS, "flash_attention: variant")
     if not isinstance(blocks, Blocks):
         raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
     return _flash(
@@ -551,20 +567,50 @@ def _rowwise_step(carry, s, v_j, policy: Policy):
 
 
 def _lane_sum(e, lanes: int, fmt):
-    """Σ e over the last axis as an 8-lane FP32 vector loop adds it (module
-    docstring, ``torch_avx2``): lanes in order, the lane tree, then the tail."""
+    """Σ e over the last axis as the kernel's vector loop adds it (module docstring,
+    ``torch_avx2``): two accumulators of ``lanes`` lanes, the lane tree, the tail."""
     if lanes != 8:
         raise ValueError(f"_lane_sum: expected 8 lanes (AVX2), got {lanes}")
     n = e.shape[-1]
-    full = lanes * (n // lanes)
-    vectors = e[..., :full].reshape(*e.shape[:-1], n // lanes, lanes)
-    acc = ops.sum(vectors, fmt, axis=-2, accumulation="sequential")  # (..., lanes)
+    count = n // lanes
+    vectors = e[..., : lanes * count].reshape(*e.shape[:-1], count, lanes)
+    vectors = jnp.pad(vectors, [(0, 0)] * (vectors.ndim - 2) + [(0, count % 2), (0, 0)])
+    pairs = vectors.reshape(*e.shape[:-1], -1, 2, lanes)  # vector j -> accumulator j % 2
+    acc = ops.sum(pairs, fmt, axis=-3, accumulation="sequential")  # (..., 2, lanes)
+    acc = ops.add(acc[..., 0, :], acc[..., 1, :], fmt)
     half = ops.add(acc[..., :4], acc[..., 4:], fmt)  # lanes i + (i + 4)
     quarter = ops.add(half[..., :2], half[..., 2:], fmt)  # (0 + 2), (1 + 3)
     total = ops.add(quarter[..., 0], quarter[..., 1], fmt)
-    for j in range(full, n):
+    for j in range(lanes * count, n):
         total = ops.add(total, e[..., j], fmt)
     return total
+
+
+def _gemm_k_blocks(k: int) -> list[tuple[int, int]]:
+    """The inner-dimension blocks over which the CPU GEMM that PyTorch's kernel calls
+    (bf16/fp16 in, FP32 out) sums from 0 before adding into its output, as measured
+    for k <= 512: one block up to 192, two halves below 400, else blocks of 192 and
+    the rest (a rest of at most 16 in two halves)."""
+    if k <= 192:
+        return [(0, k)]
+    if k < 400:
+        return [(0, k // 2), (k // 2, k)]
+    cuts = list(range(0, k, 192))
+    rest = k % 192
+    if 0 < rest <= 16:
+        cuts.append(k - rest + rest // 2)
+    return list(zip(cuts, [*cuts[1:], k]))
+
+
+def _gemm_accumulate(c, a, b, fmt):
+    """c + a @ b as that GEMM adds it: per inner block (_gemm_k_blocks) a sum in
+    index order from 0, each block then added into c."""
+    for start, stop in _gemm_k_blocks(a.shape[-1]):
+        block = ops.matmul(
+            a[..., start:stop], b[..., start:stop, :], fmt, accumulation="sequential"
+        )
+        c = ops.add(c, block, fmt)
+    return c
 
 
 def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int):
@@ -572,9 +618,7 @@ def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int):
     m_new = running_max(m, jnp.max(s, axis=-1), policy.stats)
     alpha = rescale_factor(m, m_new, policy.replace(exp_model=CORRECTLY_ROUNDED))
     e = shifted_exp(s, m_new[..., None], policy)
-    l_new = ops.add(
-        _lane_sum(e, lanes, policy.stats), ops.mul(alpha, l, policy.stats), policy.stats
-    )
-    pv = _pv(ops.cast(e, policy.p), v_j, policy)
-    o = ops.add(ops.mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
+    l_new = ops.fma(alpha, l, _lane_sum(e, lanes, policy.stats), policy.stats)
+    o = ops.mul(o, alpha[..., None], policy.o_acc)
+    o = _gemm_accumulate(o, ops.cast(e, policy.p), v_j, policy.o_acc)
     return m_new, l_new, o

@@ -10,19 +10,26 @@ composed only of :mod:`fa_jax.ops` operations, so it is jittable and bit-exact.
 :data:`CORRECTLY_ROUNDED` (``ops.exp``, fl_fmt(exp(x))) is the default of every
 policy.  More are registered by :func:`register_exp_model`.
 
-:func:`exp_u20` is ATen's vectorised FP32 exp (``Vectorized<float>::exp_u20``,
-PyTorch's ``ATen/cpu/vec``), step by step: with x clamped to
-[ln FLT_MIN, ln FLT_MAX],
+:func:`exp_u20` and :func:`fexp_u20` are ATen's vectorised FP32 exps
+(``Vectorized<float>::exp_u20`` and ``::fexp_u20`` in PyTorch's ``ATen/cpu/vec``),
+step by step, every step rounded to FP32 as the vector instructions round
+(the constants are the FP32 values of the source's literals).  ``exp_u20``,
+with x clamped to [ln FLT_MIN, ln FLT_MAX]::
 
-    n  = floor(fma(x, log2 e, 1/2))          r = fma(-n, ln 2, x)
-    p  = 1 + r(c1 + r(c2 + r(c3 + r(c4 + r c5))))     (Horner, one fma a step)
-    y  = fl(fl(p · 2^(n-1)) · 2)             (2^(n-1) = 0 below 2^-126)
+    n = floor(fma(x, log2 e, 1/2))           r = fma(-n, ln 2, x)
+    p = 1 + r(c1 + r(c2 + r(c3 + r(c4 + r c5))))      (Horner, one fma a step)
+    y = fl(fl(p · 2^(n-1)) · 2)              (2^(n-1) = 0 below 2^-126)
 
-and y = 0 for x < ln FLT_MIN; every step rounds to FP32 (the constants are the
-FP32 values of the source's literals).  :func:`vectorised` builds the model of a
-loop that runs a vector exp on full vectors of ``lanes`` entries and the C
-library's scalar ``expf`` (modelled as correctly rounded) on the remainder:
-:data:`TORCH_AVX2` is PyTorch's CPU flash-attention softmax on AVX2 (8 lanes).
+and y = 0 for x < ln FLT_MIN.  ``fexp_u20`` (Schraudolph's exponent-field trick
+with a cubic correction) computes t = fl(x log2 e), f = t - floor(t),
+t' = fl(t - (c0 + f(c1 + f(c2 + f c3)))) and reads the integer
+trunc(fl(2^23 t' + 127 · 2^23)) as the bits of an FP32 number; 0 below
+ln FLT_MIN, inf above ln FLT_MAX.
+
+:func:`vectorised` builds the model of a loop that runs a vector exp on full
+vectors of ``lanes`` entries and the C library's scalar ``expf`` (modelled as
+correctly rounded) on the rest: :data:`TORCH_AVX2` is PyTorch's CPU
+flash-attention softmax on AVX2 (8 lanes, ``fexp_u20``).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ __all__ = [
     "ExpModel",
     "exp_models",
     "exp_u20",
+    "fexp_u20",
     "get_exp_model",
     "register_exp_model",
     "vectorised",

@@ -12,12 +12,17 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
 ``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
   ATen's ``native/cpu/FlashAttentionKernel.cpp``) tiles the queries in blocks of
   256 rows (N >= 768), 64 (N >= 192) or 32, and the keys in blocks of 512
-  (capped at M).  Per key block: S = fl32(fl32(Q Kᵀ) · scale) (FP32 GEMM),
-  the row max, P̃ = exp_u20(S − m) on full vectors of lanes and the scalar
-  ``expf`` on the rest (:mod:`fa_jax.exponential`), P̃ stored in the input
-  format, the row sum over lanes, l = Σ P̃ + α l, o = α o + P V (FP32 GEMM);
-  at the end O = fl_in(fl32(o · fl32(1 / l))).  Model: the ``torch_avx2``
-  flash variant of :mod:`fa_jax.attention` with the kernel's block sizes.
+  (capped at M).  Per key block: S = fl32(fl32(Q Kᵀ) · scale) (an FP32 GEMM
+  summing in index order), the row max, P̃ = fexp_u20(S − m) on full vectors
+  of lanes and the scalar ``expf`` on the rest (:mod:`fa_jax.exponential`), P̃
+  stored in the input format, the row sum over two lane accumulators,
+  l = fma(α, l, Σ P̃), o = fl(α o) ⊕ P V (the GEMM's blocked FP32
+  accumulation); at the end O = fl_in(fl32(o · fl32(1 / l))).  Model: the
+  ``torch_avx2`` loop of :func:`fa_jax.attention.flash_attention` (its module
+  docstring gives every step) with the kernel's block sizes.  What was read
+  in the source and what was measured on the kernel: the exp (``fexp_u20``,
+  not the ``exp_u20`` of older sources), the two accumulators and the GEMM's
+  blocks were found by inputs built to isolate them.
 
 The vector width depends on the CPU capability ATen dispatches to
 (``torch.backends.cpu.get_cpu_capability()``): the flash model exists for AVX2
@@ -32,8 +37,8 @@ import platform as _platform
 
 import numpy as np
 
-from fa_jax.accumulation import EXACT
-from fa_jax.attention import Blocks
+from fa_jax.accumulation import EXACT, SEQUENTIAL
+from fa_jax.attention import Blocks, flash_attention
 from fa_jax.exponential import TORCH_AVX2, ExpModel
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
@@ -155,8 +160,22 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
             f"(the vector loops modelled), got {cap!r}"
         )
     variant, exp_model = _CAPABILITIES[cap]
-    policy = _stage_policy(fmt, "torch_flash_cpu", exp_model=exp_model, normalise="reciprocal")
-    return KernelModel("torch-flash", policy, "flash", flash_blocks(n, n), variant)
+    policy = _stage_policy(
+        fmt,
+        "torch_flash_cpu",
+        accumulation=SEQUENTIAL,
+        exp_model=exp_model,
+        normalise="reciprocal",
+    )
+    blocks = flash_blocks(n, n)
+    forward = functools.partial(_flash_forward, policy=policy, blocks=blocks, variant=variant)
+    return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
+
+
+def _flash_forward(q, k, v, *, policy: Policy, blocks: Blocks, variant: str, causal, scale):
+    """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS)."""
+    out, _ = flash_attention(q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale)
+    return out
 
 
 TORCH_MATH = Kernel(
