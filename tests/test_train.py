@@ -189,9 +189,9 @@ def test_low_precision_run_computes_in_bf16(x64):
 
 
 def test_train_step_compile_options_keep_every_bf16_rounding():
-    """DESIGN §3: by default XLA may compute a bf16 chain that ends in a float32 cast
-    in float32 (LayerNorm and the loss do cast to float32); COMPILER_OPTIONS forbid it,
-    so the jitted chain equals numpy + ml_dtypes rounding after every operation."""
+    """By default XLA may compute a bf16 chain that ends in a float32 cast in float32
+    (LayerNorm and the loss do cast to float32); COMPILER_OPTIONS forbid it, so the
+    jitted chain equals numpy + ml_dtypes rounding after every operation."""
     import ml_dtypes
 
     a, b, c = np.random.default_rng(0).standard_normal((3, 4096)).astype(np.float32)
@@ -203,8 +203,7 @@ def test_train_step_compile_options_keep_every_bf16_rounding():
     lo = [x.astype(ml_dtypes.bfloat16) for x in (a, b, c)]
     want = (lo[0] * lo[1] + lo[2]).astype(np.float32)
     got = np.asarray(jax.jit(chain, compiler_options=COMPILER_OPTIONS)(a, b, c))
-    assert got.tobytes() == want.tobytes()  # (without the options: 60,804 of 100,000
-    # such results differed on a CPU, jax 0.10.2)
+    assert got.tobytes() == want.tobytes()
 
 
 def test_loss_scale_halves_and_skips_on_overflow_and_grows_when_stable():
