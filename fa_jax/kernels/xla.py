@@ -148,11 +148,13 @@ def xla_cpu_exp_model():
 # -- summation orders ------------------------------------------------------------------
 
 
-def _qk(q, k):
-    """fl32(Q Kᵀ), each dot sequential over d in the order 1, 0, 3, 2, ... (an odd
-    last term comes last), the products fused (exact for bf16 and fp16 inputs)."""
+def _qk(q, k, *, pairs: bool):
+    """fl32(Q Kᵀ), each dot a sequential FMA chain over d: in the order 1, 0, 3, 2,
+    ... (an odd last term comes last) with ``pairs`` (bf16 inputs), else 0, 1, 2, ..."""
     d = q.shape[-1]
-    order = [j for p in range(0, d - 1, 2) for j in (p + 1, p)] + ([d - 1] if d % 2 else [])
+    order = list(range(d))
+    if pairs:
+        order = [j for p in range(0, d - 1, 2) for j in (p + 1, p)] + ([d - 1] if d % 2 else [])
     qs = jnp.moveaxis(q[..., order], -1, 0)[..., :, None]
     ks = jnp.moveaxis(k[..., order], -1, 0)[..., None, :]
 
@@ -259,7 +261,7 @@ def _forward(q, k, v, *, causal: bool, scale, fmt: Format):
 def _model_core(q, k, v, scale, *, causal: bool, fmt: Format, round_p: bool):
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
-    s = ops.mul(_qk(q, k), round_to(scale, FP32), FP32)
+    s = ops.mul(_qk(q, k, pairs=fmt.name == "bfloat16"), round_to(scale, FP32), FP32)
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
     e = xla_cpu_exp(ops.sub(s, jnp.max(s, axis=-1, keepdims=True), FP32))
