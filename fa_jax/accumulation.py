@@ -100,6 +100,7 @@ __all__ = [
     "lanes",
     "nested",
     "pairwise",
+    "rounded_products",
     "sequential",
     "split_k",
     "tensor_core",
@@ -125,6 +126,7 @@ _TREE_NAMES = (
     "blocked",
     "split_k",
     "halves",
+    "rounded",
     "tree",
 )
 _COMPOSITE = ("lanes", "vector", "blocked", "split_k")
@@ -144,7 +146,9 @@ class Tree:
       size: terms a step ("sequential", None for 1), lanes ("lanes", "vector"),
         terms per block ("blocked"), parts ("split_k"), the most terms of a leaf
         block ("halves"), terms ("tree"); None for the others.
-      inner: how each lane, block or part is summed (composite orders, "halves").
+      inner: how each lane, block or part is summed (composite orders, "halves");
+        the tree over the rounded terms ("rounded": every term is first rounded
+        to the accumulator format, as products are by a multiply before an add).
       outer: how the lane, block or part sums are combined (composite orders).
       align: "halves" only: the first half's length is a multiple of it.
       nodes: "tree" only: the internal nodes in post-order, each the tuple of its
@@ -176,7 +180,7 @@ class Tree:
             raise ValueError(f"Tree.size: {self.order!r} takes no size, got {self.size!r}")
         for name in ("inner", "outer"):
             value = getattr(self, name)
-            needed = composite or (self.order, name) == ("halves", "inner")
+            needed = composite or (name == "inner" and self.order in ("halves", "rounded"))
             if needed and not isinstance(value, Tree):
                 raise TypeError(f"Tree.{name} of {self.order}: expected a Tree, got {value!r}")
             if not needed and value is not None:
@@ -205,6 +209,8 @@ class Tree:
             return self.order
         if self.order == "tree":
             return _nested_str(self)
+        if self.order == "rounded":
+            return f"rounded({self.inner})"
         args = [str(self.size)]
         for name, default in _DEFAULTS[self.order].items():
             value = str(getattr(self, name))
@@ -452,7 +458,7 @@ def get_accumulation(spec) -> Accumulation:
         m = re.fullmatch(r"tree\((.*)\)", s, re.DOTALL)
         if m:
             return _tree_model(_parse_tree(m.group(1)))
-        if s.startswith((*_COMPOSITE, "halves", "pairwise", "halving", "fused", "(")):
+        if s.startswith((*_COMPOSITE, "halves", "rounded", "pairwise", "halving", "fused", "(")):
             return _tree_model(_parse_tree(s))
     raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}")
 
@@ -627,6 +633,12 @@ def fma_chains(model: TreeLike) -> Accumulation:
     return _tree_model(_fma_chains(_as_tree(model, "fma_chains")))
 
 
+def rounded_products(model: TreeLike) -> Accumulation:
+    """``model`` over its terms each first rounded to the accumulator format: a dot
+    product that multiplies (rounding the product) and then adds."""
+    return _tree_model(Tree("rounded", inner=_as_tree(model, "rounded_products")))
+
+
 def _fma_chains(t: Tree) -> Tree:
     if t.order == "sequential" and t.size is None:
         return Tree("sequential", from_zero=True)
@@ -678,7 +690,7 @@ def _build(t: Tree, ids: list[int], nodes: list, n: int) -> int:
         nodes.append(children)
         return n + len(nodes) - 1
 
-    if len(ids) == 1 and t.order != "tree" and not t.from_zero:
+    if len(ids) == 1 and t.order not in ("tree", "rounded") and not t.from_zero:
         return ids[0]
     if t.order == "sequential":
         k = t.size or 1
@@ -701,6 +713,8 @@ def _build(t: Tree, ids: list[int], nodes: list, n: int) -> int:
             level = [new(level[i], level[i + h]) for i in range(m - h)] + level[m - h : h]
         return level[0]
     inner, outer, size = cast(Tree, t.inner), cast(Tree, t.outer), cast(int, t.size)
+    if t.order == "rounded":
+        return _build(inner, [new(i) for i in ids], nodes, n)
     if t.order == "halves":
         if len(ids) <= size:
             return _build(inner, ids, nodes, n)
@@ -816,6 +830,11 @@ def _parse_tree(text: str) -> Tree:
             return Tree(name, size, from_zero=zero)
         if name in _LEAF_ORDERS:
             return Tree(name)
+        if name == "rounded":
+            take("(")
+            inner = expr()
+            take(")")
+            return Tree(name, inner=inner)
         if name not in _DEFAULTS:
             fail(f"one of {_TREE_NAMES[:-1]} or nested tuples")
         take("(")

@@ -568,17 +568,21 @@ def test_fma_differs_from_mul_then_add_where_one_rounding_matters():
 
 # -- summation trees (fa_jax.accumulation, "Summation trees") --------------------------
 
+SLOW = pytest.mark.slow
 TREE_BUILDERS = [
-    acc.sequential(),
+    pytest.param(acc.sequential(), marks=SLOW),
     acc.sequential(3),
     acc.pairwise(),
-    acc.halving(),
-    acc.fused(),
+    pytest.param(acc.halving(), marks=SLOW),
+    pytest.param(acc.fused(), marks=SLOW),
     acc.lanes(4),
-    acc.lanes(8, "pairwise"),
+    pytest.param(acc.lanes(8, "pairwise"), marks=SLOW),
     acc.lanes(4, "sequential", inner="pairwise"),
-    acc.blocked(5, "fused", "pairwise"),
-    acc.split_k(3, inner="halving"),
+    pytest.param(acc.blocked(5, "fused", "pairwise"), marks=SLOW),
+    pytest.param(acc.split_k(3, inner="halving"), marks=SLOW),
+    acc.vector(4, inner=acc.sequential(from_zero=True)),
+    pytest.param(acc.halves(4, "pairwise", align=2), marks=SLOW),
+    acc.rounded_products(acc.split_k(2)),
     acc.tree(((0, 4), (1, (2, 3, 5)), 6)),
 ]
 TREE_NS = (2, 13)  # 13: no multiple of the lanes, blocks or parts
@@ -673,7 +677,7 @@ def test_initial_value_starts_every_accumulator():
         for s in ((3, 9), (9, 2), (3, 2))
     )
     products = a[:, None, :] * np.swapaxes(b, 0, 1)[None]  # exact: (3, 2, 9)
-    models = (SEQUENTIAL, chunked(4), EXACT, tensor_core("v100"))
+    models = (SEQUENTIAL, EXACT, tensor_core("v100"))
 
     def run(a, b, c, products):
         out = []

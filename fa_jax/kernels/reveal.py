@@ -31,13 +31,17 @@ probes, each with ones on a subset of the terms and zeros elsewhere.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
+import jax
 import ml_dtypes
 import numpy as np
 
+from fa_jax import ops
 from fa_jax._checks import positive_int
+from fa_jax._x64 import float64_enabled
 from fa_jax.accumulation import (
     Accumulation,
     blocked,
@@ -47,16 +51,21 @@ from fa_jax.accumulation import (
     halving,
     lanes,
     pairwise,
+    rounded_products,
     sequential,
+    split_k,
     tree,
     tree_nodes,
     vector,
 )
+from fa_jax.formats import FP32, get_format
 
 __all__ = [
+    "PRODUCTS",
     "candidates",
     "identify",
     "predicted_probes",
+    "product_variants",
     "reveal_dot_order",
     "reveal_matmul_order",
     "reveal_order",
@@ -206,7 +215,10 @@ def candidates(n: int) -> list[Accumulation]:
                 found.append(lanes(width, combine))
                 found.append(vector(width, combine))
     found.append(halves(128, vector(8, "pairwise"), align=8))  # NumPy's pairwise sum
-    for size in (8, 16, 32, 64, 128, 256, 512):
+    for parts in (2, 3, 4, 8):
+        if parts < n:
+            found.extend(split_k(parts, inner) for inner in ("sequential", "pairwise"))
+    for size in (8, 16, 32, 64, 96, 128, 192, 256, 384, 512):
         if size < n:
             for inner in ("sequential", "pairwise"):
                 found.append(blocked(size, inner))
@@ -294,9 +306,17 @@ def reveal_order(
     if n < 2:
         raise ValueError(f"reveal_order: n: expected at least 2 terms, got {n}")
     prober = _Prober(fn, n, dtype, out_dtype, batched)
-    ones = prober._run(np.ones((1, n)))
-    if n <= 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 1) and ones[0] != n:
-        raise _inconsistent(f"the sum of {n} ones gave {ones[0]!r}")
+    ones = np.ones((2, n))
+    ones[1, 0] = prober.big
+    total, absorbed = prober._run(ones)
+    if n <= 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 1) and total != n:
+        raise _inconsistent(f"the sum of {n} ones gave {total!r}")
+    if absorbed != prober.big:
+        raise ValueError(
+            f"reveal: M = {prober.big!r} (the largest power of two the probes can use in "
+            f"{prober.dtype}) does not absorb the other {n - 1} ones (their sum gave "
+            f"{absorbed!r}): the accumulator is too wide for these probes"
+        )
     model = tree(_sorted_children(_build(prober, list(range(n)))))
     _verify(prober, model, n)
     return identify(model, n, among) or model
@@ -325,6 +345,47 @@ def _verify(prober: _Prober, model: Accumulation, n: int) -> None:
         )
 
 
+PRODUCTS = ("fma", "exact", "rounded")
+_DRAWS = 8  # random products a revealed dot's variant is checked on
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _emulate(a, b, model: Accumulation, out):
+    return ops.cast(ops.matmul(a, b, FP32, accumulation=model), out)
+
+
+def product_variants(model: Accumulation) -> dict[str, Accumulation]:
+    """How the products may enter a revealed dot's tree: "fma" (chains of fused
+    multiply-adds from a zero accumulator: a chain's first product is rounded,
+    the others join exactly; :func:`~fa_jax.accumulation.fma_chains`), "exact"
+    (every product joins exactly) or "rounded" (every product rounded first: a
+    multiply, then an add; :func:`~fa_jax.accumulation.rounded_products`)."""
+    return {"fma": fma_chains(model), "exact": model, "rounded": rounded_products(model)}
+
+
+def _choose_products(model: Accumulation, products: str, a, b, real, out_dtype) -> Accumulation:
+    """The product variant that reproduces ``real`` (rows of a @ b) bit for bit,
+    emulated with an FP32 accumulator rounded to ``out_dtype``; or the one named."""
+    variants = product_variants(model)
+    if products != "auto":
+        if products not in variants:
+            raise ValueError(
+                f"reveal: products: expected 'auto' or one of {PRODUCTS}, got {products!r}"
+            )
+        return variants[products]
+    out = get_format(np.dtype(out_dtype).name)
+    with float64_enabled():
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        for variant in variants.values():
+            got = _emulate(a64, b64, variant, out)
+            if np.array_equal(np.asarray(got), np.asarray(real, np.float64)):
+                return variant
+    raise ValueError(
+        f"reveal: no way of entering the products ({', '.join(PRODUCTS)}) into {model} "
+        "reproduces the dot on random inputs with an FP32 accumulator"
+    )
+
+
 def reveal_dot_order(
     fn: Callable[[np.ndarray, np.ndarray], object],
     n: int,
@@ -332,7 +393,7 @@ def reveal_dot_order(
     dtype=np.float32,
     out_dtype=None,
     batched: bool = False,
-    fma: bool = True,
+    products: str = "auto",
     among: Iterable[Accumulation] | None = None,
 ) -> Accumulation:
     """The order in which ``fn(a, b)``, a dot product of two length-n vectors,
@@ -340,10 +401,10 @@ def reveal_dot_order(
     is (B, n), b (n,), fn returns the B dots).
 
     The probes' products are exact, so they cannot tell how a product enters
-    its chain; with ``fma`` (CPU GEMMs: loops of fused multiply-adds from a zero
-    accumulator) the first product of each chain is rounded and the others join
-    exactly (:func:`fa_jax.accumulation.fma_chains`); without, every product
-    joins exactly.  Other arguments as :func:`reveal_order`."""
+    the tree (:func:`product_variants`): with ``products="auto"`` the variant
+    that reproduces ``fn`` on random inputs with an FP32 accumulator is
+    returned (ValueError if none does); or name one.  Other arguments as
+    :func:`reveal_order`."""
     ones = np.ones(n, np.dtype(dtype))
     model = reveal_order(
         lambda x: fn(x, ones),
@@ -353,7 +414,15 @@ def reveal_dot_order(
         batched=batched,
         among=among,
     )
-    return fma_chains(model) if fma else model
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((2 * _DRAWS, n)).astype(np.dtype(dtype)) for _ in range(2))
+    if batched:
+        real = np.concatenate([np.asarray(fn(x[None], y), np.float64) for x, y in zip(a, b)])
+    else:
+        real = np.array([float(np.asarray(fn(x, y), np.float64)) for x, y in zip(a, b)])
+    return _choose_products(
+        model, products, a[:, None, :], b[..., None], real[:, None, None], out_dtype or dtype
+    )
 
 
 def reveal_matmul_order(
@@ -366,7 +435,7 @@ def reveal_matmul_order(
     out_dtype=None,
     row: int | None = 0,
     col: int = 0,
-    fma: bool = True,
+    products: str = "auto",
     among: Iterable[Accumulation] | None = None,
 ) -> Accumulation:
     """The order in which ``matmul(A, B)`` (A (m, k), B (k, p), returning (m, p))
@@ -376,8 +445,9 @@ def reveal_matmul_order(
     ones), one matmul per probe.  With ``row=None`` every row of A carries a
     probe of its own and column ``col`` is read: m probes a call, for kernels
     whose rows all share one order (not so in OpenBLAS's sgemm, whose rows
-    differ: the outputs then fit no tree and a ValueError says so).  ``fma`` as
-    for :func:`reveal_dot_order`.
+    differ: the outputs then fit no tree and a ValueError says so).
+    ``products`` as for :func:`reveal_dot_order`, checked on row ``row`` (0 if
+    None) of a random product.
     """
     ones_b = np.ones((k, p), np.dtype(dtype))
 
@@ -396,4 +466,9 @@ def reveal_matmul_order(
         return np.asarray(out)
 
     model = reveal_order(batch, k, dtype=dtype, out_dtype=out_dtype, batched=True, among=among)
-    return fma_chains(model) if fma else model
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((_DRAWS, m, k)).astype(np.dtype(dtype))
+    b = rng.standard_normal((_DRAWS, k, p)).astype(np.dtype(dtype))
+    r = 0 if row is None else row
+    real = np.stack([np.asarray(matmul(x, y), np.float64)[r : r + 1] for x, y in zip(a, b)])
+    return _choose_products(model, products, a[:, r : r + 1], b, real, out_dtype or dtype)
