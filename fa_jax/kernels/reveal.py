@@ -359,7 +359,10 @@ def product_variants(model: Accumulation) -> dict[str, Accumulation]:
     multiply-adds from a zero accumulator: a chain's first product is rounded,
     the others join exactly; :func:`~fa_jax.accumulation.fma_chains`), "exact"
     (every product joins exactly) or "rounded" (every product rounded first: a
-    multiply, then an add; :func:`~fa_jax.accumulation.rounded_products`)."""
+    multiply, then an add; :func:`~fa_jax.accumulation.rounded_products`).
+
+    A mixture fits none: e.g. NumPy's float32 dot of fewer than 64 terms, whose
+    32 lanes then hold one product each (rounded) beside an FMA tail."""
     return {"fma": fma_chains(model), "exact": model, "rounded": rounded_products(model)}
 
 
