@@ -566,22 +566,34 @@ def _rowwise_step(carry, s, v_j, policy: Policy):
     return m_new, l_new, o
 
 
-def _lane_sum(e, lanes: int, fmt):
-    """Σ e over the last axis as the kernel's vector loop adds it (module docstring,
-    ``torch_avx2``): two accumulators of ``lanes`` lanes, the lane tree, the tail."""
+def _lane_sum(e, lanes: int, fmt, *, accumulators: int = 2, vector_tail: bool = False):
+    """Σ e over the last axis as a vector loop adds it: vector j (``lanes`` entries)
+    goes to accumulator j mod ``accumulators``, each adds its vectors lane by lane
+    in order, the accumulators are added in order, the lanes combine as AVX2's
+    ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)); the entries past the last full
+    vector follow one by one, or (``vector_tail``) as a partial vector into the
+    first accumulator's lanes.  With ``vector_tail`` and fewer than ``lanes``
+    entries, the sum is in index order (ATen's ``vec_reduce_all``)."""
     if lanes != 8:
         raise ValueError(f"_lane_sum: expected 8 lanes (AVX2), got {lanes}")
     n = e.shape[-1]
-    count = n // lanes
+    if vector_tail:
+        if n < lanes:
+            return ops.sum(e, fmt, axis=-1, accumulation="sequential")
+        e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % lanes)])  # + 0 is exact
+    count = e.shape[-1] // lanes
     vectors = e[..., : lanes * count].reshape(*e.shape[:-1], count, lanes)
-    vectors = jnp.pad(vectors, [(0, 0)] * (vectors.ndim - 2) + [(0, count % 2), (0, 0)])
-    pairs = vectors.reshape(*e.shape[:-1], -1, 2, lanes)  # vector j -> accumulator j % 2
-    acc = ops.sum(pairs, fmt, axis=-3, accumulation="sequential")  # (..., 2, lanes)
-    acc = ops.add(acc[..., 0, :], acc[..., 1, :], fmt)
-    half = ops.add(acc[..., :4], acc[..., 4:], fmt)  # lanes i + (i + 4)
+    pad = -count % accumulators
+    vectors = jnp.pad(vectors, [(0, 0)] * (vectors.ndim - 2) + [(0, pad), (0, 0)])
+    groups = vectors.reshape(*e.shape[:-1], -1, accumulators, lanes)  # vector j -> j % accumulators
+    acc = ops.sum(groups, fmt, axis=-3, accumulation="sequential")  # (..., accumulators, lanes)
+    total = acc[..., 0, :]
+    for a in range(1, accumulators):
+        total = ops.add(total, acc[..., a, :], fmt)
+    half = ops.add(total[..., :4], total[..., 4:], fmt)  # lanes i + (i + 4)
     quarter = ops.add(half[..., :2], half[..., 2:], fmt)  # (0 + 2), (1 + 3)
     total = ops.add(quarter[..., 0], quarter[..., 1], fmt)
-    for j in range(lanes * count, n):
+    for j in range(lanes * count, e.shape[-1]):
         total = ops.add(total, e[..., j], fmt)
     return total
 

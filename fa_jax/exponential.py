@@ -1,7 +1,7 @@
 """Exp implementations: which exponential a kernel's softmax computes.
 
 A real kernel rarely computes a correctly rounded exp: PyTorch's CPU flash
-attention evaluates a polynomial (``exp_u20``) on full vectors of lanes and
+attention evaluates a polynomial (``fexp_u20``) on full vectors of lanes and
 the C library's ``expf`` on the rest.  An :class:`ExpModel` names one such
 implementation; ``fn(x, fmt)`` returns its result for the carrier array ``x``
 (the shifted scores; last axis = the key positions of the current block),
@@ -29,7 +29,9 @@ ln FLT_MIN, inf above ln FLT_MAX.
 :func:`vectorised` builds the model of a loop that runs a vector exp on full
 vectors of ``lanes`` entries and the C library's scalar ``expf`` (modelled as
 correctly rounded) on the rest: :data:`TORCH_AVX2` is PyTorch's CPU
-flash-attention softmax on AVX2 (8 lanes, ``fexp_u20``).
+flash-attention softmax on AVX2 (8 lanes, ``fexp_u20``).  :data:`SLEEF_U10`
+is ATen's ``Vectorized<float>::exp`` (Sleef's ``expf`` to 1 ulp), the exp of
+PyTorch's CPU softmax, on every entry.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from fa_jax.formats import FP32, Format
 
 __all__ = [
     "CORRECTLY_ROUNDED",
+    "SLEEF_U10",
     "TORCH_AVX2",
     "ExpModel",
     "exp_models",
@@ -53,6 +56,7 @@ __all__ = [
     "fexp_u20",
     "get_exp_model",
     "register_exp_model",
+    "sleef_expf_u10",
     "vectorised",
 ]
 
@@ -142,6 +146,47 @@ def fexp_u20(x: jax.Array) -> jax.Array:
     return jnp.where(x > _LN_FLT_MAX, jnp.inf, value)
 
 
+# Sleef's expf (u10, FMA build): ln 2 split in two, 1/k! from degree 7 down to 2.
+_SLEEF_LN2_HI = _f32(0.693145751953125)
+_SLEEF_LN2_LO = _f32(1.428606765330187045e-06)
+_SLEEF_POLY = tuple(
+    _f32(c)
+    for c in (
+        0.000198527617612853646278381,
+        0.00139304355252534151077271,
+        0.00833336077630519866943359,
+        0.0416664853692054748535156,
+        0.166666671633720397949219,
+        0.5,
+    )
+)
+
+
+def _pow2(n: jax.Array) -> jax.Array:
+    """2^n, exactly, for integer-valued n of moderate size."""
+    return jnp.ldexp(jnp.ones_like(n), jnp.clip(n, -1000, 1000).astype(jnp.int32))
+
+
+def sleef_expf_u10(x: jax.Array) -> jax.Array:
+    """Sleef's ``expf`` to 1 ulp (``Sleef_expf8_u10``, FMA build), ATen's
+    ``Vectorized<float>::exp``, of FP32 values ``x``, as FP32 carrier values::
+
+        q = rint(fl(x · log2 e));  s = fma(q, -ln2_lo, fma(q, -ln2_hi, x))
+        u = Horner of the degree-7..2 coefficients in s (one fma a step)
+        y = fl(1 + fma(fl(s · s), u, s)) · 2^q      (0 below -104)
+    """
+    q = jnp.round(ops.mul(x, jnp.full_like(x, _LOG2E), FP32))  # rint: ties to even
+    s = ops.fma(q, jnp.full_like(q, -_SLEEF_LN2_HI), x, FP32)
+    s = ops.fma(q, jnp.full_like(q, -_SLEEF_LN2_LO), s, FP32)
+    u = jnp.full_like(s, _SLEEF_POLY[0])
+    for c in _SLEEF_POLY[1:]:
+        u = ops.fma(u, s, jnp.full_like(s, c), FP32)
+    u = ops.add(jnp.ones_like(s), ops.fma(ops.mul(s, s, FP32), u, s, FP32), FP32)
+    half = jnp.floor(q / 2)  # ldexp in two steps, as Sleef's vldexp2
+    y = ops.mul(ops.mul(u, _pow2(half), FP32), _pow2(q - half), FP32)
+    return jnp.where(x < -104.0, 0.0, jnp.where(x > 100.0, jnp.inf, y))
+
+
 def vectorised(name: str, lanes: int, vector_exp: Callable[[jax.Array], jax.Array]) -> ExpModel:
     """The model of a loop that applies ``vector_exp`` (FP32 in, FP32 out) to the
     first ``lanes * (n // lanes)`` entries of the last axis (n entries) and the
@@ -157,8 +202,9 @@ def vectorised(name: str, lanes: int, vector_exp: Callable[[jax.Array], jax.Arra
 
 
 TORCH_AVX2 = vectorised("torch_fexp_u20_avx2", 8, fexp_u20)
+SLEEF_U10 = ExpModel("sleef_expf_u10", lambda x, fmt: ops.cast(sleef_expf_u10(x), fmt))
 
-_MODELS: dict[str, ExpModel] = {m.name: m for m in (CORRECTLY_ROUNDED, TORCH_AVX2)}
+_MODELS: dict[str, ExpModel] = {m.name: m for m in (CORRECTLY_ROUNDED, TORCH_AVX2, SLEEF_U10)}
 
 
 def register_exp_model(model: ExpModel) -> None:

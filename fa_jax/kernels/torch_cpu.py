@@ -4,10 +4,12 @@
 fp16, under ``torch.nn.attention.sdpa_kernel``:
 
 ``torch-math`` (``SDPBackend.MATH``, ATen's ``_scaled_dot_product_attention_math``)
-  upcasts bf16/fp16 inputs to FP32 and computes the unfused attention in FP32
-  (scores, softmax, both products), rounding the output once to the input
-  format.  Model: the materialised (reference) algorithm with every inner
-  stage FP32.
+  upcasts bf16/fp16 inputs to FP32 and computes the unfused attention in FP32:
+  Q' = fl32(Q r), K' = fl32(K r) with r = fl32(sqrt(scale)); S = Q' K'ᵀ (FP32
+  GEMM, in index order with FMA); softmax as ATen's CPU kernel computes it
+  (row max, e = Sleef's expf(S − m), the sum over 8 lanes, P = fl32(e · fl32(1 / Σ)));
+  O = fl_in(P V) (FP32 GEMM, the blocked accumulation below).  Model: those
+  steps in :mod:`fa_jax.ops` (``KernelModel.forward``).
 
 ``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
   ATen's ``native/cpu/FlashAttentionKernel.cpp``) tiles the queries in blocks of
@@ -33,16 +35,21 @@ imported only when a real kernel runs or the capability is read.
 from __future__ import annotations
 
 import functools
+import math
 import platform as _platform
 
+import jax.numpy as jnp
 import numpy as np
 
+from fa_jax import ops
 from fa_jax.accumulation import EXACT, SEQUENTIAL
-from fa_jax.attention import Blocks, flash_attention
-from fa_jax.exponential import TORCH_AVX2, ExpModel
+from fa_jax.attention import Blocks, _gemm_accumulate, _lane_sum, flash_attention
+from fa_jax.exponential import SLEEF_U10, TORCH_AVX2, ExpModel
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.policy import Policy
+from fa_jax.rounding import round_to
+from fa_jax.softmax import shifted_exp
 
 __all__ = [
     "TORCH_FLASH",
@@ -138,8 +145,31 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
 def math_model(fmt: Format, n: int, d: int) -> KernelModel:
     """The model of ``torch-math`` in ``fmt`` (module docstring)."""
     del n, d
-    policy = _stage_policy(fmt, "torch_math_cpu", p=FP32)
-    return KernelModel("torch-math", policy, "reference")
+    policy = _stage_policy(
+        fmt, "torch_math_cpu", p=FP32, accumulation=SEQUENTIAL, exp_model=SLEEF_U10, scale="q"
+    )
+    forward = functools.partial(_math_forward, policy=policy)
+    return KernelModel("torch-math", policy, "reference", forward=forward)
+
+
+def _math_forward(q, k, v, *, policy: Policy, causal, scale):
+    """ATen's math SDPA on FP32 upcasts (module docstring), step by step."""
+    fp32 = policy.scores
+    q, k, v = (ops.cast(ops.carrier(t), policy.inputs) for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
+    q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
+    n, m = q.shape[-2], k.shape[-2]
+    s = _gemm_accumulate(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
+    if causal:
+        s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
+    row_max = jnp.max(s, axis=-1, keepdims=True)
+    e = shifted_exp(s, row_max, policy)
+    total = _lane_sum(e, 8, policy.stats, accumulators=1, vector_tail=True)
+    reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
+    p = ops.mul(e, reciprocal[..., None], policy.p)
+    o = _gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
+    return ops.cast(o, policy.out)
 
 
 def flash_blocks(n: int, m: int) -> Blocks:
