@@ -1,10 +1,12 @@
 """XLA's attention on the CPU: ``jax.nn.dot_product_attention(..., implementation="xla")``.
 
-The real kernel runs natively in bf16, fp16 and fp32.  What it computes
-(jax/_src/nn/functions.py, ``_dot_product_attention_core``) and how XLA's CPU
-backend runs it (read from the optimised HLO, the rest inferred by experiment)::
+The real kernel runs natively in bf16, fp16 and fp32 (fp16 eagerly: XLA's CPU
+backend refuses the F16_F16_F32 dot under jit, and eagerly jax falls back to the
+default precision, op by op).  What it computes (jax/_src/nn/functions.py,
+``_dot_product_attention_core``) and how XLA's CPU backend runs it (read from
+the optimised HLO, the rest inferred by experiment)::
 
-    S = fl32(Q Kᵀ)              bf16/fp16: a BF16_BF16_F32 / F16_F16_F32 dot
+    S = fl32(Q Kᵀ)              products exact for bf16/fp16, FMAs for fp32
     S = fl32(S · fl32(scale))   the scale rounded to float32
     masked S := fl32(-0.7 · FLT_MAX)                      (not -inf)
     m = max S;  e = exp32(fl32(S - m));  l = sum32(e)
@@ -17,8 +19,8 @@ YNNPACK fusions.  Their summation orders, found with order-revealing inputs
 (FPRev-style probes: ±M pairs among ones, and random data checked against
 each candidate tree):
 
-* Q Kᵀ in bf16 (fp16 likewise): each dot sequential over d, in the order
-  1, 0, 3, 2, 5, 4, ... (pairs of terms, odd first), products exact in FP32;
+* Q Kᵀ: each dot a sequential FMA chain over d, in the order 1, 0, 3, 2, 5,
+  4, ... (pairs of terms, odd first) for bf16, 0, 1, 2, ... otherwise;
 * the softmax sum: 16 lanes (term j in lane j mod 16); each lane's terms
   summed by a 4-ary tree whose nodes add their children left to right
   (groups of 4, of 16, of 64, ... terms of the lane); the 16 lane sums then
@@ -26,17 +28,18 @@ each candidate tree):
 * P V: blocks of 512 keys, each a sequential FMA chain from zero, the block
   sums added in order.
 
-Whether P is rounded to the input format before P V depends on XLA's fusion
-decision: when the softmax and the conversion land in the YNNPACK fusion of
-the Q Kᵀ dot, the float32 -> bf16 -> float32 pair is dropped (XLA allows
-excess precision) and P V multiplies the FP32 probabilities.  The model asks
-XLA's compiler for the program the real call would run and reads it.
+Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
+the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
+float32 -> bf16 -> float32 pair is dropped (XLA allows excess precision) and
+P V multiplies the FP32 probabilities.  The model asks XLA's compiler for the
+program the real call would run and reads it.
 
 exp is XLA CPU's own float32 exp (a Cephes polynomial with a two-constant
 Cody-Waite reduction and FMAs, results below FLT_MIN flushed to zero), modelled
-bit for bit by :func:`xla_cpu_exp`.  Inside a YNNPACK fusion a different,
-unidentified float32 exp runs; the two differ by one ulp on a few percent of
-inputs, which leaves the model a few outputs in 10^4 from bit-identical.
+bit for bit by :func:`xla_cpu_exp`; it is what the eager fp16 path runs.  Inside
+a YNNPACK fusion (bf16 and fp32 under jit) a different float32 exp runs, not
+identified yet: it differs from XLA's own by one ulp on some inputs, and those
+are where the model still misses.
 """
 
 from __future__ import annotations
