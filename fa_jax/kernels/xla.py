@@ -282,10 +282,26 @@ def model(fmt: Format, n: int, d: int) -> KernelModel:
     return KernelModel("xla", policy, "reference", forward=functools.partial(_forward, fmt=fmt))
 
 
+def _cpu() -> tuple[str, str]:
+    """The CPU's model name and its vector features (Linux; empty elsewhere): what
+    XLA's CPU backend targets, and YNNPACK picks its kernels by."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = fh.read()
+    except OSError:
+        return "", ""
+    name = re.search(r"^model name\s*:\s*(.*)$", info, flags=re.M)
+    flags = re.search(r"^flags\s*:\s*(.*)$", info, flags=re.M)
+    wanted = ("avx", "fma", "amx", "f16c", "sse4")
+    vector = sorted({f for f in (flags.group(1).split() if flags else []) if f.startswith(wanted)})
+    return (name.group(1).strip() if name else ""), " ".join(vector)
+
+
 def platform() -> dict[str, str]:
-    """jax and jaxlib versions, the backend and device, the CPU, and where the exp
-    model comes from."""
+    """jax and jaxlib versions, the backend and device, the CPU XLA targets, and
+    where the exp model comes from."""
     device = jax.devices()[0]
+    cpu, features = _cpu()
     return {
         "jax": jax.__version__,
         "jaxlib": importlib.metadata.version("jaxlib"),
@@ -293,6 +309,8 @@ def platform() -> dict[str, str]:
         "device": getattr(device, "device_kind", str(device)),
         "machine": _platform.machine(),
         "processor": _platform.processor() or _platform.machine(),
+        "cpu": cpu,
+        "cpu_features": features,
         "exp_model": "XLA CPU's float32 exp (xla_cpu_exp)",
     }
 
