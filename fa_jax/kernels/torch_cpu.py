@@ -38,6 +38,7 @@ import functools
 import math
 import platform as _platform
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -148,7 +149,7 @@ def math_model(fmt: Format, n: int, d: int) -> KernelModel:
     policy = _stage_policy(
         fmt, "torch_math_cpu", p=FP32, accumulation=SEQUENTIAL, exp_model=SLEEF_U10, scale="q"
     )
-    forward = functools.partial(_math_forward, policy=policy)
+    forward = functools.partial(_math_jit, policy=policy)
     return KernelModel("torch-math", policy, "reference", forward=forward)
 
 
@@ -170,6 +171,9 @@ def _math_forward(q, k, v, *, policy: Policy, causal, scale):
     p = ops.mul(e, reciprocal[..., None], policy.p)
     o = _gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
     return ops.cast(o, policy.out)
+
+
+_math_jit = jax.jit(_math_forward, static_argnames=("policy", "causal", "scale"))
 
 
 def flash_blocks(n: int, m: int) -> Blocks:
@@ -204,8 +208,8 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
 
 def _flash_forward(q, k, v, *, policy: Policy, blocks: Blocks, variant: str, causal, scale):
     """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS)."""
-    out, _ = flash_attention(q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale)
-    return out
+    out = flash_attention(q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale)
+    return out[0]  # pyright: ignore[reportIndexIssue]  (custom_vjp erases the (O, lse) type)
 
 
 TORCH_MATH = Kernel(
