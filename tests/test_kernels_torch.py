@@ -94,5 +94,5 @@ def test_platform_and_formats():
     assert torch_cpu.TORCH_MATH.unavailable() is None
     with pytest.raises(ValueError, match="format"):
         torch_cpu.real_flash(
-            np.zeros((1, 4, 8)), np.zeros((1, 4, 8)), np.zeros((1, 4, 8)), fmt="fp32"
+            np.zeros((1, 4, 8)), np.zeros((1, 4, 8)), np.zeros((1, 4, 8)), fmt=FP32
         )
