@@ -233,10 +233,11 @@ _DEFAULTS: dict[str, dict[str, str | int]] = {
 @dataclasses.dataclass(frozen=True)
 class Accumulation:
     """An accumulation model (module docstring); build with EXACT, SEQUENTIAL,
-    chunked(k), tensor_core(preset) or tensor_core_model(k, ...).
+    chunked(k), tensor_core(preset), tensor_core_model(k, ...) or a tree builder
+    (lanes(L), split_k(s), pairwise(), tree(nested), ...).
 
     Args:
-      kind: "exact", "sequential", "chunked" or "tensor_core".
+      kind: "exact", "sequential", "chunked", "tensor_core" or "tree".
       chunk: terms per chunk ("chunked") or per block fused multiply-add, the
         paper's k ("tensor_core"); None for the others.
       extra_bits: "tensor_core" only: bits kept beyond the accumulator's
@@ -247,6 +248,8 @@ class Accumulation:
       fused_accumulator: "tensor_core" only: whether the accumulator joins the
         aligned sum (True on the tensor cores) or is added afterwards with an
         IEEE round-to-nearest addition.
+      tree: "tree" only: the :class:`Tree` that builds the summation tree for
+        any number of terms.
     """
 
     kind: Literal["exact", "sequential", "chunked", "tensor_core", "tree"]

@@ -16,7 +16,10 @@ adds several children, told apart by probes among them.  Each subtree is
 rebuilt the same way (:func:`reveal_order`).  The result is a tree
 :class:`~fa_jax.accumulation.Accumulation`, replaced by a builder
 (``lanes(8)``, ...) when one gives the same tree (:func:`identify`), so the
-model then serves any n.
+model then serves any n.  For a dot product the probes' products are exact,
+so how each product enters its chain (a fused multiply-add loop from zero,
+exactly, or rounded by a multiply first) is chosen by emulating random
+products with fa_jax (:func:`reveal_dot_order`, :func:`reveal_matmul_order`).
 
 What the probes cannot see: a fused node with children of sizes that a
 nesting of smaller nodes also explains (e.g. one node over (p, q, (r + s)) and
