@@ -84,6 +84,8 @@ def test_flash_blocks_follow_the_kernels_rule():
 def test_unmodelled_capability_is_refused():
     with pytest.raises(ValueError, match="CPU capability"):
         torch_cpu.flash_model(BF16, 512, 64, cpu_capability="AVX512")
+    with pytest.raises(ValueError, match="CPU capability"):
+        torch_cpu.math_model(BF16, 512, 64, cpu_capability="DEFAULT")
     model = torch_cpu.flash_model(BF16, 512, 64, cpu_capability="AVX2")
     assert model.policy.normalise == "reciprocal" and model.blocks == Blocks(64, 512)
 

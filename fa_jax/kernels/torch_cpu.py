@@ -8,7 +8,8 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   Q' = fl32(Q r), K' = fl32(K r) with r = fl32(sqrt(scale)); S = Q' K'ᵀ (FP32
   GEMM, in index order with FMA); softmax as ATen's CPU kernel computes it
   (row max, e = Sleef's expf(S − m), the sum over 8 lanes, P = fl32(e · fl32(1 / Σ)));
-  O = fl_in(P V) (FP32 GEMM, the blocked accumulation below).  Model: those
+  O = fl_in(P V) (FP32 GEMM, the blocked accumulation of
+  :func:`fa_jax.attention.flash_attention`'s ``torch_avx2`` loop).  Model: those
   steps in :mod:`fa_jax.ops` (``KernelModel.forward``).
 
 ``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
@@ -27,8 +28,8 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   blocks were found by inputs built to isolate them.
 
 The vector width depends on the CPU capability ATen dispatches to
-(``torch.backends.cpu.get_cpu_capability()``): the flash model exists for AVX2
-(8 FP32 lanes); asking for it under another capability raises.  PyTorch is
+(``torch.backends.cpu.get_cpu_capability()``): both models exist for AVX2
+(8 FP32 lanes); asking for one under another capability raises.  PyTorch is
 imported only when a real kernel runs or the capability is read.
 """
 
@@ -143,9 +144,22 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
     ).replace(**changes)
 
 
-def math_model(fmt: Format, n: int, d: int) -> KernelModel:
-    """The model of ``torch-math`` in ``fmt`` (module docstring)."""
+def _modelled(cpu_capability: str | None, kernel: str) -> tuple[str, ExpModel]:
+    """(flash variant, exp model) of the capability (the one here by default)."""
+    cap = capability() if cpu_capability is None else cpu_capability
+    if cap not in _CAPABILITIES:
+        raise ValueError(
+            f"{kernel} model: CPU capability: expected one of {sorted(_CAPABILITIES)} "
+            f"(the vector loops modelled), got {cap!r}"
+        )
+    return _CAPABILITIES[cap]
+
+
+def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None) -> KernelModel:
+    """The model of ``torch-math`` in ``fmt`` (module docstring), for
+    ``cpu_capability`` (the one here by default)."""
     del n, d
+    _modelled(cpu_capability, "torch-math")
     policy = _stage_policy(
         fmt, "torch_math_cpu", p=FP32, accumulation=SEQUENTIAL, exp_model=SLEEF_U10, scale="q"
     )
@@ -187,13 +201,7 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
     """The model of ``torch-flash`` in ``fmt`` for N = M = ``n`` (module docstring),
     for ``cpu_capability`` (the one here by default)."""
     del d
-    cap = capability() if cpu_capability is None else cpu_capability
-    if cap not in _CAPABILITIES:
-        raise ValueError(
-            f"torch-flash model: CPU capability: expected one of {sorted(_CAPABILITIES)} "
-            f"(the vector loops modelled), got {cap!r}"
-        )
-    variant, exp_model = _CAPABILITIES[cap]
+    variant, exp_model = _modelled(cpu_capability, "torch-flash")
     policy = _stage_policy(
         fmt,
         "torch_flash_cpu",
