@@ -53,7 +53,7 @@ import numbers
 import numpy as np
 
 from fa_jax._checks import non_negative_int, positive_int
-from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
+from fa_jax.accumulation import EXACT, Accumulation, get_accumulation, tree_roundings
 from fa_jax.formats import Format, get_format
 
 __all__ = [
@@ -183,6 +183,9 @@ def summation_roundings(
     * ``tensor_core`` (Fasi et al. 2021; fa_jax.accumulation): ``C = ceil(n /
       k)`` block FMAs, each of which a term of the first block goes through;
       ``C * j`` with ``j`` from :func:`tensor_core_block_roundings`.
+    * ``tree``: the most nodes on a path from a leaf to the root
+      (:func:`fa_jax.accumulation.tree_roundings`); every node is counted as a
+      rounding, so a node that happens to be exact only loosens the bound.
 
     Raises:
       ValueError: an unknown model, ``n`` not a positive integer, or a
@@ -203,6 +206,8 @@ def summation_roundings(
         return n - 1
     if model.kind == "exact":
         return 1
+    if model.kind == "tree":
+        return tree_roundings(model, n)
     return _chunks(n, model)
 
 

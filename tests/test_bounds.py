@@ -410,6 +410,9 @@ def test_default_exp_error():
         (4096, "chunked", 256),
         (9, "chunked(8)", 2),
         (8, "chunked(8)", 1),
+        (8, "pairwise", 3),  # a tree: the most nodes from a leaf to the root
+        (9, "pairwise", 4),
+        (10, "lanes(4)", 4),  # lane 0 holds 3 terms (2 nodes), then 2 halving levels
     ],
 )
 def test_summation_roundings(n, model, want):
@@ -429,7 +432,7 @@ def test_summation_roundings_default_is_exact():
 
 def test_summation_roundings_errors():
     with pytest.raises(ValueError, match="accumulation: expected"):
-        B.summation_roundings(3, "pairwise")
+        B.summation_roundings(3, "nope")
     with pytest.raises(ValueError, match="accumulation: expected"):
         B.softmax_bound(3, 1.0, 0.01, accumulation="chunked(x)")
     with pytest.raises(TypeError):
