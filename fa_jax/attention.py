@@ -406,7 +406,8 @@ def flash_attention(
     in reverse mode by FlashAttention-2's backward (module docstring,
     :func:`fa_jax.backward.flash_backward`).
     """
-    one_of(variant, VARIANTS + KERNEL_VARIANTS, "flash_attention: variant")
+    if variant not in KERNEL_VARIANTS:  # a kernel's loop, used by fa_jax.kernels
+        one_of(variant, VARIANTS, "flash_attention: variant")
     if not isinstance(blocks, Blocks):
         raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
     return _flash(
