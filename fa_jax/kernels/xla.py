@@ -39,7 +39,9 @@ Cody-Waite reduction and FMAs, results below FLT_MIN flushed to zero), modelled
 bit for bit by :func:`xla_cpu_exp`; it is what the eager fp16 path runs.  Inside
 a YNNPACK fusion (bf16 and fp32 under jit) a different float32 exp runs, not
 identified yet: it differs from XLA's own by one ulp on some inputs, and those
-are where the model still misses.
+are where the model still misses.  At 2048 keys and more the softmax sum also
+departs from the tree above on some rows of random data, although ±M probes
+of every term pair find that tree: a step of that reduction is not yet known.
 """
 
 from __future__ import annotations
