@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fa_jax import BF16, FP32, kernels
+from fa_jax import BF16, kernels
 from fa_jax.cli import main
 from fa_jax.studies.calibration import calibrate, format_calibration, knobs_for
 from fa_jax.studies.validation import Shape, validation_inputs
@@ -23,21 +23,21 @@ def test_knobs_apply_and_read_back():
 
 
 def test_ablation_and_search_measure_real_shares():
-    """A knob that changes the numbers (P kept in FP32 instead of BF16) costs share,
-    measured on the real kernel; the search from fa2_kernel finds nothing to add
-    for XLA, whose model is fa2_kernel's policy."""
-    c = calibrate("xla", "bf16", shape=TINY, knobs=("p", "normalise"), max_steps=2)
+    """A knob that changes the numbers (scores stored in BF16 instead of FP32) costs
+    share, measured on the real kernel; one that changes no bit says so."""
+    c = calibrate("xla", "bf16", shape=TINY, knobs=("scores", "o_acc"), max_steps=2)
     model = kernels.model("xla", BF16, 32, 16)
     q, k, v = validation_inputs(BF16, TINY, 0)
     real = kernels.real("xla", q, k, v, fmt=BF16)
-    changed = dataclasses.replace(model, policy=model.policy.replace(p=FP32))
+    changed = dataclasses.replace(model, policy=model.policy.replace(scores=BF16))
     want = float(np.mean(changed(q, k, v).view(np.uint64) == real.view(np.uint64)))
-    (p_row,) = [r for r in c.ablation if r[0] == "p"]
-    assert p_row[1:] == ("bfloat16", "float32", want)
+    rows = {r[0]: r[1:] for r in c.ablation}
+    assert rows["scores"] == ("float32", "bfloat16", want, True)
     assert want < c.model_share
+    assert rows["o_acc"][3] is False  # the reference algorithm has no o accumulator
     assert c.search[0][:3] == (0, "start", "fa2_kernel reference")
     assert [s for *_, s in c.search] == sorted(s for *_, s in c.search)
-    assert "ablation" in format_calibration(c)
+    assert "no output bit changed" in format_calibration(c)
 
 
 def test_calibrate_errors():

@@ -36,7 +36,7 @@ class KernelModel:
     """fa_jax's model of a real kernel: policy, algorithm, blocks, loop variant.
 
     ``forward``, when given, replaces the algorithm: a function
-    ``forward(q, k, v, *, causal, scale)`` of float64 arrays composed of
+    ``forward(q, k, v, *, policy, causal, scale)`` of float64 arrays composed of
     :mod:`fa_jax.ops` steps, for a kernel whose order of steps neither
     attention function follows (``algorithm`` then names the closest one).
     """
@@ -75,7 +75,7 @@ class KernelModel:
         """The emulated output (..., N, d_v) as a float64 numpy array."""
         with float64_enabled():
             if self.forward is not None:
-                out = self.forward(q, k, v, causal=causal, scale=scale)
+                out = self.forward(q, k, v, policy=self.policy, causal=causal, scale=scale)
             elif self.algorithm == "reference":
                 out = reference_attention(q, k, v, self.policy, causal=causal, scale=scale)
             else:

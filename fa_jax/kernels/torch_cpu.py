@@ -163,8 +163,7 @@ def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None
     policy = _stage_policy(
         fmt, "torch_math_cpu", p=FP32, accumulation=SEQUENTIAL, exp_model=SLEEF_U10, scale="q"
     )
-    forward = functools.partial(_math_jit, policy=policy)
-    return KernelModel("torch-math", policy, "reference", forward=forward)
+    return KernelModel("torch-math", policy, "reference", forward=_math_jit)
 
 
 def _math_forward(q, k, v, *, policy: Policy, causal, scale):
@@ -210,7 +209,7 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
         normalise="reciprocal",
     )
     blocks = flash_blocks(n, n)
-    forward = functools.partial(_flash_forward, policy=policy, blocks=blocks, variant=variant)
+    forward = functools.partial(_flash_forward, blocks=blocks, variant=variant)
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 

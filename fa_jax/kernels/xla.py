@@ -57,12 +57,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
+from fa_jax.exponential import ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format
 from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 
-__all__ = ["XLA", "model", "platform", "real", "xla_cpu_exp", "xla_cpu_exp_model"]
+__all__ = ["XLA", "XLA_CPU_EXP", "model", "platform", "real", "xla_cpu_exp", "xla_cpu_exp_model"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
@@ -143,17 +145,23 @@ def xla_cpu_exp(x: jax.Array) -> jax.Array:
     return jnp.where(out < _F32_TINY, 0.0, out)
 
 
-def xla_cpu_exp_model():
-    """:func:`xla_cpu_exp` as a :class:`fa_jax.exponential.ExpModel` ("xla_cpu")."""
-    from fa_jax.exponential import ExpModel
+def _xla_cpu_exp(x, fmt: Format) -> jax.Array:
+    return ops.cast(xla_cpu_exp(x), fmt)
 
-    return ExpModel("xla_cpu", lambda x, fmt: ops.cast(xla_cpu_exp(x), fmt))
+
+XLA_CPU_EXP = ExpModel("xla_cpu", _xla_cpu_exp)
+register_exp_model(XLA_CPU_EXP)
+
+
+def xla_cpu_exp_model() -> ExpModel:
+    """:func:`xla_cpu_exp` as a :class:`fa_jax.exponential.ExpModel` ("xla_cpu")."""
+    return XLA_CPU_EXP
 
 
 # -- summation orders ------------------------------------------------------------------
 
 
-def _qk(q, k, *, pairs: bool):
+def _qk(q, k, *, pairs: bool, acc: Format):
     """fl32(Q Kᵀ), each dot a sequential FMA chain over d: in the order 1, 0, 3, 2,
     ... (an odd last term comes last) with ``pairs`` (bf16 inputs), else 0, 1, 2, ..."""
     d = q.shape[-1]
@@ -163,14 +171,14 @@ def _qk(q, k, *, pairs: bool):
     qs = jnp.moveaxis(q[..., order], -1, 0)[..., :, None]
     ks = jnp.moveaxis(k[..., order], -1, 0)[..., None, :]
 
-    def step(acc, qk):
-        return ops.fma(qk[0], qk[1], acc, FP32), None
+    def step(total, qk):
+        return ops.fma(qk[0], qk[1], total, acc), None
 
-    acc = jnp.zeros((*q.shape[:-1], k.shape[-2]))
-    return jax.lax.scan(step, acc, (qs, ks))[0]
+    total = jnp.zeros((*q.shape[:-1], k.shape[-2]))
+    return jax.lax.scan(step, total, (qs, ks))[0]
 
 
-def _quad(x):
+def _quad(x, acc: Format):
     """Sum axis -2 of ``x`` by a 4-ary tree whose nodes add their children left to
     right (children of 4**j terms, the largest that leaves more than one)."""
     rows = x.shape[-2]
@@ -180,29 +188,29 @@ def _quad(x):
     while part * 4 < rows:
         part *= 4
     full = rows - rows % part
-    kids = _quad(x[..., :full, :].reshape(*x.shape[:-2], full // part, part, x.shape[-1]))
-    acc = kids[..., 0, :]
+    kids = _quad(x[..., :full, :].reshape(*x.shape[:-2], full // part, part, x.shape[-1]), acc)
+    total = kids[..., 0, :]
     for i in range(1, full // part):
-        acc = ops.add(acc, kids[..., i, :], FP32)
+        total = ops.add(total, kids[..., i, :], acc)
     if full < rows:
-        acc = ops.add(acc, _quad(x[..., full:, :]), FP32)
-    return acc
+        total = ops.add(total, _quad(x[..., full:, :], acc), acc)
+    return total
 
 
-def _softmax_sum(e):
+def _softmax_sum(e, acc: Format):
     """The softmax sum (module docstring): 16 lanes, each a 4-ary tree, then halved;
     a row of fewer than 16 or a ragged length is summed in order (not probed)."""
     m = e.shape[-1]
     if m % _LANES:
-        return ops.sum(e, FP32, axis=-1, accumulation="sequential")
-    lanes = _quad(e.reshape(*e.shape[:-1], m // _LANES, _LANES))
+        return ops.sum(e, acc, axis=-1, accumulation="sequential")
+    lanes = _quad(e.reshape(*e.shape[:-1], m // _LANES, _LANES), acc)
     while lanes.shape[-1] > 1:
         half = lanes.shape[-1] // 2
-        lanes = ops.add(lanes[..., :half], lanes[..., half:], FP32)
+        lanes = ops.add(lanes[..., :half], lanes[..., half:], acc)
     return lanes[..., 0]
 
 
-def _pv(p, v):
+def _pv(p, v, acc: Format):
     """fl32(P V): blocks of 512 keys, each a sequential FMA chain from zero, the
     block sums added in order."""
     m = p.shape[-1]
@@ -211,12 +219,12 @@ def _pv(p, v):
         ps = jnp.moveaxis(p[..., start : start + _PV_BLOCK], -1, 0)[..., None]
         vs = jnp.moveaxis(v[..., start : start + _PV_BLOCK, :], -2, 0)[..., None, :]
 
-        def step(acc, pv):
-            return ops.fma(pv[0], pv[1], acc, FP32), None
+        def step(chain, pv):
+            return ops.fma(pv[0], pv[1], chain, acc), None
 
-        acc = jnp.zeros((*p.shape[:-1], v.shape[-1]))
-        block = jax.lax.scan(step, acc, (ps, vs))[0]
-        total = block if total is None else ops.add(total, block, FP32)
+        chain = jnp.zeros((*p.shape[:-1], v.shape[-1]))
+        block = jax.lax.scan(step, chain, (ps, vs))[0]
+        total = block if total is None else ops.add(total, block, acc)
     return total
 
 
@@ -253,35 +261,46 @@ def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
     return True
 
 
-def _forward(q, k, v, *, causal: bool, scale, fmt: Format):
+def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
     q, k, v = (ops.carrier(t) for t in (q, k, v))
     n, d = q.shape[-2:]
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    round_p = _p_rounded(fmt.name, shape, bool(causal))
-    return _model_core(q, k, v, scale, causal=bool(causal), fmt=fmt, round_p=round_p)
+    round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
+    return _model_core(q, k, v, scale, causal=bool(causal), policy=policy, round_p=round_p)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "fmt", "round_p"))
-def _model_core(q, k, v, scale, *, causal: bool, fmt: Format, round_p: bool):
+@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p"))
+def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool):
+    """The model's steps; every rounding names the stage of ``policy`` it belongs to,
+    so calibration's knobs reach it (the summation orders are XLA's, fixed)."""
+    fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
-    s = ops.mul(_qk(q, k, pairs=fmt.name == "bfloat16"), round_to(scale, FP32), FP32)
+    qk = _qk(q, k, pairs=fmt.name == "bfloat16", acc=policy.qk_acc)
+    s = ops.mul(qk, round_to(scale, policy.scores), policy.scores)
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
-    e = xla_cpu_exp(ops.sub(s, jnp.max(s, axis=-1, keepdims=True), FP32))
-    p = ops.mul(e, ops.div(1.0, _softmax_sum(e), FP32)[..., None], FP32)
+    shifted = ops.sub(s, jnp.max(s, axis=-1, keepdims=True), policy.exp)
+    e = policy.exp_model.fn(shifted, policy.exp)
+    total = _softmax_sum(e, policy.stats)
+    if policy.normalise == "reciprocal":
+        p = ops.mul(e, ops.div(1.0, total, policy.stats)[..., None], policy.stats)
+    else:
+        p = ops.div(e, total[..., None], policy.stats)
     if round_p:
-        p = ops.cast(p, fmt)
-    return ops.cast(_pv(p, v), fmt)
+        p = ops.cast(p, policy.p)
+    return ops.cast(_pv(p, v, policy.pv_acc), policy.out)
 
 
 def model(fmt: Format, n: int, d: int) -> KernelModel:
     """fa_jax's model of XLA's attention in ``fmt`` (module docstring); ``algorithm``
     names the closest attention function, the reference."""
     del n, d
-    policy = fa2_kernel(fmt).replace(name=f"xla({fmt.name})")
-    return KernelModel("xla", policy, "reference", forward=functools.partial(_forward, fmt=fmt))
+    policy = fa2_kernel(fmt).replace(
+        name=f"xla({fmt.name})", exp_model=XLA_CPU_EXP, normalise="reciprocal"
+    )
+    return KernelModel("xla", policy, "reference", forward=_forward)
 
 
 def _cpu() -> tuple[str, str]:

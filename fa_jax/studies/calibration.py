@@ -102,7 +102,9 @@ def knobs_for(model: KernelModel) -> tuple[Knob, ...]:
 class Calibration:
     """The result of :func:`calibrate` (module docstring).
 
-    ``ablation`` rows: (knob, the model's value, the value tried, share).
+    ``ablation`` rows: (knob, the model's value, the value tried, share, whether
+    any output bit changed: a knob that changes none is either irrelevant at this
+    shape or not read by the model's steps).
     ``search`` rows: (step, knob, value, share), step 0 being the start."""
 
     kernel: str
@@ -111,16 +113,20 @@ class Calibration:
     causal: bool
     seeds: tuple[int, ...]
     model_share: float
-    ablation: tuple[tuple[str, str, str, float], ...]
+    ablation: tuple[tuple[str, str, str, float, bool], ...]
     search: tuple[tuple[int, str, str, float], ...]
 
 
-def _share_of(real: np.ndarray, inputs, causal: bool) -> Callable[[KernelModel], float]:
-    def share(m: KernelModel) -> float:
-        out = np.stack([m(q, k, v, causal=causal) for q, k, v in inputs])
-        return float(np.mean(out.view(np.uint64) == real.view(np.uint64)))
+def _outputs_of(inputs, causal: bool) -> Callable[[KernelModel], np.ndarray]:
+    def outputs(m: KernelModel) -> np.ndarray:
+        return np.stack([m(q, k, v, causal=causal) for q, k, v in inputs])
 
-    return share
+    return outputs
+
+
+def _identical(a: np.ndarray, b: np.ndarray) -> float:
+    """The share of elements of ``a`` bit-identical to ``b``."""
+    return float(np.mean(a.view(np.uint64) == b.view(np.uint64)))
 
 
 def calibrate(
@@ -143,7 +149,11 @@ def calibrate(
     max_steps = non_negative_int(max_steps, "calibrate: max_steps")
     inputs = [validation_inputs(f, shape, s) for s in seeds]
     real = np.stack([kernels.real(kernel, q, k, v, fmt=f, causal=causal) for q, k, v in inputs])
-    share = _share_of(real, inputs, causal)
+    outputs = _outputs_of(inputs, causal)
+
+    def share(m: KernelModel) -> float:
+        return _identical(outputs(m), real)
+
     model = kernels.model(kernel, f, shape.n, shape.d)
     every = knobs_for(model)
     if knobs is not None:
@@ -152,13 +162,16 @@ def calibrate(
         if unknown:
             raise ValueError(f"calibrate: knobs: expected names among {names}, got {unknown}")
     chosen = tuple(k for k in every if knobs is None or k.name in knobs)
-    model_share = share(model)
+    model_out = outputs(model)
+    model_share = _identical(model_out, real)
     ablation = []
     for knob in chosen:
         now = knob.current(model)
         for value in knob.values:
             if value != now:
-                ablation.append((knob.name, now, value, share(knob.apply(model, value))))
+                out = outputs(knob.apply(model, value))
+                changed = not np.array_equal(out.view(np.uint64), model_out.view(np.uint64))
+                ablation.append((knob.name, now, value, _identical(out, real), changed))
     start = dataclasses.replace(model, policy=fa2_kernel(f), algorithm="reference")
     start = dataclasses.replace(start, blocks=None, variant=None)
     search = [(0, "start", "fa2_kernel reference", share(start))]
@@ -190,9 +203,11 @@ def format_calibration(c: Calibration) -> str:
         "ablation: the model with one knob changed",
         f"{'knob':<14} {'model':<28} {'tried':<28} {'identical':>10} {'change':>9}",
     ]
-    for name, now, value, s in sorted(c.ablation, key=lambda r: r[3]):
+    for name, now, value, s, changed in sorted(c.ablation, key=lambda r: r[3]):
+        note = "" if changed else "  (no output bit changed)"
         lines.append(
-            f"{name:<14} {now:<28} {value:<28} {100 * s:>9.4f}% {100 * (s - c.model_share):>+8.4f}%"
+            f"{name:<14} {now:<28} {value:<28} {100 * s:>9.4f}% "
+            f"{100 * (s - c.model_share):>+8.4f}%{note}"
         )
     lines += ["", "search from fa2_kernel (reference): the best single change per step"]
     lines.append(f"{'step':>4} {'knob':<14} {'value':<28} {'identical':>10} {'gain':>9}")
