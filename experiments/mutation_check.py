@@ -357,9 +357,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "ops",
-        "        return _round_to_odd_then(*_sum_and_error(x), fmt)\n"
-        '    if model.kind == "chunked"',
-        '        return round_to(jnp.sum(x, axis=0), fmt)\n    if model.kind == "chunked"',
+        "    return _round_to_odd_then(*_sum_and_error(terms), fmt)",
+        "    return round_to(jnp.sum(terms, axis=0), fmt)",
         "exact sum rounded twice (plain float64 sum)",
         SOFTMAX_MIDPOINT,
         SUMS,
@@ -420,8 +419,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- softmax.py ---------------------------------------------------------------
     _m(
         "softmax",
-        "ops.exp(ops.sub(x, m, policy.exp), policy.exp)",
-        "ops.exp(ops.sub(x, m, policy.stats), policy.exp)",
+        "shifted = ops.sub(x, m, policy.exp)",
+        "shifted = ops.sub(x, m, policy.stats)",
         "shift x - m rounded to stats instead of exp",
         ATT_SIM,
     ),
@@ -639,8 +638,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "attention",
-        "out = normalise(o, l[..., None], policy.out)",
-        "out = normalise(o, l[..., None], policy.o_acc)",
+        "return normalise(o, l, policy.out)",
+        "return normalise(o, l, policy.o_acc)",
         "FA2 final O / l in o_acc instead of out",
         ATT_SIM,
     ),

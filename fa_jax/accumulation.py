@@ -35,41 +35,7 @@
                  and :func:`nested` show the tree for a given n; str() parses
                  back, e.g. ``tree(lanes(8, combine=pairwise))``.
 
-The tensor-core model
----------------------
-The terms ``t_1 .. t_n`` (the products ``a_i b_i`` of a dot, exact in
-float64, or the summands of a sum) are taken in index order, in blocks of
-``k``.  The accumulator ``c`` starts at +0.  With ``fused_accumulator`` (the
-hardware's ``D = C + A B``), each block computes::
-
-    T     = {c, t_1, .., t_k}                     (the block's terms, c included)
-    E(x)  = max(floor(log2 |x|), emin)            (emin of the accumulator format)
-    e_max = max E(x) over the nonzero x in T
-    q     = 2**(e_max - man_bits - extra_bits)    (man_bits of the accumulator format)
-    x'    = sign(x) * floor(|x| / q) * q          (alignment: truncation toward zero)
-    S     = Σ_{x in T} x'                         (exact: no carry bit is lost)
-    c     = round(S, accumulator format, normalization)
-
-that is, every significand is shifted right to the largest exponent keeping
-``extra_bits`` bits beyond the accumulator's precision, the bits shifted out
-are dropped, the aligned significands are added exactly and the sum is
-normalised once (round toward zero on the tensor cores).  Without
-``fused_accumulator`` the block is ``A B`` alone (``T`` without ``c``) and its
-normalised sum ``d`` is added to the accumulator by an IEEE round-to-nearest
-addition, ``c = fl(c + d)`` (an MMA with a zero C followed by an FP32 add).
-
-``S`` is exact in float64 when ``man_bits + extra_bits + 1 + ceil(log2(|T|))
-<= 53`` (aligned terms are multiples of ``q`` below ``2**(man_bits +
-extra_bits + 1) q``); ``ops`` checks this for concrete formats.
-
-Special values follow IEEE 754 (NaN, or +inf with -inf, gives NaN; one
-infinity sign gives that infinity); an exact zero ``S`` gives +0, a nonzero
-``S`` that rounds to zero keeps its sign; overflow follows ``normalization``.
-
-Not modelled: the hardware's limited carry-out bits; the alignment of a
-product of a subnormal input by its unnormalised exponent; the binary16-output
-mode; and the second extra bit of Khattak & Mikaitis's bit-accurate A100 model
-("Accurate models of NVIDIA tensor cores", arXiv 2512.07004, 2025).
+The tensor-core model is defined step by step in :func:`tensor_core_model`.
 """
 
 from __future__ import annotations
@@ -350,10 +316,45 @@ def tensor_core_model(
     normalization: str = "toward_zero",
     fused_accumulator: bool = True,
 ) -> Accumulation:
-    """A tensor-core block FMA model with any parameters (module docstring):
-    blocks of ``k`` exact products, aligned to the largest exponent with
-    ``extra_bits`` extra bits and truncated, summed exactly, normalised to the
-    accumulator format in ``normalization`` mode."""
+    """A tensor-core block FMA model with any parameters: blocks of ``k`` exact
+    products, aligned to the largest exponent with ``extra_bits`` extra bits and
+    truncated, summed exactly, normalised to the accumulator format in
+    ``normalization`` mode.
+
+    The terms ``t_1 .. t_n`` (the products ``a_i b_i`` of a dot, exact in
+    float64, or the summands of a sum) are taken in index order, in blocks of
+    ``k``.  The accumulator ``c`` starts at +0.  With ``fused_accumulator`` (the
+    hardware's ``D = C + A B``), each block computes::
+
+        T     = {c, t_1, .., t_k}                     (the block's terms, c included)
+        E(x)  = max(floor(log2 |x|), emin)            (emin of the accumulator format)
+        e_max = max E(x) over the nonzero x in T
+        q     = 2**(e_max - man_bits - extra_bits)    (man_bits of the accumulator format)
+        x'    = sign(x) * floor(|x| / q) * q          (alignment: truncation toward zero)
+        S     = Σ_{x in T} x'                         (exact: no carry bit is lost)
+        c     = round(S, accumulator format, normalization)
+
+    that is, every significand is shifted right to the largest exponent keeping
+    ``extra_bits`` bits beyond the accumulator's precision, the bits shifted out
+    are dropped, the aligned significands are added exactly and the sum is
+    normalised once (round toward zero on the tensor cores).  Without
+    ``fused_accumulator`` the block is ``A B`` alone (``T`` without ``c``) and its
+    normalised sum ``d`` is added to the accumulator by an IEEE round-to-nearest
+    addition, ``c = fl(c + d)`` (an MMA with a zero C followed by an FP32 add).
+
+    ``S`` is exact in float64 when ``man_bits + extra_bits + 1 + ceil(log2(|T|))
+    <= 53`` (aligned terms are multiples of ``q`` below ``2**(man_bits +
+    extra_bits + 1) q``); ``ops`` checks this for concrete formats.
+
+    Special values follow IEEE 754 (NaN, or +inf with -inf, gives NaN; one
+    infinity sign gives that infinity); an exact zero ``S`` gives +0, a nonzero
+    ``S`` that rounds to zero keeps its sign; overflow follows ``normalization``.
+
+    Not modelled: the hardware's limited carry-out bits; the alignment of a
+    product of a subnormal input by its unnormalised exponent; the binary16-output
+    mode; and the second extra bit of Khattak & Mikaitis's bit-accurate A100 model
+    ("Accurate models of NVIDIA tensor cores", arXiv 2512.07004, 2025).
+    """
     return Accumulation(
         "tensor_core",
         k,

@@ -36,26 +36,9 @@ Per key block j, with scores S_j (rows × Bc):
     m_new, l_new, P̃ as fa2
     o = ((l α) / l_new) o + fl_p(P̃ / l_new) V_j
 
-``torch_avx2`` (PyTorch's CPU flash attention, ``cpu_flash_attention`` in ATen's
-``FlashAttentionKernel.cpp``, with AVX2's 8 FP32 lanes)::
-
-    m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new)  (the policy's exp model)
-    α = exp(m − m_new)  (the scalar exp: correctly rounded)
-    l = fma(α, l, Σ_lanes P̃);  o = fl(α o) ⊕ fl_p(P̃) V_j
-    O = fl_out(o · fl_stats(1 / l))  (Policy.normalise "reciprocal")
-
-where Σ_lanes sums P̃ as the kernel's vector loop does: vector j (8 entries)
-goes to accumulator j mod 2, each accumulator adds its vectors lane by lane in
-order from 0, the two are added, their lanes combine as
-((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), and the entries past the last full
-vector follow one by one.  ``⊕ P V`` is the GEMM's accumulation into o: the
-key axis in blocks (192 wide, or two halves when fewer than 400, as measured
-on the kernel), each block summed in index order from 0 in FP32 and added into
-o; S's Q Kᵀ takes the policy's accumulation (in index order, for a head
-dimension up to 192).  Its last key block is as wide as the keys left
-(no padding), as the kernel's is; ``kv_lengths`` masks keys inside a block, so
-a length-masked call does not follow the kernel on the shorter inputs (the
-kernel has no such mask).
+``torch_avx2``, PyTorch's CPU flash loop on AVX2 (ATen's ``cpu_flash_attention``),
+is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
+:mod:`fa_jax.kernels.torch_cpu`); ``_torch_step`` says what it does.
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
@@ -69,16 +52,10 @@ need not be multiples of the block sizes: K and V are padded to a multiple of
 log-sum-exp -inf.
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
-under the same policy (:mod:`fa_jax.backward`): flash attention's is
-FlashAttention-2's (Dao 2023, Algorithm 2: P recomputed from the saved
-log-sum-exp, the same ``Bc`` key blocks, dQ accumulated across them), the
-reference's is the materialised backward from the stored P.  Both accept the
-log-sum-exp's cotangent too.  Gradients are with respect to the arrays passed
-in: the rounding to ``inputs`` is the identity for them (straight through, as
-``round_to``'s JVP), the scale is a constant, and masked rows and keys get zero
-gradient.  dQ, dK, dV come back in the dtypes of q, k, v.  Only first-order
-reverse mode is defined (``jax.grad``, ``jax.vjp``); a policy with traced
-formats (vmap over formats) works.
+under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for
+flash attention, Dao 2023), with respect to the arrays passed in (the rounding
+to ``inputs`` passes gradients straight through; masked rows and keys get zero
+gradient; the log-sum-exp's cotangent is accepted); first-order reverse mode only.
 """
 
 from __future__ import annotations
@@ -627,6 +604,28 @@ def _gemm_accumulate(c, a, b, fmt):
 
 
 def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int):
+    """One key block of the ``torch_avx2`` loop: PyTorch's CPU flash attention
+    (``cpu_flash_attention`` in ATen's ``FlashAttentionKernel.cpp``, with AVX2's
+    8 FP32 lanes)::
+
+        m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new)  (the policy's exp model)
+        α = exp(m − m_new)  (the scalar exp: correctly rounded)
+        l = fma(α, l, Σ_lanes P̃);  o = fl(α o) ⊕ fl_p(P̃) V_j
+        O = fl_out(o · fl_stats(1 / l))  (Policy.normalise "reciprocal")
+
+    where Σ_lanes sums P̃ as the kernel's vector loop does: vector j (8 entries)
+    goes to accumulator j mod 2, each accumulator adds its vectors lane by lane in
+    order from 0, the two are added, their lanes combine as
+    ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), and the entries past the last full
+    vector follow one by one.  ``⊕ P V`` is the GEMM's accumulation into o: the
+    key axis in blocks (192 wide, or two halves when fewer than 400, as measured
+    on the kernel), each block summed in index order from 0 in FP32 and added into
+    o; S's Q Kᵀ takes the policy's accumulation (in index order, for a head
+    dimension up to 192).  Its last key block is as wide as the keys left
+    (no padding), as the kernel's is; ``kv_lengths`` masks keys inside a block, so
+    a length-masked call does not follow the kernel on the shorter inputs (the
+    kernel has no such mask).
+    """
     m, l, o = carry
     m_new = running_max(m, jnp.max(s, axis=-1), policy.stats)
     alpha = rescale_factor(m, m_new, policy.replace(exp_model=CORRECTLY_ROUNDED))

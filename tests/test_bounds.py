@@ -582,7 +582,7 @@ def test_huge_arguments_give_inf_not_overflow_errors():
             "online_softmax_bound: block: expected a positive integer, got 0",
         ),
         (dict(n=4, x_range=1.0, u=0.01, exp_error=1.0), "exp_error: expected"),
-        (dict(n=4, x_range=1.0, u=0.01, accumulation="pairwise"), "accumulation: expected"),
+        (dict(n=4, x_range=1.0, u=0.01, accumulation="nope"), "accumulation: expected"),
     ],
 )
 def test_bound_argument_errors(kwargs, match):
