@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 import fa_jax
-from fa_jax._checks import one_of, positive_int
+from fa_jax._checks import non_negative_int, one_of, positive_int
 from fa_jax.formats import get_format, registered_formats
 from fa_jax.presets import PRESETS
 from fa_jax.rounding import ROUNDING_MODES
@@ -415,7 +415,7 @@ def cmd_calibrate(args) -> int:
     except ValueError as err:
         raise ValueError(f"--format: {err}") from None
     shape = Shape(*(positive_int(_one_int(flag, v), flag) for flag, v in _shape_flags(args)))
-    steps = positive_int(_one_int("--max-steps", args.max_steps), "--max-steps")
+    steps = non_negative_int(_one_int("--max-steps", args.max_steps), "--max-steps")
     result = calibrate(
         kernel,
         fmt,

@@ -156,11 +156,10 @@ def test_padded_equals_unpadded_bitwise(variant, policy):
 
 @pytest.mark.parametrize(
     "variant",
-    # Eager mode compiles every primitive it meets (seconds per call): the default run
-    # keeps one eager check of flash_attention, fa2 (the default variant, whose
-    # forward the backward's eager check in test_backward also runs); fa1's per-row-
-    # block loop and rowwise's step run in `-m slow`.
-    [v if v == "fa2" else pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS],
+    # Eager mode compiles every primitive it meets (seconds per call): the default run's
+    # eager check of flash_attention is test_backward's, whose forward is fa2's (the
+    # default variant) with the same comparison; every variant runs here in `-m slow`.
+    [pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS],
 )
 def test_jit_equals_eager_bitwise(variant):
     """Op-by-op execution (jax.disable_jit: no fusion, no excess precision) gives the
