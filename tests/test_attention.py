@@ -298,6 +298,9 @@ def test_golden_needs_x64():
         jax.config.update("jax_enable_x64", previous)
 
 
+# In the default run, the sweep's vmapped programs (test_sweep: every row equals direct
+# calls, bitwise) and test_backward's vmapped gradients check traced format widths.
+@pytest.mark.slow
 def test_vmap_over_policy_mantissa_widths_equals_separate_calls():
     """One compiled program for several formats (the sweep engine relies on it)."""
     from fa_jax import custom

@@ -96,6 +96,8 @@ def test_fig5_seq_len(tmp_path):
         )
 
 
+# The default run checks padded against unpadded lengths in test_attention and test_sweep.
+@pytest.mark.slow
 def test_full_grids_split_into_per_length_sweeps_with_the_same_numbers(tmp_path):
     kw = dict(policies=("paper_uniform",), quiet=True, grid_overrides=dict(TINY, seq_lens=(8, 16)))
     quick = fig5(tmp_path / "q", quick=True, **kw)
