@@ -384,15 +384,9 @@ def _kernel(flag: str, name: str) -> str:
 def cmd_validate(args) -> int:
     import json
 
-    from fa_jax.studies.validation import Shape, format_validation, validate
+    from fa_jax.studies.validation import format_validation, validate
 
-    kernel = _kernel("--kernel", args.kernel)
-    try:
-        fmt = get_format(args.format)
-    except ValueError as err:
-        raise ValueError(f"--format: {err}") from None
-    sizes = [positive_int(_one_int(flag, v), flag) for flag, v in _shape_flags(args)]
-    shape = Shape(*sizes)
+    kernel, fmt, shape = _kernel_args(args)
     result = validate(
         kernel,
         fmt,
@@ -407,14 +401,8 @@ def cmd_validate(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from fa_jax.studies.calibration import calibrate, format_calibration
-    from fa_jax.studies.validation import Shape
 
-    kernel = _kernel("--kernel", args.kernel)
-    try:
-        fmt = get_format(args.format)
-    except ValueError as err:
-        raise ValueError(f"--format: {err}") from None
-    shape = Shape(*(positive_int(_one_int(flag, v), flag) for flag, v in _shape_flags(args)))
+    kernel, fmt, shape = _kernel_args(args)
     steps = non_negative_int(_one_int("--max-steps", args.max_steps), "--max-steps")
     result = calibrate(
         kernel,
@@ -429,9 +417,17 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _shape_flags(args):
-    """(flag, text) of --batch, --heads, --n and --d, in Shape's order."""
-    return (("--batch", args.batch), ("--heads", args.heads), ("--n", args.n), ("--d", args.d))
+def _kernel_args(args):
+    """(kernel name, Format, Shape) from the flags of :func:`_add_kernel_flags`."""
+    from fa_jax.studies.validation import Shape
+
+    kernel = _kernel("--kernel", args.kernel)
+    try:
+        fmt = get_format(args.format)
+    except ValueError as err:
+        raise ValueError(f"--format: {err}") from None
+    flags = (("--batch", args.batch), ("--heads", args.heads), ("--n", args.n), ("--d", args.d))
+    return kernel, fmt, Shape(*(positive_int(_one_int(f, v), f) for f, v in flags))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ import numpy as np
 
 from fa_jax.attention import Blocks
 from fa_jax.formats import Format
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
 from fa_jax.presets import fa2_kernel
 
 __all__ = ["CUDNN", "TORCH_CUDA_FLASH", "TORCH_CUDA_MEM_EFFICIENT"]
@@ -64,14 +64,8 @@ def _cudnn_attention(dtype: str, causal: bool, scale):
     return jax.jit(run, device=jax.devices("gpu")[0])
 
 
-def _flat(q, k, v):
-    """(..., N, d) arrays as float32 (B·H, N, d), and the leading shape."""
-    lead = np.shape(q)[:-2]
-    return lead, [np.asarray(t, np.float32).reshape(-1, *np.shape(t)[-2:]) for t in (q, k, v)]
-
-
 def _cudnn_real(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
-    lead, (q, k, v) = _flat(q, k, v)
+    lead, (q, k, v) = flat_heads(q, k, v)
     run = _cudnn_attention(fmt.name, bool(causal), None if scale is None else float(scale))
     out = np.asarray(run(q, k, v), dtype=np.float64)
     return out.reshape(*lead, *out.shape[-2:])
@@ -82,7 +76,7 @@ def _torch_real(backend: str):
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        lead, arrays = _flat(q, k, v)
+        lead, arrays = flat_heads(q, k, v)
         dtype = getattr(torch, fmt.name)
         q_t, k_t, v_t = (torch.from_numpy(t).to("cuda", dtype)[None] for t in arrays)
         with sdpa_kernel(getattr(SDPBackend, backend)), torch.no_grad():

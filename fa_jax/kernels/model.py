@@ -26,7 +26,7 @@ from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attent
 from fa_jax.formats import Format
 from fa_jax.policy import Policy
 
-__all__ = ["ALGORITHMS", "Kernel", "KernelModel"]
+__all__ = ["ALGORITHMS", "Kernel", "KernelModel", "flat_heads"]
 
 ALGORITHMS = ("reference", "flash")
 
@@ -111,3 +111,10 @@ class Kernel:
     unavailable: Callable[[], str | None]
     platform: Callable[[], dict[str, str]]
     formats: tuple[str, ...] = ("bf16", "fp16")
+
+
+def flat_heads(q, k, v):
+    """(..., N, d) arrays as float32 (B·H, N, d) for a real kernel's call (their values
+    are exact in any format up to FP32), and the leading shape to restore."""
+    lead = np.shape(q)[:-2]
+    return lead, [np.asarray(t, np.float32).reshape(-1, *np.shape(t)[-2:]) for t in (q, k, v)]

@@ -44,12 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
-from fa_jax.accumulation import EXACT, SEQUENTIAL
+from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.attention import Blocks, _gemm_accumulate, _lane_sum, flash_attention
 from fa_jax.exponential import SLEEF_U10, TORCH_AVX2, ExpModel
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.policy import Policy
+from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.softmax import shifted_exp
 
@@ -127,21 +128,10 @@ def real_flash(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.
 
 
 def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
-    """Q, K, V, P and O in ``fmt``; scores, statistics, exp and accumulators FP32."""
+    """FlashAttention-2's stage formats (:func:`fa_jax.presets.fa2_kernel`): Q, K, V,
+    P and O in ``fmt``; scores, statistics, exp and accumulators FP32."""
     f = get_format(fmt)
-    return Policy(
-        inputs=f,
-        qk_acc=FP32,
-        scores=FP32,
-        stats=FP32,
-        exp=FP32,
-        p=f,
-        pv_acc=FP32,
-        o_acc=FP32,
-        out=f,
-        accumulation=EXACT,
-        name=f"{name}({f.name})",
-    ).replace(**changes)
+    return fa2_kernel(f).replace(name=f"{name}({f.name})", **changes)
 
 
 def _modelled(cpu_capability: str | None, kernel: str) -> tuple[str, ExpModel]:

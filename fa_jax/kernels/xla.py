@@ -59,7 +59,7 @@ import numpy as np
 from fa_jax import ops
 from fa_jax.exponential import ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
@@ -97,15 +97,9 @@ def _attention(dtype: str, causal: bool, scale):
     return _jit_attention(dtype, causal, scale)
 
 
-def _flat(q, k, v):
-    """(..., N, d) arrays as float32 (B·H, N, d), and the leading shape."""
-    lead = np.shape(q)[:-2]
-    return lead, [np.asarray(t, np.float32).reshape(-1, *np.shape(t)[-2:]) for t in (q, k, v)]
-
-
 def real(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
     """XLA's output for (..., N, d) inputs exact in ``fmt``, as float64."""
-    lead, (q, k, v) = _flat(q, k, v)
+    lead, (q, k, v) = flat_heads(q, k, v)
     run = _attention(fmt.name, bool(causal), None if scale is None else float(scale))
     out = np.asarray(run(q, k, v), dtype=np.float64)
     return out.reshape(*lead, *out.shape[-2:])
