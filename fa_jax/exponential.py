@@ -32,6 +32,13 @@ correctly rounded) on the rest: :data:`TORCH_AVX2` is PyTorch's CPU
 flash-attention softmax on AVX2 (8 lanes, ``fexp_u20``).  :data:`SLEEF_U10`
 is ATen's ``Vectorized<float>::exp`` (Sleef's ``expf`` to 1 ulp), the exp of
 PyTorch's CPU softmax, on every entry.
+
+:func:`ynnpack_exp` is YNNPACK's float32 exp (``simd::exp``, ``exp_taylor2`` in
+``ynnpack/base/simd/target_independent.inc`` of google/XNNPACK), which XLA's
+CPU backend runs for an exp inside a YNNPACK fusion: x clamped to
+[-88.0297, 88.7228], b = round(fl(x log2 e)), r = fma(b, -ln2_lo, fma(b,
+-ln2_hi, x)), expm1(r) ~ r + r²·P(r) with P of degree 6 evaluated in r² (even and
+odd terms apart), and y = fma(2^b, expm1(r), 2^b): :data:`YNNPACK`.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ __all__ = [
     "CORRECTLY_ROUNDED",
     "SLEEF_U10",
     "TORCH_AVX2",
+    "YNNPACK",
     "ExpModel",
     "exp_models",
     "exp_u20",
@@ -58,6 +66,7 @@ __all__ = [
     "register_exp_model",
     "sleef_expf_u10",
     "vectorised",
+    "ynnpack_exp",
 ]
 
 
@@ -187,6 +196,60 @@ def sleef_expf_u10(x: jax.Array) -> jax.Array:
     return jnp.where(x < -104.0, 0.0, jnp.where(x > 100.0, jnp.inf, y))
 
 
+# YNNPACK's float32 exp: ln 2 split in two, expm1(r) = r + r² P(r), P highest degree first.
+_YNN_LN2_HI = _f32(6.9314575195e-01)
+_YNN_LN2_LO = _f32(1.4286067653e-06)
+_YNN_MIN_X = _f32(-88.02969360351562)
+_YNN_MAX_X = _f32(88.72283935546875)
+_YNN_POLY = tuple(
+    _f32(c)
+    for c in (
+        -4.9866619520e-05,
+        2.2773783712e-04,
+        1.4132461511e-03,
+        8.3242934197e-03,
+        4.1665628552e-02,
+        1.6666725278e-01,
+        4.9999994040e-01,
+    )
+)
+_ROUND_MAGIC = 1.5 * 2.0**23  # (magic + t) - magic rounds t to an integer, ties to even
+_FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def ynnpack_exp(x: jax.Array) -> jax.Array:
+    """YNNPACK's float32 exp (``simd::exp``, module docstring) of FP32 values ``x``,
+    as FP32 carrier values, every step rounded to FP32 as the vector code rounds
+    (``multiply_add`` is an FMA)::
+
+        x' = clamp(x, -88.0297, 88.7228);  b = (M + fl(x' log2 e)) - M,  M = 1.5 · 2^23
+        r = fma(b, -ln2_lo, fma(b, -ln2_hi, x'));  s = fl(r · r)
+        P = fma(r, odd(s), even(s))   (P's even and odd terms, each Horner in s)
+        y = fma(2^b, fma(s, P, r), 2^b)          (inf where 2^b overflows)
+
+    and 0 where y falls below FLT_MIN (the CPU flushes subnormal results to zero).
+    """
+    xc = jnp.clip(x, _YNN_MIN_X, _YNN_MAX_X)
+    t = ops.mul(xc, jnp.full_like(xc, _LOG2E), FP32)
+    magic = jnp.full_like(t, _ROUND_MAGIC)
+    b = ops.sub(ops.add(magic, t, FP32), magic, FP32)
+    r = ops.fma(b, jnp.full_like(b, -_YNN_LN2_HI), xc, FP32)
+    r = ops.fma(b, jnp.full_like(b, -_YNN_LN2_LO), r, FP32)
+    s = ops.mul(r, r, FP32)
+    # Two Horner chains in s: coefficients 0, 2, 4, 6 (ending on the constant term)
+    # and 1, 3, 5.
+    chains = [jnp.full_like(s, c) for c in _YNN_POLY[:2]]
+    for i, c in enumerate(_YNN_POLY[2:]):
+        chains[i % 2] = ops.fma(s, chains[i % 2], jnp.full_like(s, c), FP32)
+    even, odd = chains
+    p = ops.fma(r, odd, even, FP32)
+    expm1_r = ops.fma(s, p, r, FP32)
+    scale = jnp.where(b > 127, jnp.inf, _pow2(b))  # 2^128 overflows FP32
+    y = jnp.where(jnp.isinf(scale), scale, ops.fma(scale, expm1_r, scale, FP32))
+    y = jnp.where(y < _FLT_MIN, 0.0, y)
+    return jnp.where(jnp.isnan(x), x, y)
+
+
 def vectorised(name: str, lanes: int, vector_exp: Callable[[jax.Array], jax.Array]) -> ExpModel:
     """The model of a loop that applies ``vector_exp`` (FP32 in, FP32 out) to the
     first ``lanes * (n // lanes)`` entries of the last axis (n entries) and the
@@ -203,8 +266,11 @@ def vectorised(name: str, lanes: int, vector_exp: Callable[[jax.Array], jax.Arra
 
 TORCH_AVX2 = vectorised("torch_fexp_u20_avx2", 8, fexp_u20)
 SLEEF_U10 = ExpModel("sleef_expf_u10", lambda x, fmt: ops.cast(sleef_expf_u10(x), fmt))
+YNNPACK = ExpModel("ynnpack", lambda x, fmt: ops.cast(ynnpack_exp(x), fmt))
 
-_MODELS: dict[str, ExpModel] = {m.name: m for m in (CORRECTLY_ROUNDED, TORCH_AVX2, SLEEF_U10)}
+_MODELS: dict[str, ExpModel] = {
+    m.name: m for m in (CORRECTLY_ROUNDED, TORCH_AVX2, SLEEF_U10, YNNPACK)
+}
 
 
 def register_exp_model(model: ExpModel) -> None:

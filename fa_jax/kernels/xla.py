@@ -34,14 +34,17 @@ float32 -> bf16 -> float32 pair is dropped (XLA allows excess precision) and
 P V multiplies the FP32 probabilities.  The model asks XLA's compiler for the
 program the real call would run and reads it.
 
-exp is XLA CPU's own float32 exp (a Cephes polynomial with a two-constant
-Cody-Waite reduction and FMAs, results below FLT_MIN flushed to zero), modelled
-bit for bit by :func:`xla_cpu_exp`; it is what the eager fp16 path runs.  Inside
-a YNNPACK fusion (bf16 and fp32 under jit) a different float32 exp runs, not
-identified yet: it differs from XLA's own by one ulp on some inputs, and those
-are where the model still misses.  At 2048 keys and more the softmax sum also
-departs from the tree above on some rows of random data, although ±M probes
-of every term pair find that tree: a step of that reduction is not yet known.
+Two float32 exps run, and the model reads which from the program.  Where the
+exp lands in a YNNPACK fusion (bf16 and fp32 under jit, from 64 keys or so)
+XLA hands it to YNNPACK as ``ynn_unary_exp``, which runs YNNPACK's vector exp
+(``simd::exp`` in google/XNNPACK's ``ynnpack/base/simd/target_independent.inc``),
+modelled bit for bit by :func:`fa_jax.exponential.ynnpack_exp`.  Elsewhere (the
+eager fp16 path, small shapes) XLA's own float32 exp runs: a Cephes polynomial
+with a two-constant Cody-Waite reduction and FMAs, results below FLT_MIN flushed
+to zero, modelled bit for bit by :func:`xla_cpu_exp`.  The two differ by one
+ulp on a few percent of inputs.  At 2048 keys and more the softmax sum departs
+from the tree above on some rows of random data, although ±M probes of every
+term pair find that tree: a step of that reduction is not yet known.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
-from fa_jax.exponential import ExpModel, register_exp_model
+from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format
 from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
 from fa_jax.policy import Policy
@@ -239,20 +242,39 @@ def _computations(text: str) -> dict[str, str]:
 
 
 @functools.cache
-def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
-    """Whether XLA keeps P's rounding to ``dtype`` for (B·H, N, d) inputs: False when
-    the conversion sits in a YNNPACK fusion (module docstring)."""
-    if dtype != "bfloat16":
-        return True
+def _in_ynn_fusions(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[bool, bool]:
+    """Whether, in the program XLA compiles for (B·H, N, d) inputs, a bf16
+    conversion and an exp sit in YNNPACK fusions (module docstring); neither for
+    fp16, which runs eagerly."""
+    if dtype == "float16":
+        return False, False
     x = jax.ShapeDtypeStruct(shape, np.float32)
     text = _jit_attention(dtype, causal, None).lower(x, x, x).compile().as_text()
     bodies = _computations(text or "")
+    convert = exp = False
     for line in bodies.get("ENTRY", "").splitlines():
         called = re.search(r"calls=%([^,\s]+)", line)
         if "__ynn_fusion" in line and called:
-            if re.search(r"= bf16\[[^\]]*\]\S* convert\(", bodies.get(called.group(1), "")):
-                return False
-    return True
+            body = bodies.get(called.group(1), "")
+            convert |= re.search(r"= bf16\[[^\]]*\]\S* convert\(", body) is not None
+            exp |= " exponential(" in body
+    return convert, exp
+
+
+def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
+    """Whether XLA keeps P's rounding to ``dtype`` for (B·H, N, d) inputs: False when
+    the conversion sits in a YNNPACK fusion (module docstring)."""
+    return dtype != "bfloat16" or not _in_ynn_fusions(dtype, shape, causal)[0]
+
+
+def _exp_model(policy: Policy, shape: tuple[int, ...], causal: bool) -> ExpModel:
+    """The policy's exp, except that XLA's two exps stand for whichever of them the
+    program runs for (B·H, N, d) inputs: YNNPACK's inside a YNNPACK fusion, XLA's own
+    elsewhere (module docstring). Any other exp model (a calibration knob) is kept."""
+    if policy.exp_model not in (XLA_CPU_EXP, YNNPACK):
+        return policy.exp_model
+    fused = _in_ynn_fusions(policy.inputs.name, shape, causal)[1]
+    return YNNPACK if fused else XLA_CPU_EXP
 
 
 def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
@@ -261,6 +283,7 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
+    policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
     return _model_core(q, k, v, scale, causal=bool(causal), policy=policy, round_p=round_p)
 
 
@@ -289,11 +312,12 @@ def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool):
 
 def model(fmt: Format, n: int, d: int) -> KernelModel:
     """fa_jax's model of XLA's attention in ``fmt`` (module docstring); ``algorithm``
-    names the closest attention function, the reference."""
+    names the closest attention function, the reference.  The policy's exp is the
+    one the jitted formats run on most shapes, YNNPACK's (XLA's own for fp16); the
+    model swaps it for the other where XLA's program does."""
     del n, d
-    policy = fa2_kernel(fmt).replace(
-        name=f"xla({fmt.name})", exp_model=XLA_CPU_EXP, normalise="reciprocal"
-    )
+    exp = XLA_CPU_EXP if fmt.name == "float16" else YNNPACK
+    policy = fa2_kernel(fmt).replace(name=f"xla({fmt.name})", exp_model=exp, normalise="reciprocal")
     return KernelModel("xla", policy, "reference", forward=_forward)
 
 
@@ -326,7 +350,10 @@ def platform() -> dict[str, str]:
         "processor": _platform.processor() or _platform.machine(),
         "cpu": cpu,
         "cpu_features": features,
-        "exp_model": "XLA CPU's float32 exp (xla_cpu_exp)",
+        "exp_model": (
+            "YNNPACK's float32 exp inside YNNPACK fusions (ynnpack_exp), "
+            "XLA CPU's own elsewhere (xla_cpu_exp)"
+        ),
     }
 
 
