@@ -1,12 +1,14 @@
-"""fa_jax.exponential: the exp knob of a policy, and ATen's vectorised FP32 exps
-emulated bit for bit.
+"""fa_jax.exponential: the exp knob of a policy, and ATen's and YNNPACK's
+vectorised FP32 exps emulated bit for bit.
 
-The reference bits come from PyTorch's own header (ATen/cpu/vec, AVX2) compiled
-and run: ``Vectorized<float>::exp_u20``, ``::fexp_u20`` and ``::exp`` (Sleef's
-expf to 1 ulp) on the same FP32 inputs — the very instruction sequence the
-kernels run.  The stored table is checked everywhere; where g++ and PyTorch's
-headers are present, a slow test compiles the header and checks thousands of
-inputs.
+The reference bits for ATen's come from PyTorch's own header (ATen/cpu/vec,
+AVX2) compiled and run: ``Vectorized<float>::exp_u20``, ``::fexp_u20`` and
+``::exp`` (Sleef's expf to 1 ulp) on the same FP32 inputs — the very
+instruction sequence the kernels run.  The stored table is checked everywhere;
+where g++ and PyTorch's headers are present, a slow test compiles the header
+and checks thousands of inputs.  YNNPACK's bits were read from XLA's CPU
+backend (jaxlib 0.10.2, AVX2 with FMA) running an exp inside a YNNPACK fusion;
+tests/test_kernels_xla.py checks the model against that program live.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fa_jax.exponential import (
     CORRECTLY_ROUNDED,
     SLEEF_U10,
     TORCH_AVX2,
+    YNNPACK,
     ExpModel,
     exp_models,
     exp_u20,
@@ -33,6 +36,7 @@ from fa_jax.exponential import (
     register_exp_model,
     sleef_expf_u10,
     vectorised,
+    ynnpack_exp,
 )
 from fa_jax.presets import fa2_kernel, torch_math
 from fa_jax.softmax import safe_softmax
@@ -113,6 +117,89 @@ TABLE = (
     (0xC0676172, 0x3CDC6EAC, 0x3CDC7140, 0x3CDC6EAD),
 )
 
+# (x, YNNPACK's exp(x)) as FP32 bit patterns: the inputs above, the overflow to inf
+# (2^128) from 88.37627, the flush to zero below FLT_MIN, and a few around 0.
+YNNPACK_TABLE = (
+    (0x00000000, 0x3F800000),
+    (0x80000000, 0x3F800000),
+    (0x8DA24260, 0x3F800000),
+    (0xB3D6BF95, 0x3F7FFFFE),
+    (0xBE000000, 0x3F61EB51),
+    (0xBF000000, 0x3F1B4598),
+    (0xBF317218, 0x3F000000),
+    (0xBF800000, 0x3EBC5AB2),
+    (0xBFC00000, 0x3E647C3C),
+    (0xC0000000, 0x3E0A9555),
+    (0xC01CE275, 0x3DB07EEE),
+    (0xC06C93A7, 0x3CCB3E28),
+    (0xC0A59EDA, 0x3BB93962),
+    (0xC10734AB, 0x396035E1),
+    (0xC1200000, 0x383E6BCE),
+    (0xC18A6666, 0x3303B967),
+    (0xC2053333, 0x2778B2EA),
+    (0xC2480000, 0x1B692BEB),
+    (0xC2A00000, 0x05BFECBA),
+    (0xC2AE0000, 0x00B33687),
+    (0xC2AEAC4F, 0x00800026),
+    (0xC2AEAC50, 0x00000000),
+    (0xC2AEAC57, 0x00000000),
+    (0xC2B00000, 0x00000000),
+    (0xC2BF0000, 0x00000000),
+    (0xC2CFCCCD, 0x00000000),
+    (0xC2D00000, 0x00000000),
+    (0xC2D03333, 0x00000000),
+    (0xC2F00000, 0x00000000),
+    (0xC3160000, 0x00000000),
+    (0x3E99999A, 0x3FACC82C),
+    (0x3F800000, 0x402DF854),
+    (0x41200000, 0x46AC14EE),
+    (0x42B00000, 0x7EF882B7),
+    (0x42B16666, 0x7F800000),
+    (0xC03520A3, 0x3D71B039),
+    (0xC08339DD, 0x3C87A729),
+    (0xC0118C68, 0x3DD2B29A),
+    (0xC06525EC, 0x3CE441E3),
+    (0xBF537D53, 0x3EE01F68),
+    (0xC1588D84, 0x35B1C219),
+    (0xBD1FCDAD, 0x3F763461),
+    (0xC133CA31, 0x375D1CAA),
+    (0xC0134902, 0x3DCD0E97),
+    (0xBF99DF98, 0x3E99E1E4),
+    (0xC00A87E2, 0x3DEB1D7A),
+    (0xBF9FD18D, 0x3E92E607),
+    (0xC0665756, 0x3CE00AB5),
+    (0xC0896F06, 0x3C5F7737),
+    (0xC0F12F1B, 0x3A0BB8A1),
+    (0xBF6366A6, 0x3ED29DDC),
+    (0xC1494254, 0x36672A55),
+    (0xC03C6124, 0x3D57CBFA),
+    (0xBFB25DEF, 0x3E7E2A03),
+    (0xC0623153, 0x3CEF0B95),
+    (0xBE99B9D9, 0x3F3D9A52),
+    (0xBE75F328, 0x3F4956E3),
+    (0xC09C9DD3, 0x3BF569B3),
+    (0xC045DD25, 0x3D3A12E7),
+    (0xC10C8AB0, 0x3920A07D),
+    (0xBFF3475F, 0x3E191063),
+    (0xC005751C, 0x3DFE82F5),
+    (0xC09722FC, 0x3C11A031),
+    (0xC006CB07, 0x3DF94153),
+    (0xBDB59C0B, 0x3F6A46B7),
+    (0xBF9628A2, 0x3E9E69E5),
+    (0xC081D33A, 0x3C8DB93F),
+    (0xC0227DB1, 0x3DA1B152),
+    (0xC0B2C310, 0x3B75AEF1),
+    (0xBD07FF60, 0x3F77A3C4),
+    (0xC0676172, 0x3CDC6EAD),
+    (0x42B0C0A5, 0x7F3504A4),
+    (0x42B0C0A6, 0x7F800000),
+    (0x42B17218, 0x7F800000),
+    (0xC2AF5C29, 0x00000000),
+    (0xC2B00F5C, 0x00000000),
+    (0x33D6BF95, 0x3F800001),
+    (0x3F000000, 0x3FD3094C),
+)
+
 
 def _f32(bits):
     return np.array(bits, np.uint32).view(np.float32).astype(np.float64)
@@ -129,6 +216,23 @@ def test_vector_exps_match_atens_bits(x64, fn, column):
     table = np.array(TABLE, np.uint32)
     got = _bits(jax.jit(fn)(jnp.asarray(_f32(table[:, 0]))))
     np.testing.assert_array_equal(got, table[:, column])
+
+
+def test_ynnpack_exp_matches_xlas_bits(x64):
+    table = np.array(YNNPACK_TABLE, np.uint32)
+    got = _bits(jax.jit(ynnpack_exp)(jnp.asarray(_f32(table[:, 0]))))
+    np.testing.assert_array_equal(got, table[:, 1])
+
+
+def test_ynnpack_exp_edges_and_model(x64):
+    """-inf is clamped (and flushed to 0), +inf overflows, NaN stays NaN; the
+    model rounds to the stage's format."""
+    y = np.asarray(jax.jit(ynnpack_exp)(jnp.asarray([-jnp.inf, jnp.inf, jnp.nan])))
+    assert y[0] == 0 and y[1] == np.inf and np.isnan(y[2])
+    x = jnp.asarray([-0.3, -2.0])
+    np.testing.assert_array_equal(
+        np.asarray(YNNPACK.fn(x, BF16)), np.asarray(ops.cast(ynnpack_exp(x), BF16))
+    )
 
 
 def test_edges(x64):
@@ -173,7 +277,8 @@ def test_exp_model_changes_softmax_only_through_the_knob(x64):
 
 
 def test_registry():
-    assert {"correctly_rounded", "torch_fexp_u20_avx2", "sleef_expf_u10"} <= set(exp_models())
+    names = {"correctly_rounded", "torch_fexp_u20_avx2", "sleef_expf_u10", "ynnpack"}
+    assert names <= set(exp_models()) and get_exp_model("ynnpack") is YNNPACK
     assert get_exp_model("sleef_expf_u10") is SLEEF_U10 and get_exp_model(SLEEF_U10) is SLEEF_U10
     with pytest.raises(ValueError, match="exp model"):
         get_exp_model("nope")
