@@ -1,17 +1,22 @@
-"""How the sweep feeds its programs: length buckets, memory-bounded pieces, devices.
+"""How the sweep feeds its programs: length buckets, pieces, devices.
 
-:class:`KindBatch` holds the flat (format × seq_len × seed) axis of one format
-kind.  Lengths are padded only within buckets whose longest length is at most
-:data:`PAD_RATIO` times the shortest (:func:`length_buckets`), one program per
-bucket: padding a short length to a much longer one costs quadratically.  The
-inputs of each (seed, seq_len) are :func:`fa_jax.inputs.make_inputs`, so every
-program sees the values a direct call would.
+:class:`FormatBatch` holds the flat (format × seq_len × seed) axis of formats
+whose policies share their shapes (:class:`~.programs.PolicyShape`), and gives
+each program its inputs and each configuration's policy widths.  Lengths are
+padded only within buckets whose longest length is at most :data:`PAD_RATIO`
+times the shortest (:func:`length_buckets`), one program per bucket: padding
+a short length to a much longer one costs quadratically.  The inputs of each
+(seed, seq_len) are :func:`fa_jax.inputs.make_inputs`, so every program sees
+the values a direct call would.
 
-Memory: the baseline and golden programs materialise (N, N) float64 scores,
-so each call runs over its configurations in equal pieces whose estimated
-working memory (3 · 8 · N² bytes per configuration and head; 3 · 8 · N ·
-(Bc + d) for flash) fits the memory budget (default :data:`MEMORY_BUDGET`),
-the last piece padded so that every piece reuses one compile.
+Pieces: each call runs over its configurations in pieces of
+:data:`PIECE` configurations per device, the last one padded, so that a
+program's executable depends on its static signature and padded length only,
+not on how many configurations a grid has: the grids of different figures
+share it.  Memory: the baseline and golden programs materialise (N, N) float64
+scores, so a piece is smaller where its estimated working memory (3 · 8 · N²
+bytes per configuration and head; 3 · 8 · N · (Bc + d) for flash) would pass
+the memory budget (default :data:`MEMORY_BUDGET`).
 
 Devices: the configuration axis is padded (repeating its last entry) to a
 multiple of the device count and sharded over a 1-D
@@ -25,13 +30,21 @@ import jax
 import numpy as np
 
 from fa_jax.inputs import make_inputs
+from fa_jax.policy import STAGES
 from fa_jax.studies.sweep.executables import Executables
-from fa_jax.studies.sweep.grid import Grid
-from fa_jax.studies.sweep.programs import Kind, baseline_program, golden_program
+from fa_jax.studies.sweep.grid import Grid, policy_for
+from fa_jax.studies.sweep.programs import (
+    golden_for,
+    policy_shape,
+    policy_widths,
+    reference_program,
+    stage_slots,
+)
 
-__all__ = ["MEMORY_BUDGET", "PAD_RATIO", "KindBatch", "host", "length_buckets", "shard"]
+__all__ = ["MEMORY_BUDGET", "PAD_RATIO", "PIECE", "FormatBatch", "host", "length_buckets", "shard"]
 
 PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
+PIECE = 4  # configurations per device in one call
 MEMORY_BUDGET = 4 * 2**30  # bytes of working memory per compiled call
 
 
@@ -71,12 +84,12 @@ def shard(args, n, *, pad_to=None):
 
 
 def _label(program, chunk, static) -> str:
-    """A program's name for the profile: what it computes and its static signature."""
+    """A program's name for the profile: what it computes and its static signature
+    (one program serves every policy of its shape, the golden's too)."""
     parts = [program.__name__.removesuffix("_program")]
-    parts += [str(static[k]) for k in ("preset", "variant") if k in static]
+    parts += [str(static[k]) for k in ("variant",) if k in static]
     if "blocks" in static:
         parts.append(f"Bc={static['blocks'].bc}")
-    parts.append(f"{static['kind'][1]} formats")
     if static.get("causal"):
         parts.append("causal")
     parts.append(f"N<={max(chunk)}")
@@ -88,17 +101,26 @@ def host(x):
     return np.asarray(jax.device_get(x))
 
 
-class KindBatch:
-    """The flat (format × seq_len × seed) axis of one format kind, its inputs
-    (padded within length buckets, or one batch per length), and caches of the
-    golden and baseline outputs that every variant and tiling reuses."""
+class FormatBatch:
+    """The flat (format × seq_len × seed) axis of formats whose policies share
+    their shapes, its inputs (padded within length buckets, or one batch per
+    length), and caches of the golden and baseline outputs that every variant
+    and tiling reuses.  A ``preset`` of None is the golden (:func:`golden_for`)."""
 
     def __init__(self, grid: Grid, fmts, pad: bool, memory_budget: int, executables: Executables):
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
         self.executables = executables
-        lens = sorted(grid.seq_lens)
-        self.chunks = length_buckets(lens, PAD_RATIO) if pad else [(n,) for n in lens]
+        self.chunks = chunks_of(grid, pad)
+        self.slots = stage_slots(
+            [
+                policy_of(p, f, max(c), grid.d)
+                for p in (None, *grid.policies)
+                for f in fmts
+                for c in self.chunks
+            ]
+        )
         self._inputs = {}
+        self._policies = {}
         self._golden = {}
         self._baseline = {}
 
@@ -106,6 +128,7 @@ class KindBatch:
         return [(f, n, s) for f in self.fmts for n in chunk for s in self.grid.seeds]
 
     def inputs(self, chunk):
+        """Q, K, V ``[C, B, H, max(chunk), d]`` zero-padded, and the lengths ``[C]``."""
         if chunk not in self._inputs:
             g, entries = self.grid, self.entries(chunk)
             n_max = max(chunk)
@@ -118,13 +141,25 @@ class KindBatch:
                     pad = [(0, 0), (0, 0), (0, n_max - n), (0, 0)]
                     raw[(s, n)] = [np.pad(t, pad) for t in qkv]
             q, k, v = (np.stack([raw[(s, n)][i] for _, n, s in entries]) for i in range(3))
-            widths = tuple(
-                np.array([getattr(f, a) for f, _, _ in entries], np.int32)
-                for a in ("exp_bits", "man_bits", "bias")
-            )
             lengths = np.array([n for _, n, _ in entries], np.int32)
-            self._inputs[chunk] = (q, k, v, widths, lengths)
+            self._inputs[chunk] = (q, k, v, lengths)
         return self._inputs[chunk]
+
+    def policies(self, chunk, preset):
+        """The shape every configuration's policy shares (in the batch's slots) and
+        their widths ``[C, slots, 3]``."""
+        if (chunk, preset) not in self._policies:
+            n, d = max(chunk), self.grid.d
+            pols = [policy_of(preset, f, n, d) for f, _, _ in self.entries(chunk)]
+            shapes = {policy_shape(p, self.slots) for p in pols}
+            if len(shapes) != 1:
+                raise ValueError(
+                    f"FormatBatch: expected formats whose {preset} policies share one shape, "
+                    f"got {len(shapes)} shapes for {[f.name for f in self.fmts]}"
+                )
+            widths = np.stack([policy_widths(p, self.slots) for p in pols])
+            self._policies[chunk, preset] = (shapes.pop(), widths)
+        return self._policies[chunk, preset]
 
     def _per_config_bytes(self, chunk, tile_cols=None):
         """Estimated working memory of one configuration: the (N, N) float64 scores
@@ -133,55 +168,77 @@ class KindBatch:
         cols = n if tile_cols is None else tile_cols + g.d
         return 3 * 8 * g.batch * g.heads * n * cols
 
-    def _pieces(self, program, chunk, tile_cols, static):
-        """The chunk's configurations in pieces of equal size that fit
-        ``self.memory_budget`` (the last one padded): (configurations in the piece,
-        its sharded arguments), and the program's label."""
-        args = self.inputs(chunk)
-        total = len(args[-1])
+    def _pieces(self, program, chunk, preset, tile_cols, static):
+        """The chunk's configurations in pieces (module docstring): (configurations
+        in the piece, its sharded arguments), the full static arguments and the
+        program's label."""
+        q, k, v, lengths = self.inputs(chunk)
+        shape, widths = self.policies(chunk, preset)
+        args = (q, k, v, widths, lengths)
+        static = dict(static, shape=shape)
+        total = len(lengths)
         per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
-        pieces = -(-total // min(per, total))
-        size = -(-total // pieces)
+        size = min(per, PIECE * len(jax.devices()))
         label = _label(program, chunk, static)
         for start in range(0, total, size):
             piece = jax.tree_util.tree_map(lambda x, i=start: x[i : i + size], args)
             n = len(piece[-1])
-            yield n, shard(piece, n, pad_to=size), label
+            yield n, shard(piece, n, pad_to=size), static, label
 
-    def plan(self, program, chunk, *, tile_cols=None, **static):
+    def plan(self, program, chunk, preset, *, tile_cols=None, **static):
         """What :meth:`run` will call, for :meth:`Executables.prepare`:
         ``(program, args, static, label)`` (every piece shares one compile)."""
-        _, args, label = next(self._pieces(program, chunk, tile_cols, static))
+        _, args, static, label = next(self._pieces(program, chunk, preset, tile_cols, static))
         return program, args, static, label
 
-    def run(self, program, chunk, *, tile_cols=None, **static):
+    def run(self, program, chunk, preset, *, tile_cols=None, **static):
         """``program`` over the chunk's configurations, piece by piece (one compile)."""
         outs = []
-        for n, args, label in self._pieces(program, chunk, tile_cols, static):
-            outs.append(host(self.executables.call(program, args, static, label=label))[:n])
+        for n, args, full, label in self._pieces(program, chunk, preset, tile_cols, static):
+            outs.append(host(self.executables.call(program, args, full, label=label))[:n])
         return np.concatenate(outs)
 
-    def _golden_static(self, kind: Kind) -> dict:
-        return dict(kind=kind, causal=self.grid.causal)
-
-    def _baseline_static(self, preset, kind: Kind) -> dict:
-        return dict(preset=preset, kind=kind, causal=self.grid.causal)
-
-    def reference_plans(self, chunk, preset, kind: Kind) -> list:
+    def reference_plans(self, chunk, preset) -> list:
         """The :meth:`plan` of :meth:`golden` and of :meth:`baseline`."""
+        causal = self.grid.causal
         return [
-            self.plan(golden_program, chunk, **self._golden_static(kind)),
-            self.plan(baseline_program, chunk, **self._baseline_static(preset, kind)),
+            self.plan(reference_program, chunk, None, causal=causal),
+            self.plan(reference_program, chunk, preset, causal=causal),
         ]
 
-    def golden(self, chunk, kind: Kind):
+    def golden(self, chunk):
         if chunk not in self._golden:
-            self._golden[chunk] = self.run(golden_program, chunk, **self._golden_static(kind))
+            self._golden[chunk] = self.run(reference_program, chunk, None, causal=self.grid.causal)
         return self._golden[chunk]
 
-    def baseline(self, chunk, preset, kind: Kind):
+    def baseline(self, chunk, preset):
         key = (chunk, preset)
         if key not in self._baseline:
-            static = self._baseline_static(preset, kind)
-            self._baseline[key] = self.run(baseline_program, chunk, **static)
+            self._baseline[key] = self.run(
+                reference_program, chunk, preset, causal=self.grid.causal
+            )
         return self._baseline[key]
+
+
+def chunks_of(grid: Grid, pad: bool) -> list[tuple]:
+    """The grid's lengths in padded buckets (``pad``), or one length each."""
+    lens = sorted(grid.seq_lens)
+    return length_buckets(lens, PAD_RATIO) if pad else [(n,) for n in lens]
+
+
+def policy_of(preset, f, n: int, d: int):
+    """The policy of one configuration: ``preset``'s in format ``f``
+    (:func:`~.grid.policy_for`, for lengths padded to ``n``), or None's, the golden."""
+    return golden_for(f) if preset is None else policy_for(preset, f, n, d)
+
+
+def batch_key(grid: Grid, f, pad: bool) -> tuple:
+    """Formats with equal keys share a :class:`FormatBatch`: the shapes of their
+    golden and of every preset's policy at every padded length, a slot per stage."""
+    ns = [max(c) for c in chunks_of(grid, pad)]
+    every_stage = tuple(range(len(STAGES)))
+    return tuple(
+        policy_shape(policy_of(p, f, n, grid.d), every_stage)
+        for p in (None, *grid.policies)
+        for n in ns
+    )

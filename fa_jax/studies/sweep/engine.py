@@ -10,10 +10,13 @@ FlashAttention and baseline attention against an FP64 golden value.
 
 Execution, in brief:
 
-* configurations are grouped by static signature: policy preset, format kind,
-  variant and key tile width Bc (:mod:`.programs`); tilings that differ only in
-  Br share one flash run, because Br does not change flash's numbers;
-* golden runs once per format kind and baseline once per (preset, kind), and
+* configurations are grouped by static signature: the shape of their policy
+  (each stage's format kind and the policy's models, :mod:`.programs`), variant
+  and key tile width Bc; the policy's widths are traced, so presets of one
+  shape (paper_uniform, fa2_kernel, the golden) share compiled programs;
+  tilings that differ only in Br share one flash run, because Br does not
+  change flash's numbers;
+* golden runs once per format batch and baseline once per (preset, batch), and
   both are reused by every variant and tiling;
 * each program vmaps over a flat (format × seq_len × seed) axis, with lengths
   padded within buckets, memory-bounded pieces and the axis sharded over
@@ -59,10 +62,16 @@ from fa_jax.studies.results import (
     write_csv,
     write_json,
 )
-from fa_jax.studies.sweep.batch import MEMORY_BUDGET, KindBatch, host, length_buckets
+from fa_jax.studies.sweep.batch import (
+    MEMORY_BUDGET,
+    FormatBatch,
+    batch_key,
+    host,
+    length_buckets,
+)
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
-from fa_jax.studies.sweep.programs import flash_program, kind_of, metric_values
+from fa_jax.studies.sweep.programs import flash_program, metric_values
 
 __all__ = ["MEMORY_BUDGET", "length_buckets", "run_sweep"]
 
@@ -143,9 +152,9 @@ def _sweep(
     expected = [(c, m) for c in COMPARISONS for m in METRICS]
     rows, done = read_complete(csv_path, COLUMNS, KEY_COLUMNS, ("comparison", "metric"), expected)
 
-    kinds: dict = {}
+    kinds: dict = {}  # formats by batch key (their policies' shapes)
     for f in grid.resolved_formats():
-        kinds.setdefault(kind_of(f), []).append(f)
+        kinds.setdefault(batch_key(grid, f, pad), []).append(f)
     by_bc: dict = {}  # Br does not change flash's numbers: one run per Bc
     for label, b in grid.resolved_blocks():
         by_bc.setdefault(b.bc, []).append((label, b))
@@ -157,13 +166,13 @@ def _sweep(
         for bc in by_bc
     ]
     batches = {
-        kind: KindBatch(grid, fmts, pad, memory_budget, executables) for kind, fmts in kinds.items()
+        kind: FormatBatch(grid, fmts, pad, memory_budget, executables)
+        for kind, fmts in kinds.items()
     }
     profile = executables.profile
 
-    def flash_static(kind, preset, variant, bc):
-        blocks = Blocks(bc, bc)
-        return dict(preset=preset, kind=kind, variant=variant, blocks=blocks, causal=grid.causal)
+    def flash_static(variant, bc):
+        return dict(variant=variant, blocks=Blocks(bc, bc), causal=grid.causal)
 
     def keys_of(preset, variant, bc, entries):
         return [
@@ -181,10 +190,9 @@ def _sweep(
     plans = []
     for kind, preset, variant, bc, chunk in todo:
         kb = batches[kind]
-        plans += kb.reference_plans(chunk, preset, kind)
-        plans.append(
-            kb.plan(flash_program, chunk, tile_cols=bc, **flash_static(kind, preset, variant, bc))
-        )
+        plans += kb.reference_plans(chunk, preset)
+        static = flash_static(variant, bc)
+        plans.append(kb.plan(flash_program, chunk, preset, tile_cols=bc, **static))
     executables.prepare(plans)
 
     for kind, preset, variant, bc in track(groups, desc="sweep", unit="group", quiet=quiet):
@@ -197,11 +205,9 @@ def _sweep(
             if keys is None:
                 continue
             entries = kb.entries(chunk)
-            gold = kb.golden(chunk, kind)
-            base = kb.baseline(chunk, preset, kind)
-            flash = kb.run(
-                flash_program, chunk, tile_cols=bc, **flash_static(kind, preset, variant, bc)
-            )
+            gold = kb.golden(chunk)
+            base = kb.baseline(chunk, preset)
+            flash = kb.run(flash_program, chunk, preset, tile_cols=bc, **flash_static(variant, bc))
             for j, ((_, n, _), ks) in enumerate(zip(entries, keys)):
                 outs = {
                     name: a[j, :, :, :n]

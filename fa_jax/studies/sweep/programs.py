@@ -1,19 +1,22 @@
-"""The sweep's compiled programs: golden, baseline and flash attention, vmapped.
+"""The sweep's compiled programs: reference and flash attention, vmapped.
 
-One configuration is (policy preset, format, sequence length, tiles, variant,
-seed).  Each program maps one of them to its output O and is vmapped over a
-flat axis of (format × seq_len × seed).  The formats of one *kind*
-``(subnormals, specials, overflow)`` differ only in their pytree leaves
-(exp_bits, man_bits, bias), so they enter as traced integer ``widths``; the
-kind, preset, variant, tiles and causal flag are static.  Sequence lengths are
-padded to the batch's longest and masked with ``q_lengths``/``kv_lengths``,
-which gives the unpadded numbers bitwise.
+One configuration is (policy, format, sequence length, tiles, variant, seed).
+Each program maps one of them to its output O and is vmapped over a flat axis
+of configurations.  A :class:`~fa_jax.policy.Policy` is a pytree whose leaves
+are its stages' widths (exp_bits, man_bits, bias), so a program takes a policy
+apart: its :class:`PolicyShape` (which stages share a format, each format's
+kind, the accumulation, scale, exp and normalisation models) is static, and
+its widths are traced (:func:`policy_widths`).  Policies of one shape share one
+compiled program: paper_uniform and fa2_kernel in the same format kind, and the
+FP64 golden beside them, with their stages in the slots of
+:func:`stage_slots`.  Sequence lengths are padded to the batch's longest and
+masked with ``q_lengths``/``kv_lengths``, which gives the unpadded numbers
+bitwise.
 
-* golden: :func:`~fa_jax.attention.reference_attention` under
-  :func:`~fa_jax.presets.golden` on Q, K, V rounded to the format, the values
-  the emulated runs see;
-* baseline: ``reference_attention`` under the preset's policy (Golden et al.
-  2024, §3: the "baseline attention");
+* golden (:func:`golden_for`): reference attention in FP64 on Q, K, V rounded
+  to the format, the values the emulated runs see;
+* baseline: :func:`~fa_jax.attention.reference_attention` under the policy
+  (Golden et al. 2024, §3: the "baseline attention");
 * flash: :func:`~fa_jax.attention.flash_attention` under the same policy
   (Dao 2023, Algorithm 1), tiles ``Blocks(bc, bc)``: the query tile Br does
   not change flash's numbers, only Bc, the number of rescalings, does.
@@ -21,62 +24,134 @@ which gives the unpadded numbers bitwise.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
+import numpy as np
 
 from fa_jax import metrics
+from fa_jax.accumulation import Accumulation
 from fa_jax.attention import flash_attention, reference_attention
+from fa_jax.exponential import ExpModel
 from fa_jax.formats import Format
+from fa_jax.policy import STAGES, Policy
 from fa_jax.presets import golden
-from fa_jax.rounding import round_to
-from fa_jax.studies.sweep.grid import METRICS, policy_for
+from fa_jax.studies.sweep.grid import METRICS
 
 __all__ = [
-    "Kind",
-    "baseline_program",
+    "PolicyShape",
     "flash_program",
-    "golden_program",
-    "kind_of",
+    "golden_for",
     "metric_values",
+    "policy_shape",
+    "policy_widths",
+    "reference_program",
+    "stage_slots",
 ]
 
-Kind = tuple  # (subnormals, specials, overflow)
 
-
-def kind_of(f: Format) -> Kind:
+def _kind(f: Format) -> tuple:
     """The static part of a format: its pytree structure."""
     return (f.subnormals, f.specials, f.overflow)
 
 
-def _fmt(widths, kind: Kind) -> Format:
-    e, m, b = widths
-    return Format("sweep", e, m, bias=b, subnormals=kind[0], specials=kind[1], overflow=kind[2])
+@dataclasses.dataclass(frozen=True)
+class PolicyShape:
+    """The static part of a policy: which stages share a format (``slots``, one
+    per stage), each slot's format kind, and the policy's models."""
+
+    slots: tuple
+    kinds: tuple
+    accumulation: Accumulation
+    scale: str
+    exp_model: ExpModel
+    normalise: str
+
+    def __repr__(self) -> str:  # the same in every process: it keys the program cache
+        return (
+            f"PolicyShape(slots={self.slots}, kinds={self.kinds}, "
+            f"accumulation={self.accumulation!r}, scale={self.scale!r}, "
+            f"exp_model={self.exp_model.name!r}, normalise={self.normalise!r})"
+        )
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "causal"))
-def golden_program(q, k, v, widths, lengths, *, kind, causal):
+def _key(f: Format) -> tuple:
+    return (f.exp_bits, f.man_bits, f.bias, *_kind(f))
+
+
+def stage_slots(pols) -> tuple:
+    """Slots for the policies ``pols``: two stages share one where their formats
+    are equal in every policy, so a program rounds to as few traced formats as
+    the policies need (paper_uniform's stages all share one)."""
+    first: dict = {}
+    keys = [tuple(_key(getattr(p, s)) for p in pols) for s in STAGES]
+    return tuple(first.setdefault(k, len(first)) for k in keys)
+
+
+def _slot_formats(pol: Policy, slots: tuple) -> list[Format]:
+    fmts: dict = {}
+    for s, slot in zip(STAGES, slots):
+        f = getattr(pol, s)
+        if _key(fmts.setdefault(slot, f)) != _key(f):
+            raise ValueError(
+                f"policy_shape: expected stages of one slot to share a format, got "
+                f"{fmts[slot].name} and {f.name} (stage {s}) in {pol.name}"
+            )
+    return [fmts[i] for i in range(len(fmts))]
+
+
+def policy_shape(pol: Policy, slots: tuple | None = None) -> PolicyShape:
+    """``pol``'s static part (its stages in ``slots``, by default its own)."""
+    slots = stage_slots([pol]) if slots is None else slots
+    return PolicyShape(
+        slots,
+        tuple(_kind(f) for f in _slot_formats(pol, slots)),
+        pol.accumulation,
+        pol.scale,
+        pol.exp_model,
+        pol.normalise,
+    )
+
+
+def policy_widths(pol: Policy, slots: tuple) -> np.ndarray:
+    """``[slots, 3]`` int32: each slot's (exp_bits, man_bits, bias)."""
+    return np.array([[f.exp_bits, f.man_bits, f.bias] for f in _slot_formats(pol, slots)], np.int32)
+
+
+def golden_for(f: Format) -> Policy:
+    """The FP64 golden (:func:`~fa_jax.presets.golden`) on inputs rounded to ``f``."""
+    return golden().replace(inputs=f)
+
+
+def _policy(shape: PolicyShape, widths) -> Policy:
+    fmts = [
+        Format("sweep", w[0], w[1], bias=w[2], subnormals=k[0], specials=k[1], overflow=k[2])
+        for w, k in zip(widths, shape.kinds)
+    ]
+    return Policy(
+        *(fmts[i] for i in shape.slots),
+        accumulation=shape.accumulation,
+        scale=shape.scale,
+        name="sweep",
+        exp_model=shape.exp_model,
+        normalise=shape.normalise,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "causal"))
+def reference_program(q, k, v, widths, lengths, *, shape, causal):
     def one(q, k, v, w, n):
-        f = _fmt(w, kind)
-        q, k, v = (round_to(t, f) for t in (q, k, v))
-        return reference_attention(q, k, v, golden(), causal=causal, q_lengths=n, kv_lengths=n)
-
-    return jax.vmap(one)(q, k, v, widths, lengths)
-
-
-@functools.partial(jax.jit, static_argnames=("preset", "kind", "causal"))
-def baseline_program(q, k, v, widths, lengths, *, preset, kind, causal):
-    def one(q, k, v, w, n):
-        pol = policy_for(preset, _fmt(w, kind), *q.shape[-2:])
+        pol = _policy(shape, w)
         return reference_attention(q, k, v, pol, causal=causal, q_lengths=n, kv_lengths=n)
 
     return jax.vmap(one)(q, k, v, widths, lengths)
 
 
-@functools.partial(jax.jit, static_argnames=("preset", "kind", "variant", "blocks", "causal"))
-def flash_program(q, k, v, widths, lengths, *, preset, kind, variant, blocks, causal):
+@functools.partial(jax.jit, static_argnames=("shape", "variant", "blocks", "causal"))
+def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal):
     def one(q, k, v, w, n):
-        pol = policy_for(preset, _fmt(w, kind), *q.shape[-2:])
+        pol = _policy(shape, w)
         return flash_attention(
             q, k, v, pol, blocks, variant=variant, causal=causal, q_lengths=n, kv_lengths=n
         )[0]  # pyright: ignore[reportIndexIssue]

@@ -1,0 +1,94 @@
+"""fa_jax.studies.sweep.programs: a policy taken apart into its static shape and its
+traced widths, put together again inside a program, gives the direct calls' bits;
+policies of one shape share one compiled program."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fa_jax.attention import Blocks, flash_attention, reference_attention
+from fa_jax.formats import FP32, get_format
+from fa_jax.inputs import make_inputs
+from fa_jax.policy import STAGES
+from fa_jax.presets import fa2_kernel, golden, paper_uniform
+from fa_jax.rounding import round_to
+from fa_jax.studies.profile import Profile
+from fa_jax.studies.sweep import Grid, run_sweep
+from fa_jax.studies.sweep.programs import (
+    flash_program,
+    golden_for,
+    policy_shape,
+    policy_widths,
+    reference_program,
+    stage_slots,
+)
+
+BF16 = get_format("bf16")
+
+
+def test_stage_slots_are_the_coarsest_common_partition():
+    assert stage_slots([paper_uniform(BF16)]) == (0,) * len(STAGES)
+    slots = stage_slots([paper_uniform(BF16), fa2_kernel(BF16), golden_for(BF16)])
+    by_stage = dict(zip(STAGES, slots))
+    assert len(set(slots)) == 3
+    # golden splits the inputs from the rest, fa2_kernel its fmt stages from its FP32 ones
+    assert by_stage["inputs"] != by_stage["p"] != by_stage["scores"] != by_stage["inputs"]
+    assert by_stage["p"] == by_stage["out"] and by_stage["scores"] == by_stage["o_acc"]
+
+
+def test_policy_widths_and_shape_in_shared_slots():
+    slots = stage_slots([paper_uniform(BF16), fa2_kernel(BF16)])
+    w = policy_widths(fa2_kernel(BF16), slots)
+    assert w.dtype == np.int32 and w.shape == (2, 3)
+    assert sorted(map(tuple, w.tolist())) == sorted(
+        [(8, 7, 127), (FP32.exp_bits, FP32.man_bits, FP32.bias)]
+    )
+    assert policy_shape(paper_uniform(BF16), slots) == policy_shape(fa2_kernel(BF16), slots)
+    # The cache keys programs by repr: it must not carry a process's addresses.
+    assert "0x" not in repr(policy_shape(fa2_kernel(BF16), slots))
+    with pytest.raises(ValueError, match="slot"):
+        policy_shape(fa2_kernel(BF16), (0,) * len(STAGES))
+
+
+def _bits(x):
+    return np.asarray(x).view(np.uint64)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+def test_programs_equal_direct_calls_bitwise(x64, fmt):
+    f = get_format(fmt)
+    pols = [paper_uniform(f), fa2_kernel(f), golden_for(f)]
+    slots = stage_slots(pols)
+    n, d = 24, 8
+    qkv = [jnp.asarray(t)[None] for t in make_inputs(3, n, d=d)]
+    lengths = jnp.array([n], jnp.int32)
+
+    def run(program, pol, **static):
+        w = jnp.asarray(policy_widths(pol, slots))[None]
+        return program(*qkv, w, lengths, shape=policy_shape(pol, slots), **static)[0]
+
+    q, k, v = (t[0] for t in qkv)
+    gold = reference_attention(round_to(q, f), round_to(k, f), round_to(v, f), golden())
+    assert np.array_equal(_bits(run(reference_program, pols[2], causal=False)), _bits(gold))
+    for pol in pols[:2]:
+        base = reference_attention(q, k, v, pol)
+        flash = flash_attention(q, k, v, pol, Blocks(8, 8))[0]  # pyright: ignore[reportIndexIssue]
+        got = run(reference_program, pol, causal=False)
+        assert np.array_equal(_bits(got), _bits(base))
+        got = run(flash_program, pol, variant="fa2", blocks=Blocks(8, 8), causal=False)
+        assert np.array_equal(_bits(got), _bits(flash))
+
+
+def test_presets_of_one_shape_share_programs(tmp_path):
+    """paper_uniform, fa2_kernel and the golden: one reference and one flash program."""
+    profile = Profile()
+    grid = Grid(
+        formats=("bf16", "fp16"),
+        seq_lens=(16,),
+        blocks=(Blocks(8, 8),),
+        policies=("paper_uniform", "fa2_kernel"),
+        seeds=(0,),
+        d=8,
+    )
+    run_sweep(grid, tmp_path, quiet=True, cache=False, profile=profile)
+    assert sum(p.compiled + p.loaded for p in profile.programs.values()) == 2
