@@ -73,7 +73,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
 _LARGE_NEGATIVE = float(np.float32(-0.7 * _F32_MAX))  # jax's mask value, in float32
 _LANES = 16  # the softmax sum's lanes
-_PV_BLOCK = 512  # the P V dot's block of keys
+_LANE_NODE = 64  # terms of a lane in a node of the softmax sum's 4-ary tree
 
 
 def _attention_fn(dtype: str, causal: bool, scale):
@@ -194,34 +194,53 @@ def _quad(x, acc: Format):
     return total
 
 
+def _compensated(nodes, acc: Format):
+    """Sum axis -2 of ``nodes`` in order by compensated (Kahan) summation: a running
+    sum and its error, both from zero (Higham 2002, Algorithm 4.2)."""
+    total = jnp.zeros_like(nodes[..., 0, :])
+    error = jnp.zeros_like(total)
+    for i in range(nodes.shape[-2]):
+        y = ops.sub(nodes[..., i, :], error, acc)
+        t = ops.add(total, y, acc)
+        error = ops.sub(ops.sub(t, total, acc), y, acc)
+        total = t
+    return total
+
+
 def _softmax_sum(e, acc: Format):
-    """The softmax sum (module docstring): 16 lanes, each a 4-ary tree, then halved;
+    """The softmax sum (module docstring): 16 lanes, each a 4-ary tree up to nodes
+    of 64 terms, the nodes added by compensated summation, then the lanes halved;
     a row of fewer than 16 or a ragged length is summed in order (not probed)."""
     m = e.shape[-1]
     if m % _LANES:
         return ops.sum(e, acc, axis=-1, accumulation="sequential")
-    lanes = _quad(e.reshape(*e.shape[:-1], m // _LANES, _LANES), acc)
+    terms = e.reshape(*e.shape[:-1], m // _LANES, _LANES)
+    nodes = [
+        _quad(terms[..., start : start + _LANE_NODE, :], acc)
+        for start in range(0, terms.shape[-2], _LANE_NODE)
+    ]
+    lanes = _compensated(jnp.stack(nodes, axis=-2), acc)
     while lanes.shape[-1] > 1:
         half = lanes.shape[-1] // 2
         lanes = ops.add(lanes[..., :half], lanes[..., half:], acc)
     return lanes[..., 0]
 
 
-def _pv(p, v, acc: Format):
-    """fl32(P V): blocks of 512 keys, each a sequential FMA chain from zero, the
-    block sums added in order."""
+def _pv(p, v, acc: Format, block: int):
+    """fl32(P V): blocks of ``block`` keys, each a sequential FMA chain from zero,
+    the block sums added in order."""
     m = p.shape[-1]
     total = None
-    for start in range(0, m, _PV_BLOCK):
-        ps = jnp.moveaxis(p[..., start : start + _PV_BLOCK], -1, 0)[..., None]
-        vs = jnp.moveaxis(v[..., start : start + _PV_BLOCK, :], -2, 0)[..., None, :]
+    for start in range(0, m, block):
+        ps = jnp.moveaxis(p[..., start : start + block], -1, 0)[..., None]
+        vs = jnp.moveaxis(v[..., start : start + block, :], -2, 0)[..., None, :]
 
         def step(chain, pv):
             return ops.fma(pv[0], pv[1], chain, acc), None
 
         chain = jnp.zeros((*p.shape[:-1], v.shape[-1]))
-        block = jax.lax.scan(step, chain, (ps, vs))[0]
-        total = block if total is None else ops.add(total, block, acc)
+        block_sum = jax.lax.scan(step, chain, (ps, vs))[0]
+        total = block_sum if total is None else ops.add(total, block_sum, acc)
     return total
 
 
@@ -261,6 +280,66 @@ def _in_ynn_fusions(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[b
     return convert, exp
 
 
+_PROBE_BIG = 2.0**40  # absorbs the ones of a probe; exact in bf16 and float32
+_PROBE_ONES = 8  # ones counted after the -M of a probe column
+
+
+def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> list[int]:
+    """For each key j of ``tests``, the ones counted by a P V probe: q = k = 0, so
+    P is uniform, and V's column holds M at key 0, -M at key j and ones on the
+    next keys.  All of them are counted where key j's product joins key 0's in
+    one FMA chain (M - M cancels, then the ones add); fewer where the keys sit in
+    different blocks (the ones after j in j's block are absorbed by -M)."""
+    _, n, d = shape
+    zeros = np.zeros(shape, np.float32)
+    counts: list[int] = []
+    for start in range(0, len(tests), d):
+        v = np.zeros(shape, np.float32)
+        for col, j in enumerate(tests[start : start + d]):
+            v[:, 0, col] = _PROBE_BIG
+            v[:, j, col] = -_PROBE_BIG
+            v[:, j + 1 : j + 1 + _PROBE_ONES, col] = 1.0
+        out = np.asarray(run(zeros, zeros, v), dtype=np.float64)
+        # The last query sees every key, causal or not, each with P = fl(1/n).
+        row = out[0, n - 1] * n
+        counts += [round(row[col]) for col in range(len(tests[start : start + d]))]
+    return counts
+
+
+@functools.cache
+def _pv_block(dtype: str, shape: tuple[int, ...], causal: bool) -> int:
+    """The keys in each FMA chain of the P V dot for (B·H, N, d) inputs, read from
+    the real program with order-revealing probes (:func:`_pv_probe_counts`).
+
+    YNNPACK blocks the dot's reduction over keys by a size it derives at run time
+    from the CPU's L2 cache and the dot kernel's tile, so neither XLA's program
+    nor the shape alone gives it.  Key j is in key 0's chain when the probes of
+    keys j - 1 and j both count all their ones (one of them alone can be the
+    last key of a block); a search over j finds the first key of the second
+    block.  N when one chain holds every key (a block starting at the last key
+    is not probed); N as well for fp16, whose eager path is not probed."""
+    _, n, d = shape
+    if dtype == "float16" or n < 4:
+        return n
+    run = _attention(dtype, causal, None)
+    lo, hi = 1, n - 1  # keys 1..lo are in key 0's chain; key hi is not (n - 1: unknown)
+    found = False
+    while hi - lo > 1:
+        width = max(1, d // 2)
+        points = sorted({int(x) for x in np.linspace(lo + 1, hi - 1, num=min(width, hi - lo - 1))})
+        tests = [t for j in points for t in (j - 1, j)]
+        counts = _pv_probe_counts(run, shape, tests)
+        ones = [min(_PROBE_ONES, n - 1 - t) for t in tests]
+        joined = [all(counts[i] == ones[i] for i in (2 * k, 2 * k + 1)) for k in range(len(points))]
+        failing = [j for j, ok in zip(points, joined) if not ok]
+        if failing:
+            hi, found = failing[0], True
+        passing = [j for j, ok in zip(points, joined) if ok and j < hi]
+        if passing:
+            lo = max(passing)
+    return hi if found else n
+
+
 def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
     """Whether XLA keeps P's rounding to ``dtype`` for (B·H, N, d) inputs: False when
     the conversion sits in a YNNPACK fusion (module docstring)."""
@@ -283,12 +362,15 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
+    pv_block = _pv_block(policy.inputs.name, shape, bool(causal))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
-    return _model_core(q, k, v, scale, causal=bool(causal), policy=policy, round_p=round_p)
+    return _model_core(
+        q, k, v, scale, causal=bool(causal), policy=policy, round_p=round_p, pv_block=pv_block
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p"))
-def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool):
+@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "pv_block"))
+def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool, pv_block: int):
     """The model's steps; every rounding names the stage of ``policy`` it belongs to,
     so calibration's knobs reach it (the summation orders are XLA's, fixed)."""
     fmt = policy.inputs
@@ -307,7 +389,7 @@ def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool):
         p = ops.div(e, total[..., None], policy.stats)
     if round_p:
         p = ops.cast(p, policy.p)
-    return ops.cast(_pv(p, v, policy.pv_acc), policy.out)
+    return ops.cast(_pv(p, v, policy.pv_acc, pv_block), policy.out)
 
 
 def model(fmt: Format, n: int, d: int) -> KernelModel:
