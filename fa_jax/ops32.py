@@ -1,0 +1,445 @@
+"""The elementwise emulated ops of :mod:`fa_jax.ops` on float32 carriers, without float64.
+
+Same names, signatures and semantics as :mod:`fa_jax.ops`: each op returns
+``fl_fmt(exact result)``, the exact result rounded once to ``fmt`` (nearest, ties
+to even), bit for bit what the float64 ops give, for every format that fits a
+float32 carrier (``Format.fits(np.float32)``: bf16, fp16, tf32, FP32, the float8/6/4
+formats).  No float64 or int64 value appears in the compiled program, so the ops
+run with ``jax_enable_x64`` off and on backends without a 64-bit type.
+
+What backends do to float32, and how the ops avoid depending on it:
+
+* XLA's CPU backend flushes float32 subnormals, as operands (read as zero) and
+  as results, in ``+ - * /``, in compares (a subnormal is ``== 0`` and not ``> 0``),
+  in ``max`` and ``sign``, and eagerly as under ``jit``; ``exp`` flushes its
+  subnormal results.  ``abs``, ``neg``, ``select`` and bitcasts keep the bits.  TPUs
+  have no float32 subnormals at all.  FP32 stages legitimately hold subnormals, so
+  every sign, magnitude and exponent test here is done on the bits (uint32/int32).
+* Under ``jit`` the CPU backend contracts ``a * b + c`` into a fused multiply-add.
+  The only float arithmetic here is TwoSum (Knuth), which has no product, and
+  multiplications by powers of two are done on the exponent bits.
+* Float arithmetic happens only on operands scaled by a power of two, chosen
+  from the exponent bits, into ``[2**-75, 4)``: far from float32's subnormals and
+  overflow, so flushing, DAZ and overflow cannot touch it.  Every exponent is
+  then carried in an int32 beside the value.
+
+Each op reduces its exact result ``x`` to ``(s, rest)``: ``s = ±sig * 2**(e - 23)``,
+a 24-bit significand with an int32 exponent of unbounded range, the nearest
+24-bit value to ``x`` (ties to even), and ``rest``, the sign of ``|x| - |s|``.  One
+integer rounding (:func:`_round_parts`) then rounds ``x`` to ``fmt`` exactly: at
+``fmt``'s quantum ``2**q`` (``q = max(e, emin) - man_bits``, or ``emin`` below a
+format without subnormals) it drops ``d = q - e + 23`` bits of ``sig``; the
+dropped part is compared with half a quantum, and a dropped part of exactly half
+is broken by ``rest`` (ties to even where ``rest`` is 0).  This is exact because
+``|x - s|`` is at most half an ulp of ``s``, and the midpoints of ``fmt`` have at
+most 24 bits (a format with up to 23 mantissa bits), so no midpoint lies
+strictly between ``x`` and ``s``.  The result's overflow, infinities, NaNs and
+fnuz zeros are then :func:`fa_jax.rounding.round_to`'s: it maps the rounded
+value, exact in float32 or ±inf past float32's range, to the format's.
+
+* ``add``/``sub``: with ``E`` the larger operand's exponent, both operands are
+  scaled by ``2**-E``; an operand more than 50 binades below the other is
+  replaced by a value of its sign far below half an ulp of the larger, which
+  leaves the nearest 24-bit sum and the sign of its error unchanged.  TwoSum
+  gives ``s = fl(a + b)`` and its exact error, whose sign is ``rest``.
+* ``mul``: the exact 48-bit product of the two 24-bit significands, computed in
+  uint32 from 12-bit halves, rounded to 24 bits with its remainder's sign.
+* ``div``: 27 quotient bits of the significands by restoring long division in
+  uint32, and the remainder's zero-ness as a sticky bit.
+* ``maximum``: the larger under the total order of the bits (``-0 < +0``).
+
+NaN, ±inf and ±0 operands: the result is what float32 arithmetic gives on the
+operands with every finite nonzero one replaced by ±1, then ``round_to`` (as
+:mod:`fa_jax.ops` rounds its float64 result); a NaN's sign follows the same
+hardware rules for float32 as for float64.  ``cast`` is ``round_to``, which uses
+integer operations only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax._checks import is_int
+from fa_jax.formats import Format, get_format
+from fa_jax.rounding import round_to
+
+__all__ = ["add", "cast", "div", "fma", "maximum", "mul", "sub"]
+
+_U32 = np.uint32
+_I32 = np.int32
+_SIGN = _U32(0x80000000)
+_ABS = _U32(0x7FFFFFFF)
+_FRACTION = _U32(0x7FFFFF)
+_HIDDEN = _U32(1 << 23)
+_ONE_BITS = _U32(0x3F800000)  # 1.0
+_INF_BITS = _U32(0x7F800000)
+_ZERO_EXPONENT = -(1 << 12)  # below every float32 exponent: the exponent of a zero
+_NEGLIGIBLE = -50  # an addend this many binades below the other only adds a sign
+_QUIVER = -52  # the stand-in of a negligible addend: 2**_QUIVER, with its sign
+_DIVISION_BITS = 27  # quotient bits of the long division: 24, a guard bit and 2 more
+
+
+def _check(*xs) -> None:
+    for x in xs:
+        dtype = jnp.asarray(x).dtype
+        if dtype != np.float32:
+            raise TypeError(
+                f"fa_jax.ops32: expected float32 carrier arrays, got {dtype}; cast values "
+                "of narrower formats up first (exact), e.g. x.astype(jnp.float32)"
+            )
+
+
+def _format(fmt) -> Format:
+    fmt = get_format(fmt)
+    if fmt.is_concrete and not fmt.fits(np.float32):
+        raise ValueError(
+            f"fa_jax.ops32: expected a format that fits a float32 carrier, got {fmt.name!r} "
+            f"(man_bits={fmt.man_bits}, emin={fmt.emin}, emax={fmt.emax}); use fa_jax.ops"
+        )
+    return fmt
+
+
+def _clamp(x, lo: int, hi: int) -> jax.Array:
+    """``x`` (int32) clamped to [lo, hi], with int32 bounds (no int64 under x64)."""
+    return jax.lax.clamp(_I32(lo), x, _I32(hi))
+
+
+def _int32(v) -> jax.Array:
+    """A format width as int32: a constant when concrete, else the traced value."""
+    return jnp.asarray(_I32(v) if is_int(v) else v, jnp.int32)
+
+
+def _bits(x) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+
+
+def _float(bits) -> jax.Array:
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+class _Parts(NamedTuple):
+    """A float32 as ``±sig * 2**(exp - 23)``, subnormals normalised."""
+
+    sign: jax.Array  # uint32: the sign bit in place
+    exp: jax.Array  # int32: floor(log2 |x|); _ZERO_EXPONENT for zeros
+    sig: jax.Array  # uint32 in [2**23, 2**24) for finite nonzero x
+    zero: jax.Array  # bool
+    finite: jax.Array  # bool
+
+
+def _unpack(x) -> _Parts:
+    bits = _bits(x)
+    mag = bits & _ABS
+    field = (mag >> _U32(23)).astype(jnp.int32)
+    top = _I32(31) - jax.lax.clz(mag).astype(jnp.int32)  # of a subnormal's fraction
+    shift = _clamp(_I32(23) - top, 0, 23).astype(jnp.uint32)
+    zero = mag == _U32(0)
+    exp = jnp.where(field > 0, field - _I32(127), top - _I32(149))
+    sig = jnp.where(field > 0, (mag & _FRACTION) | _HIDDEN, mag << shift)
+    return _Parts(
+        bits & _SIGN, jnp.where(zero, _I32(_ZERO_EXPONENT), exp), sig, zero, field < _I32(255)
+    )
+
+
+def _pack(sign, exp, sig) -> jax.Array:
+    """The float32 ``±sig * 2**(exp - 23)`` for ``exp`` in the normal range (``sig``
+    in [2**23, 2**24)), or ±0 where ``sig`` is 0."""
+    field = (_clamp(exp, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
+    return _float(jnp.where(sig == _U32(0), sign, sign | field | (sig & _FRACTION)))
+
+
+def _stand_in(x) -> jax.Array:
+    """``x`` with a finite nonzero value replaced by ±1: what decides a result that
+    involves a NaN, an infinity or a zero."""
+    bits = _bits(x)
+    mag = bits & _ABS
+    plain = (mag != _U32(0)) & (mag < _INF_BITS)
+    return _float(jnp.where(plain, (bits & _SIGN) | _ONE_BITS, bits))
+
+
+def _nearest(kept, dropped, half, sticky):
+    """Round ``kept + (dropped + sticky) / (2 * half)`` (integers; ``sticky`` a bool
+    for "a little more", below one unit of ``dropped``) to the nearest integer, ties
+    to even.  Returns (the integer, the sign of the exact value minus it: int32)."""
+    up = (dropped > half) | ((dropped == half) & (sticky | ((kept & _U32(1)) == _U32(1))))
+    inexact = (dropped != _U32(0)) | sticky
+    rest = jnp.where(up, _I32(-1), jnp.where(inexact, _I32(1), _I32(0)))
+    return kept + up.astype(jnp.uint32), rest
+
+
+def _round_parts(sign, exp, sig, zero, rest, fmt: Format) -> jax.Array:
+    """The float32 of ``round_fmt(x)`` before ``round_to``'s overflow and specials,
+    for ``x = ±(sig + ρ) 2**(exp - 23)``: ``sig`` in [2**23, 2**24], ``|ρ| <= 1/2``
+    (``|ρ| = 1/2`` only with ``sig`` even) of sign ``rest``; ±0 where ``zero``.
+    Past float32's range the value is ±inf (beyond every fitting format's max)."""
+    emin = _I32(1) - _int32(fmt.bias)
+    m = _int32(fmt.man_bits)
+    if fmt.subnormals:
+        q_exp = jnp.maximum(exp, emin) - m
+    else:
+        q_exp = jnp.where(exp >= emin, exp - m, emin)
+    d = _clamp(q_exp - (exp - _I32(23)), 0, 26).astype(jnp.uint32)  # bits to drop
+    half = (_U32(1) << d) >> _U32(1)
+    kept = sig >> d
+    dropped = sig & ((_U32(1) << d) - _U32(1))
+    up = (d > _U32(0)) & (
+        (dropped > half)
+        | (
+            (dropped == half)
+            & jnp.where(rest == _I32(0), (kept & _U32(1)) == _U32(1), rest > _I32(0))
+        )
+    )
+    mag = (kept + up.astype(jnp.uint32)) << d  # 0 or in [2**23, 2**24]
+    top = _I32(31) - jax.lax.clz(mag).astype(jnp.int32)  # 23 or 24
+    e = exp + top - _I32(23)
+    field = (_clamp(e, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
+    normal = field | ((mag >> (top - _I32(23)).astype(jnp.uint32)) & _FRACTION)
+    # Below 2**-126 the value is a multiple of 2**-149 (a value of fmt): exact shift.
+    subnormal = mag >> _clamp(_I32(-126) - exp, 0, 31).astype(jnp.uint32)
+    out = jnp.where(e > _I32(127), _INF_BITS, jnp.where(e >= _I32(-126), normal, subnormal))
+    out = jnp.where(zero | (mag == _U32(0)), _U32(0), out)
+    return _float(sign | out)
+
+
+def _normalised(sig, exp):
+    """(sig, exp) with a carry to 2**24 moved into the exponent."""
+    carry = sig >> _U32(24)
+    return sig >> carry, exp + carry.astype(jnp.int32)
+
+
+def _is_nan(x) -> jax.Array:
+    return (_bits(x) & _ABS) > _INF_BITS
+
+
+def _first_nan(result, *operands) -> jax.Array:
+    """``result`` unless an operand is a NaN: then the first NaN operand (x86's rule
+    for float32 and float64 alike, fixed here so that a compiler commuting the
+    operands cannot change which NaN's sign survives)."""
+    for x in reversed(operands):
+        result = jnp.where(_is_nan(x), x, result)
+    return result
+
+
+def _finish(special, fallback, main, fmt: Format) -> jax.Array:
+    return round_to(jnp.where(special, fallback, main), fmt)
+
+
+def cast(x, fmt) -> jax.Array:
+    """Round a float32 carrier array to ``fmt``."""
+    _check(x)
+    return round_to(x, _format(fmt))
+
+
+def _two_sum(a, b):
+    """s = fl(a + b) and its exact error e = (a + b) - s (Knuth's TwoSum)."""
+    s = a + b
+    bp = s - a
+    ap = s - bp
+    return s, (a - ap) + (b - bp)
+
+
+def _scaled(p: _Parts, exp) -> jax.Array:
+    """The float32 ``x * 2**-exp`` of an operand ``p`` of exponent at most ``exp``,
+    or ±2**_QUIVER where that lies below 2**_NEGLIGIBLE."""
+    rel = p.exp - exp
+    negligible = rel < _I32(_NEGLIGIBLE)
+    sig = jnp.where(p.zero, _U32(0), jnp.where(negligible, _HIDDEN, p.sig))
+    return _pack(p.sign, jnp.where(negligible, _I32(_QUIVER), rel), sig)
+
+
+def _sign_against(err, s) -> jax.Array:
+    """int32: 0 where ``err`` is ±0, 1 where it has the sign of ``s``, else -1."""
+    err_bits = _bits(err)
+    same = (err_bits & _SIGN) == (_bits(s) & _SIGN)
+    zero = (err_bits & _ABS) == _U32(0)
+    return jnp.where(zero, _I32(0), jnp.where(same, _I32(1), _I32(-1)))
+
+
+def _round_sum(s, rest, exp, fmt: Format) -> jax.Array:
+    """``_round_parts`` of ``x = 2**exp (s + r)``: ``s`` a scaled float32 (normal or
+    zero), nearest to ``x 2**-exp``, and ``rest`` the sign of ``|x| - |s|``."""
+    ps = _unpack(s)
+    return _round_parts(ps.sign, ps.exp + exp, ps.sig, ps.zero, rest, fmt)
+
+
+def add(a, b, fmt) -> jax.Array:
+    """fl_fmt(a + b), correctly rounded."""
+    _check(a, b)
+    fmt = _format(fmt)
+    a, b = jnp.broadcast_arrays(a, b)
+    pa, pb = _unpack(a), _unpack(b)
+    exp = jnp.maximum(pa.exp, pb.exp)
+    s, err = _two_sum(_scaled(pa, exp), _scaled(pb, exp))
+    main = _round_sum(s, _sign_against(err, s), exp, fmt)
+    fallback = _first_nan(_stand_in(a) + _stand_in(b), a, b)
+    return _finish(~(pa.finite & pb.finite), fallback, main, fmt)
+
+
+def sub(a, b, fmt) -> jax.Array:
+    """fl_fmt(a - b), correctly rounded."""
+    _check(a, b)
+    return add(a, _float(_bits(b) ^ _SIGN), fmt)
+
+
+def _product(sa, sb):
+    """The exact product of two 24-bit integers as (high 24 bits, low 24 bits)."""
+    a1, a0 = sa >> _U32(12), sa & _U32(0xFFF)
+    b1, b0 = sb >> _U32(12), sb & _U32(0xFFF)
+    mid = a1 * b0 + a0 * b1  # < 2**25
+    low = a0 * b0 + ((mid & _U32(0xFFF)) << _U32(12))  # < 2**25
+    high = a1 * b1 + (mid >> _U32(12)) + (low >> _U32(24))
+    return high, low & _U32(0xFFFFFF)
+
+
+def mul(a, b, fmt) -> jax.Array:
+    """fl_fmt(a * b), correctly rounded."""
+    _check(a, b)
+    fmt = _format(fmt)
+    a, b = jnp.broadcast_arrays(a, b)
+    pa, pb = _unpack(a), _unpack(b)
+    high, low = _product(pa.sig, pb.sig)  # the product, in [2**46, 2**48)
+    wide = high >= _HIDDEN  # 48 bits: keep the high 24
+    kept = jnp.where(wide, high, (high << _U32(1)) | (low >> _U32(23)))
+    dropped = jnp.where(wide, low, low & _FRACTION)
+    half = jnp.where(wide, _HIDDEN, _U32(1 << 22))
+    sig, rest = _nearest(kept, dropped, half, jnp.zeros_like(wide))
+    sig, exp = _normalised(sig, pa.exp + pb.exp + wide.astype(jnp.int32))
+    zero = jnp.zeros_like(wide)
+    main = _round_parts(pa.sign ^ pb.sign, exp, sig, zero, rest, fmt)
+    special = ~(pa.finite & pb.finite) | pa.zero | pb.zero
+    return _finish(special, _first_nan(_stand_in(a) * _stand_in(b), a, b), main, fmt)
+
+
+class _Product(NamedTuple):
+    """The exact product of two finite float32 as ``hi + lo``, each ``±sig 2**(exp - 23)``."""
+
+    sign: jax.Array
+    zero: jax.Array
+    exp: jax.Array  # of hi: floor(log2 |a·b|); _ZERO_EXPONENT for a zero product
+    sig_hi: jax.Array
+    exp_lo: jax.Array
+    sig_lo: jax.Array  # 0 where the low half is zero
+
+
+def _product_of(pa: _Parts, pb: _Parts) -> _Product:
+    high, low = _product(pa.sig, pb.sig)  # a·b = (high 2**24 + low) 2**(e_a + e_b - 46)
+    zero = pa.zero | pb.zero
+    wide = high >= _HIDDEN
+    exp_ab = pa.exp + pb.exp
+    top = _I32(31) - jax.lax.clz(low).astype(jnp.int32)
+    return _Product(
+        sign=pa.sign ^ pb.sign,
+        zero=zero,
+        exp=jnp.where(zero, _I32(_ZERO_EXPONENT), exp_ab + wide.astype(jnp.int32)),
+        sig_hi=jnp.where(wide, high, high << _U32(1)),
+        exp_lo=exp_ab - _I32(46) + top,
+        sig_lo=low << _clamp(_I32(23) - top, 0, 23).astype(jnp.uint32),
+    )
+
+
+def _product_scaled(p: _Product, exp):
+    """``hi, lo`` scaled by ``2**-exp`` (``exp >= p.exp``); ±2**_QUIVER and 0 where the
+    product lies below 2**_NEGLIGIBLE; ±0 where it is zero."""
+    rel = p.exp - exp
+    negligible = rel < _I32(_NEGLIGIBLE)
+    hi = _pack(
+        p.sign,
+        jnp.where(negligible, _I32(_QUIVER), rel),
+        jnp.where(p.zero, _U32(0), jnp.where(negligible, _HIDDEN, p.sig_hi)),
+    )
+    lo = _pack(p.sign, p.exp_lo - exp, jnp.where(p.zero | negligible, _U32(0), p.sig_lo))
+    return hi, lo
+
+
+def fma(a, b, c, fmt) -> jax.Array:
+    """fl_fmt(a * b + c) with a single rounding: a fused multiply-add.
+
+    The exact product is two float32, ``hi + lo``; with everything scaled by the
+    larger exponent of ``a·b`` and ``c``, ``(t, u) = TwoSum(c, hi)`` and ``v``, the
+    sum ``u + lo`` rounded to odd, make ``t + v`` the exact sum rounded to odd on
+    a grid at least 20 bits finer than its ulp (``|u + lo|`` is at most a few
+    ulps of ``t`` when ``u != 0``, and exact otherwise), so ``(s, e) =
+    TwoSum(t, v)`` gives the nearest 24-bit value ``s`` and, from ``e`` or from the
+    rounding to odd when ``e == 0``, the sign of the rest (Boldo & Melquiond
+    2008, "Emulation of FMA and correctly rounded sums: proved algorithms using
+    rounding to odd").
+    """
+    _check(a, b, c)
+    fmt = _format(fmt)
+    a, b, c = jnp.broadcast_arrays(a, b, c)
+    pa, pb, pc = _unpack(a), _unpack(b), _unpack(c)
+    product = _product_of(pa, pb)
+    exp = jnp.maximum(product.exp, pc.exp)
+    hi, lo = _product_scaled(product, exp)
+    t, u = _two_sum(_scaled(pc, exp), hi)
+    v0, w = _two_sum(u, lo)
+    v_bits = _bits(v0)
+    to_odd = (_sign_against(w, v0) != _I32(0)) & ((v_bits & _U32(1)) == _U32(0))
+    step = jnp.where(_sign_against(w, v0) > _I32(0), _U32(1), _U32(0xFFFFFFFF))  # ±1
+    v = _float(jnp.where(to_odd, v_bits + step, v_bits))
+    s, e = _two_sum(t, v)
+    # e == 0: x - s = (u + lo) - v, of the sign of w, or opposite where v moved.
+    w_rest = _sign_against(w, s)
+    rest = jnp.where(
+        (_bits(e) & _ABS) != _U32(0), _sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
+    )
+    main = _round_sum(s, rest, exp, fmt)
+    special = ~(pa.finite & pb.finite & pc.finite) | ((pa.zero | pb.zero) & pc.zero)
+    # A product then a sum, as fa_jax.ops computes it: a NaN product is the result
+    # (XLA may contract p + c into an FMA, which would give inf * 0 + NaN c's NaN).
+    p = _first_nan(_stand_in(a) * _stand_in(b), a, b)
+    fallback = jnp.where(_is_nan(p), p, _first_nan(p + _stand_in(c), c))
+    return _finish(special, fallback, main, fmt)
+
+
+def _quotient(sa, sb):
+    """floor(sa * 2**26 / sb) for 24-bit sa, sb (restoring long division, one
+    quotient bit a step; the remainder stays below 2**25), and whether the
+    division left a remainder."""
+    q = jnp.zeros_like(sa)
+    r = sa
+    for _ in range(_DIVISION_BITS):
+        ge = r >= sb
+        q = (q << _U32(1)) | ge.astype(jnp.uint32)
+        r = jnp.where(ge, r - sb, r) << _U32(1)
+    return q, r != _U32(0)
+
+
+def div(a, b, fmt) -> jax.Array:
+    """fl_fmt(a / b), correctly rounded."""
+    _check(a, b)
+    fmt = _format(fmt)
+    a, b = jnp.broadcast_arrays(a, b)
+    pa, pb = _unpack(a), _unpack(b)
+    q, sticky = _quotient(pa.sig, pb.sig)  # in (2**25, 2**27)
+    wide = q >= _U32(1 << 26)  # sa >= sb: 27 quotient bits
+    kept = jnp.where(wide, q >> _U32(3), q >> _U32(2))
+    dropped = jnp.where(wide, q & _U32(7), q & _U32(3))
+    half = jnp.where(wide, _U32(4), _U32(2))
+    sig, rest = _nearest(kept, dropped, half, sticky)
+    sig, exp = _normalised(sig, pa.exp - pb.exp - (~wide).astype(jnp.int32))
+    main = _round_parts(pa.sign ^ pb.sign, exp, sig, jnp.zeros_like(wide), rest, fmt)
+    special = ~(pa.finite & pb.finite) | pa.zero | pb.zero
+    return _finish(special, _first_nan(_stand_in(a) / _stand_in(b), a, b), main, fmt)
+
+
+def maximum(a, b, fmt) -> jax.Array:
+    """fl_fmt(max(a, b)): the larger by the bits' total order (-0 < +0); where
+    either is NaN, float32 ``max`` of the operands' stand-ins (its NaN's sign)."""
+    _check(a, b)
+    fmt = _format(fmt)
+    a, b = jnp.broadcast_arrays(a, b)
+    ba, bb = _bits(a), _bits(b)
+
+    def key(bits):  # monotone in the value, -0 just below +0
+        flip = jnp.where((bits & _SIGN) != _U32(0), _ABS, _U32(0))
+        return jax.lax.bitcast_convert_type(bits ^ flip, jnp.int32)
+
+    larger = jnp.where(key(ba) >= key(bb), ba, bb)
+    nan = ((ba & _ABS) > _INF_BITS) | ((bb & _ABS) > _INF_BITS)
+    fallback = jnp.maximum(_stand_in(a), _stand_in(b))
+    return _finish(nan, fallback, _float(larger), fmt)
