@@ -1,58 +1,55 @@
 """The elementwise emulated ops of :mod:`fa_jax.ops` on float32 carriers, without float64.
 
 Same names, signatures and semantics as :mod:`fa_jax.ops`: each op returns
-``fl_fmt(exact result)``, the exact result rounded once to ``fmt`` (nearest, ties
-to even), bit for bit what the float64 ops give, for every format that fits a
-float32 carrier (``Format.fits(np.float32)``: bf16, fp16, tf32, FP32, the float8/6/4
-formats).  No float64 or int64 value appears in the compiled program, so the ops
-run with ``jax_enable_x64`` off and on backends without a 64-bit type.
+``fl_fmt(exact result)`` (round to nearest, ties to even), bit for bit what the
+float64 ops give, for every format that fits float32 (``Format.fits(np.float32)``:
+bf16, fp16, tf32, FP32, the float8/6/4 formats).  The program holds no float64 or
+int64 value: it runs with ``jax_enable_x64`` off and on backends without them.
 
 What backends do to float32, and how the ops avoid depending on it:
 
-* XLA's CPU backend flushes float32 subnormals, as operands (read as zero) and
-  as results, in ``+ - * /``, in compares (a subnormal is ``== 0`` and not ``> 0``),
-  in ``max`` and ``sign``, and eagerly as under ``jit``; ``exp`` flushes its
-  subnormal results.  ``abs``, ``neg``, ``select`` and bitcasts keep the bits.  TPUs
-  have no float32 subnormals at all.  FP32 stages legitimately hold subnormals, so
-  every sign, magnitude and exponent test here is done on the bits (uint32/int32).
+* XLA's CPU backend flushes float32 subnormals, eagerly as under ``jit``: as
+  operands (read as zero) and as results of ``+ - * /``, in compares (a subnormal
+  is ``== 0``, not ``> 0``), ``max``, ``sign``, ``exp`` and conversion to float64.
+  ``abs``, ``neg``, ``select``, bitcasts and int32 -> float32 keep the values.  TPUs
+  have no float32 subnormals.  So every sign, magnitude and exponent test here is
+  on the bits (uint32/int32), and powers of two are applied to the exponent bits.
 * Under ``jit`` the CPU backend contracts ``a * b + c`` into a fused multiply-add.
-  The only float arithmetic here is TwoSum (Knuth), which has no product, and
-  multiplications by powers of two are done on the exponent bits.
-* Float arithmetic happens only on operands scaled by a power of two, chosen
-  from the exponent bits, into ``[2**-75, 4)``: far from float32's subnormals and
-  overflow, so flushing, DAZ and overflow cannot touch it.  Every exponent is
-  then carried in an int32 beside the value.
+  The only float arithmetic on values is TwoSum (Knuth), which has no product.
+* That arithmetic runs on operands scaled by a power of two (chosen from the
+  exponent bits) into ``[2**-97, 4]`` on grids no finer than ``2**-97``: all its
+  results are normal, so flushing cannot touch it.  Exponents live in int32.
 
-Each op reduces its exact result ``x`` to ``(s, rest)``: ``s = ±sig * 2**(e - 23)``,
-a 24-bit significand with an int32 exponent of unbounded range, the nearest
-24-bit value to ``x`` (ties to even), and ``rest``, the sign of ``|x| - |s|``.  One
-integer rounding (:func:`_round_parts`) then rounds ``x`` to ``fmt`` exactly: at
-``fmt``'s quantum ``2**q`` (``q = max(e, emin) - man_bits``, or ``emin`` below a
-format without subnormals) it drops ``d = q - e + 23`` bits of ``sig``; the
-dropped part is compared with half a quantum, and a dropped part of exactly half
-is broken by ``rest`` (ties to even where ``rest`` is 0).  This is exact because
-``|x - s|`` is at most half an ulp of ``s``, and the midpoints of ``fmt`` have at
-most 24 bits (a format with up to 23 mantissa bits), so no midpoint lies
-strictly between ``x`` and ``s``.  The result's overflow, infinities, NaNs and
-fnuz zeros are then :func:`fa_jax.rounding.round_to`'s: it maps the rounded
-value, exact in float32 or ±inf past float32's range, to the format's.
+Each op reduces its exact result ``x`` to ``s = ±sig 2**(e - 23)``, the nearest
+24-bit value (ties to even) with an int32 exponent of any range, and ``rest``,
+the sign of ``|x| - |s|``.  :func:`_round_parts` then rounds ``x`` to ``fmt`` in
+integers: at ``fmt``'s quantum ``2**q`` (``q = max(e, emin) - man_bits``; ``emin``
+below a format without subnormals) it drops ``q - e + 23`` bits of ``sig``, rounds
+up past half a quantum and breaks an exact half by ``rest`` (to even where ``rest``
+is 0).  This is exact: ``|x - s|`` is at most half an ulp of ``s`` and ``fmt``'s
+midpoints have at most 24 bits (``man_bits <= 23``), so none lies strictly between
+``x`` and ``s``.  :func:`fa_jax.rounding.round_to` (integer operations only) then
+maps the rounded value, or ±inf past float32's range, to the format's overflow,
+infinities and fnuz zero.
 
-* ``add``/``sub``: with ``E`` the larger operand's exponent, both operands are
-  scaled by ``2**-E``; an operand more than 50 binades below the other is
-  replaced by a value of its sign far below half an ulp of the larger, which
-  leaves the nearest 24-bit sum and the sign of its error unchanged.  TwoSum
-  gives ``s = fl(a + b)`` and its exact error, whose sign is ``rest``.
-* ``mul``: the exact 48-bit product of the two 24-bit significands, computed in
-  uint32 from 12-bit halves, rounded to 24 bits with its remainder's sign.
-* ``div``: 27 quotient bits of the significands by restoring long division in
-  uint32, and the remainder's zero-ness as a sticky bit.
-* ``maximum``: the larger under the total order of the bits (``-0 < +0``).
+* ``add``/``sub``: both operands scaled by the larger one's exponent; one more
+  than 50 binades below the other is replaced by ``±2**-52``, far below half an
+  ulp of the larger, which changes neither the nearest 24-bit sum nor the sign
+  of its error.  TwoSum gives ``s`` and the exact error, whose sign is ``rest``.
+* ``mul``: the exact 48-bit product of the 24-bit significands in uint32 from
+  12-bit halves, rounded to 24 bits; ``rest`` from the dropped bits.
+* ``div``: 27 quotient bits by restoring long division in uint32; a nonzero
+  remainder is a sticky bit.
+* ``fma``: the product as two float32 and TwoSum with rounding to odd (Boldo &
+  Melquiond 2008), see :func:`fma`.
+* ``maximum``: the larger by the bits' total order (``-0 < +0``).
 
-NaN, ±inf and ±0 operands: the result is what float32 arithmetic gives on the
-operands with every finite nonzero one replaced by ±1, then ``round_to`` (as
-:mod:`fa_jax.ops` rounds its float64 result); a NaN's sign follows the same
-hardware rules for float32 as for float64.  ``cast`` is ``round_to``, which uses
-integer operations only.
+Results with a NaN or ±inf operand, or a zero operand of ``mul``/``div`` (of
+``fma``: with ``c`` zero too), are what float32 arithmetic gives on the operands
+with each finite nonzero one replaced by ±1 (a NaN made by an invalid operation
+has the float64 one's sign on the same hardware), with the first NaN operand
+propagated (x86's rule, pinned so that a compiler commuting operands cannot
+change which sign survives), then ``round_to``.  ``cast`` is ``round_to``.
 """
 
 from __future__ import annotations
@@ -79,8 +76,9 @@ _ONE_BITS = _U32(0x3F800000)  # 1.0
 _INF_BITS = _U32(0x7F800000)
 _ZERO_EXPONENT = -(1 << 12)  # below every float32 exponent: the exponent of a zero
 _NEGLIGIBLE = -50  # an addend this many binades below the other only adds a sign
-_QUIVER = -52  # the stand-in of a negligible addend: 2**_QUIVER, with its sign
-_DIVISION_BITS = 27  # quotient bits of the long division: 24, a guard bit and 2 more
+# A negligible addend's stand-in: 2**_STAND_IN_EXPONENT with the addend's sign.
+_STAND_IN_EXPONENT = -52
+_DIVISION_BITS = 27  # quotient bits: 24, a guard bit and one more at least, then a sticky bit
 
 
 def _check(*xs) -> None:
@@ -244,11 +242,11 @@ def _two_sum(a, b):
 
 def _scaled(p: _Parts, exp) -> jax.Array:
     """The float32 ``x * 2**-exp`` of an operand ``p`` of exponent at most ``exp``,
-    or ±2**_QUIVER where that lies below 2**_NEGLIGIBLE."""
+    or ±2**_STAND_IN_EXPONENT where that lies below 2**_NEGLIGIBLE."""
     rel = p.exp - exp
     negligible = rel < _I32(_NEGLIGIBLE)
     sig = jnp.where(p.zero, _U32(0), jnp.where(negligible, _HIDDEN, p.sig))
-    return _pack(p.sign, jnp.where(negligible, _I32(_QUIVER), rel), sig)
+    return _pack(p.sign, jnp.where(negligible, _I32(_STAND_IN_EXPONENT), rel), sig)
 
 
 def _sign_against(err, s) -> jax.Array:
@@ -342,13 +340,13 @@ def _product_of(pa: _Parts, pb: _Parts) -> _Product:
 
 
 def _product_scaled(p: _Product, exp):
-    """``hi, lo`` scaled by ``2**-exp`` (``exp >= p.exp``); ±2**_QUIVER and 0 where the
+    """``hi, lo`` scaled by ``2**-exp`` (``exp >= p.exp``); ±2**_STAND_IN_EXPONENT and 0 where the
     product lies below 2**_NEGLIGIBLE; ±0 where it is zero."""
     rel = p.exp - exp
     negligible = rel < _I32(_NEGLIGIBLE)
     hi = _pack(
         p.sign,
-        jnp.where(negligible, _I32(_QUIVER), rel),
+        jnp.where(negligible, _I32(_STAND_IN_EXPONENT), rel),
         jnp.where(p.zero, _U32(0), jnp.where(negligible, _HIDDEN, p.sig_hi)),
     )
     lo = _pack(p.sign, p.exp_lo - exp, jnp.where(p.zero | negligible, _U32(0), p.sig_lo))
