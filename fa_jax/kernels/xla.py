@@ -196,7 +196,8 @@ def _quad(x, acc: Format):
 
 def _compensated(nodes, acc: Format):
     """Sum axis -2 of ``nodes`` in order by compensated (Kahan) summation: a running
-    sum and its error, both from zero (Higham 2002, Algorithm 4.2)."""
+    sum and its error, both from zero, each term corrected by the error before it
+    is added, and the sum by the last error at the end (Higham 2002, Algorithm 4.2)."""
     total = jnp.zeros_like(nodes[..., 0, :])
     error = jnp.zeros_like(total)
     for i in range(nodes.shape[-2]):
@@ -204,7 +205,7 @@ def _compensated(nodes, acc: Format):
         t = ops.add(total, y, acc)
         error = ops.sub(ops.sub(t, total, acc), y, acc)
         total = t
-    return total
+    return ops.sub(total, error, acc)
 
 
 def _softmax_sum(e, acc: Format):
