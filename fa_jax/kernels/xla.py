@@ -23,10 +23,14 @@ each candidate tree):
   4, ... (pairs of terms, odd first) for bf16, 0, 1, 2, ... otherwise;
 * the softmax sum: 16 lanes (term j in lane j mod 16); each lane's terms
   summed by a 4-ary tree whose nodes add their children left to right
-  (groups of 4, of 16, of 64, ... terms of the lane); the 16 lane sums then
-  halved (l + l+8, then + 4, + 2, + 1);
-* P V: blocks of 512 keys, each a sequential FMA chain from zero, the block
-  sums added in order.
+  (groups of 4, of 16, of 64 terms of the lane), its 64-term nodes added in
+  order by compensated (Kahan) summation, the last error subtracted at the
+  end (Higham 2002, section 4.3; one node, a plain tree, up to 1024 keys); the
+  16 lane sums then halved (l + l+8, then + 4, + 2, + 1);
+* P V: blocks of keys, each a sequential FMA chain from zero, the block sums
+  added in order.  YNNPACK sizes the block at run time from the CPU's L2 cache
+  and the dot kernel's tile, so the model reads it from the real program by
+  probes (:func:`_pv_block`).
 
 Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
 the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
@@ -42,9 +46,7 @@ modelled bit for bit by :func:`fa_jax.exponential.ynnpack_exp`.  Elsewhere (the
 eager fp16 path, small shapes) XLA's own float32 exp runs: a Cephes polynomial
 with a two-constant Cody-Waite reduction and FMAs, results below FLT_MIN flushed
 to zero, modelled bit for bit by :func:`xla_cpu_exp`.  The two differ by one
-ulp on a few percent of inputs.  At 2048 keys and more the softmax sum departs
-from the tree above on some rows of random data, although ±M probes of every
-term pair find that tree: a step of that reduction is not yet known.
+ulp on a few percent of inputs.
 """
 
 from __future__ import annotations
