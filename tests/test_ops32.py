@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import x64_enabled
 
-from fa_jax import FP32, FP64, custom, get_format, ops, ops32
+from fa_jax import BF16, FP32, FP64, custom, get_format, ops, ops32
 from fa_jax.rounding import round_to
 
 FORMATS = [
@@ -62,9 +62,14 @@ def float32_bits(n, rng) -> np.ndarray:
     kind = rng.integers(0, 4, n)
     bits = np.where(kind == 0, bits & np.uint32(0x807FFFFF), bits)
     bits = np.where(kind == 1, (bits & np.uint32(0x83FFFFFF)) | np.uint32(0x3C000000), bits)
-    nan = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
-    bits = np.where(nan, bits | np.uint32(0x00400000), bits)  # signalling NaNs made quiet
-    return bits.view(np.float32)
+    return quiet(bits.view(np.float32))
+
+
+def quiet(x) -> np.ndarray:
+    """float32 ``x`` with its signalling NaNs made quiet (so float64 casts are silent)."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, bits | np.uint32(0x00400000), bits).astype(np.uint32).view(np.float32)
 
 
 def values_of(fmt, n, rng) -> np.ndarray:
@@ -210,6 +215,39 @@ def test_jitted_ops_give_the_float64_ops_bits(fmt):
         assert_same_bits(got[op], want, *operands, what=f"jit {op} {fmt.name}")
 
 
+TINY = 2.0**-149  # float32's smallest subnormal, which XLA's CPU arithmetic flushes
+# (op, operands, format, exact result rounded by hand)
+BY_HAND = [
+    ("add", (2.0**-126, -TINY), FP32, 2.0**-126 - TINY),  # a subnormal difference
+    ("sub", (3 * TINY, TINY), FP32, 2 * TINY),
+    ("mul", (TINY, 1.5), FP32, 2 * TINY),  # 1.5 * 2**-149: a tie, to even
+    ("mul", (TINY, 0.5), FP32, 0.0),  # a tie between 0 and 2**-149, to even
+    ("mul", (-TINY, 0.75), FP32, -TINY),
+    ("mul", (1 + 2.0**-12, 1 + 2.0**-12), FP32, 1 + 2.0**-11),  # 1 + 2**-11 + 2**-24: tie
+    ("fma", (1 + 2.0**-12, 1 + 2.0**-12, -(1 + 2.0**-11)), FP32, 2.0**-24),
+    ("fma", (TINY, 0.5, 2.0**-140), FP32, 2.0**-140),  # the product a tie far below
+    ("div", (3 * TINY, 2.0), FP32, 2 * TINY),  # 1.5 * 2**-149, to even
+    ("div", (TINY, 3.0), FP32, 0.0),
+    ("div", (1.0, 2.0**-130), FP32, 2.0**130),  # overflows: inf
+    ("maximum", (-TINY, -0.0), FP32, -0.0),
+    ("maximum", (TINY, 0.0), FP32, TINY),
+    ("add", (1.0, 2.0**-8), BF16, 1.0),  # a tie, to even
+    ("add", (1.0, 2.0**-8 + 2.0**-30), BF16, 1 + 2.0**-7),  # just above the tie
+    ("mul", (2.0**-133, 0.75), BF16, 2.0**-133),  # bf16's smallest subnormal * 0.75
+]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("case", BY_HAND, ids=lambda c: f"{c[0]}{c[1]}")
+def test_results_rounded_by_hand(case, jit):
+    op, operands, fmt, want = case
+    fn = getattr(ops32, op)
+    if jit:
+        fn = jax.jit(fn, static_argnums=len(operands))
+    got = np.asarray(fn(*(jnp.asarray(f32([x])) for x in operands), fmt))
+    assert got.view(np.uint32)[0] == f32([want]).view(np.uint32)[0], (got[0], want)
+
+
 @pytest.mark.parametrize("op", ["add", "fma"])
 def test_vmapped_ops_give_the_float64_ops_bits(op):
     fmt = get_format("bf16")
@@ -308,7 +346,7 @@ def _all_codes(fmt) -> np.ndarray:
     """Every value of a format of at most 8 bits, as float32 (NaNs quiet)."""
     dtype = fmt.dtype
     codes = np.arange(2**fmt.bits, dtype=np.uint8).view(dtype)
-    return codes.astype(np.float32)
+    return quiet(codes.astype(np.float32))
 
 
 @pytest.mark.slow
@@ -319,6 +357,28 @@ def test_every_pair_of_codes_of_small_formats(op, fmt):
     a, b = (x.ravel() for x in np.meshgrid(v, v))
     got = jax.jit(getattr(ops32, op), static_argnums=2)(a, b, fmt)
     assert_same_bits(got, reference(op, a, b, fmt=fmt), a, b, what=f"{op} {fmt.name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", [get_format("e2m1fn"), get_format("e3m2fn")], ids=lambda f: f.name)
+def test_fma_on_every_triple_of_codes(fmt):
+    v = _all_codes(fmt)
+    a, b, c = (x.ravel() for x in np.meshgrid(v, v, v))
+    got = jax.jit(ops32.fma, static_argnums=3)(a, b, c, fmt)
+    assert_same_bits(got, reference("fma", a, b, c, fmt=fmt), a, b, c, what=f"fma {fmt.name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_every_bf16_value_against_random_float32(op):
+    """Each of the 2**16 bf16 codes with 16 arbitrary float32 partners, rounded to bf16."""
+    v = quiet(np.arange(2**16, dtype=np.uint16).view(BF16.dtype).astype(np.float32))
+    rng = np.random.default_rng(7)
+    a = np.repeat(v, 16)
+    others = [float32_bits(a.size, rng) for _ in range(2 if op == "fma" else 1)]
+    operands = [a, *others]
+    got = jax.jit(getattr(ops32, op), static_argnums=len(operands))(*operands, BF16)
+    assert_same_bits(got, reference(op, *operands, fmt=BF16), *operands, what=op)
 
 
 @pytest.mark.slow
