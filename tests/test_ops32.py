@@ -12,6 +12,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import x64_enabled
@@ -372,7 +373,7 @@ def test_fma_on_every_triple_of_codes(fmt):
 @pytest.mark.parametrize("op", ALL_OPS)
 def test_every_bf16_value_against_random_float32(op):
     """Each of the 2**16 bf16 codes with 16 arbitrary float32 partners, rounded to bf16."""
-    v = quiet(np.arange(2**16, dtype=np.uint16).view(BF16.dtype).astype(np.float32))
+    v = quiet(np.arange(2**16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32))
     rng = np.random.default_rng(7)
     a = np.repeat(v, 16)
     others = [float32_bits(a.size, rng) for _ in range(2 if op == "fma" else 1)]
