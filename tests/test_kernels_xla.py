@@ -71,18 +71,18 @@ def test_xla_model_at_larger_shapes(shape, causal, fmt, seed):
 
 
 def test_pv_probes_count_the_ones_in_key_zeros_chain():
-    """The probes of keys in key 0's FMA chain count all their ones; the first key
-    of the next block, where there is one, counts fewer."""
+    """The probes of keys in key 0's FMA chain count all their small terms; the
+    first key of the next block, where there is one, counts fewer."""
     shape = (1, 1024, 16)
     n = shape[1]
     run = xla._attention("float32", False, None)
     block = xla._pv_block("float32", shape, False)
     assert 2 <= block <= n
     inside = [1, 2, min(block, n - 1) - 1]
-    ones = [min(xla._PROBE_ONES, n - 1 - j) for j in inside]
-    assert xla._pv_probe_counts(run, shape, inside) == ones
+    terms = [min(xla._PROBE_TERMS, n - 1 - j) for j in inside]
+    assert xla._pv_probe_counts(run, shape, inside) == terms
     if block < n - 1:
-        assert xla._pv_probe_counts(run, shape, [block])[0] < xla._PROBE_ONES
+        assert xla._pv_probe_counts(run, shape, [block])[0] < xla._PROBE_TERMS
 
 
 def test_compensated_sum_corrects_what_plain_addition_loses():

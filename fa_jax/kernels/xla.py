@@ -283,16 +283,18 @@ def _in_ynn_fusions(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[b
     return convert, exp
 
 
-_PROBE_BIG = 2.0**40  # absorbs the ones of a probe; exact in bf16 and float32
-_PROBE_ONES = 8  # ones counted after the -M of a probe column
+_PROBE_BIG = 2.0**15  # M of a probe, exact in every format
+_PROBE_SMALL = 2.0**-10  # the small terms: 2^-25 M, absorbed by ±M in float32
+_PROBE_TERMS = 8  # small terms counted after the -M of a probe column
+_PROBE_MAX_FP16_KEYS = 2**14  # beyond, fp16 outputs cannot count the small terms
 
 
 def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> list[int]:
-    """For each key j of ``tests``, the ones counted by a P V probe: q = k = 0, so
-    P is uniform, and V's column holds M at key 0, -M at key j and ones on the
-    next keys.  All of them are counted where key j's product joins key 0's in
-    one FMA chain (M - M cancels, then the ones add); fewer where the keys sit in
-    different blocks (the ones after j in j's block are absorbed by -M)."""
+    """For each key j of ``tests``, the small terms counted by a P V probe: q = k =
+    0, so P is uniform, and V's column holds M at key 0, -M at key j and small
+    terms on the next keys.  All of them are counted where key j's product joins
+    key 0's in one FMA chain (M - M cancels, then they add); fewer where the keys
+    sit in different blocks (those after j in j's block are absorbed by -M)."""
     _, n, d = shape
     zeros = np.zeros(shape, np.float32)
     counts: list[int] = []
@@ -301,10 +303,10 @@ def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> list[int]
         for col, j in enumerate(tests[start : start + d]):
             v[:, 0, col] = _PROBE_BIG
             v[:, j, col] = -_PROBE_BIG
-            v[:, j + 1 : j + 1 + _PROBE_ONES, col] = 1.0
+            v[:, j + 1 : j + 1 + _PROBE_TERMS, col] = _PROBE_SMALL
         out = np.asarray(run(zeros, zeros, v), dtype=np.float64)
         # The last query sees every key, causal or not, each with P = fl(1/n).
-        row = out[0, n - 1] * n
+        row = out[0, n - 1] * n / _PROBE_SMALL
         counts += [round(row[col]) for col in range(len(tests[start : start + d]))]
     return counts
 
@@ -317,12 +319,12 @@ def _pv_block(dtype: str, shape: tuple[int, ...], causal: bool) -> int:
     YNNPACK blocks the dot's reduction over keys by a size it derives at run time
     from the CPU's L2 cache and the dot kernel's tile, so neither XLA's program
     nor the shape alone gives it.  Key j is in key 0's chain when the probes of
-    keys j - 1 and j both count all their ones (one of them alone can be the
-    last key of a block); a search over j finds the first key of the second
+    keys j - 1 and j both count all their small terms (one of them alone can be
+    the last key of a block); a search over j finds the first key of the second
     block.  N when one chain holds every key (a block starting at the last key
-    is not probed); N as well for fp16, whose eager path is not probed."""
+    is not probed), and for fp16 beyond 2^14 keys (not probed)."""
     _, n, d = shape
-    if dtype == "float16" or n < 4:
+    if n < 4 or (dtype == "float16" and n > _PROBE_MAX_FP16_KEYS):
         return n
     run = _attention(dtype, causal, None)
     lo, hi = 1, n - 1  # keys 1..lo are in key 0's chain; key hi is not (n - 1: unknown)
@@ -332,8 +334,10 @@ def _pv_block(dtype: str, shape: tuple[int, ...], causal: bool) -> int:
         points = sorted({int(x) for x in np.linspace(lo + 1, hi - 1, num=min(width, hi - lo - 1))})
         tests = [t for j in points for t in (j - 1, j)]
         counts = _pv_probe_counts(run, shape, tests)
-        ones = [min(_PROBE_ONES, n - 1 - t) for t in tests]
-        joined = [all(counts[i] == ones[i] for i in (2 * k, 2 * k + 1)) for k in range(len(points))]
+        terms = [min(_PROBE_TERMS, n - 1 - t) for t in tests]
+        joined = [
+            all(counts[i] == terms[i] for i in (2 * k, 2 * k + 1)) for k in range(len(points))
+        ]
         failing = [j for j, ok in zip(points, joined) if not ok]
         if failing:
             hi, found = failing[0], True
