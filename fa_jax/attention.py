@@ -8,6 +8,10 @@ Baseline (reference) attention::
 
     S = fl_scores(fl_qk_acc(Q Kᵀ) · scale)          (masked entries: -inf)
     P = safe softmax of S  (m, l in stats; P in p)  (fa_jax.softmax)
+
+(``Policy.scale``: with "q" Q is scaled instead; with "exp2" S stays unscaled and
+the scale enters every exp as c = fl_exp(scale · log2 e), exps becoming exp2s:
+:mod:`fa_jax.softmax`.)
     O = fl_out(fl_pv_acc(P V))
 
 Flash attention runs the online-softmax recurrence over key/value blocks of
@@ -42,7 +46,8 @@ is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
-``m + log l`` is returned in the stats format.
+``m + log l`` (``m · scale + log l`` under "exp2") is returned in the stats
+format, rounded once.
 
 Masks: ``causal`` keeps key j for query i when j <= i (top-left aligned, as
 PyTorch's ``is_causal``); ``q_lengths``/``kv_lengths`` (broadcastable to the
@@ -80,6 +85,7 @@ from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
 from fa_jax.softmax import (
     cast_scores,
+    exp2_factor,
     normalise,
     online_update,
     rescale_factor,
@@ -209,10 +215,18 @@ def _zero_masked_keys(v, kv_lengths, col0):
     return jnp.where(j[:, None] < kl, v, 0.0)
 
 
-def _lse(m, l, policy: Policy):
-    """log-sum-exp m + log l in the stats format; -inf for fully masked rows."""
+def _lse(m, l, scale, policy: Policy):
+    """log-sum-exp m + log l (m · scale + log l for unscaled scores: scale "exp2")
+    in the stats format, rounded once; -inf for fully masked rows."""
     safe_l = jnp.where(l > 0, l, 1.0)
+    if policy.scale == "exp2":
+        m = jnp.where(l > 0, m, 0.0) * scale
     return jnp.where(l > 0, round_to(m + jnp.log(safe_l), policy.stats), -jnp.inf)
+
+
+def _log2_scale(scale, policy: Policy):
+    """c = fl_exp(scale · log2 e) under scale "exp2", else None (unused)."""
+    return exp2_factor(scale, policy.exp) if policy.scale == "exp2" else None
 
 
 # -- custom_vjp plumbing ------------------------------------------------------------
@@ -331,12 +345,12 @@ def _reference_forward(call: _Call, q, k, v, dynamic):
     q, k, v, scale = _prepare(q, k, v, policy, scale)
     s = _masked_scores(q, k, scale, policy, causal, q_lengths, kv_lengths)
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
-    e = shifted_exp(s, m, policy)
+    e = shifted_exp(s, m, policy, log2_scale=_log2_scale(scale, policy))
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
     p = normalise(e, l, policy.p)
     v = _zero_masked_keys(v, kv_lengths, 0)
     o = ops.cast(ops.matmul(p, v, policy.pv_acc, accumulation=policy.accumulation), policy.out)
-    return (o, _lse(m[..., 0], l[..., 0], policy)), (q, k, v, scale, p)
+    return (o, _lse(m[..., 0], l[..., 0], scale, policy)), (q, k, v, scale, p)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -441,6 +455,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     full = mk - mk % bc if variant in _LANES else mk
     steps = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}
     update = steps.get(variant) or functools.partial(_torch_step, lanes=_LANES[variant])
+    update = functools.partial(update, log2_scale=_log2_scale(scale, policy))
 
     def step(carry, xs):
         k_j, v_j, col0 = xs
@@ -459,7 +474,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         out = _normalise_output(o, l[..., None], policy)
     else:
         out = ops.cast(o, policy.out)
-    return (out, _lse(m, l, policy)), prepared
+    return (out, _lse(m, l, scale, policy)), prepared
 
 
 def _normalise_output(o, l, policy: Policy):
@@ -508,22 +523,22 @@ def _pv(p, v_j, policy: Policy):
     return ops.matmul(p, v_j, policy.pv_acc, accumulation=policy.accumulation)
 
 
-def _fa2_step(carry, s, v_j, policy: Policy):
+def _fa2_step(carry, s, v_j, policy: Policy, *, log2_scale):
     m, l, o = carry
-    m_new, l_new, e, alpha = online_update(m, l, s, policy)
+    m_new, l_new, e, alpha = online_update(m, l, s, policy, log2_scale=log2_scale)
     pv = _pv(ops.cast(e, policy.p), v_j, policy)
     o = ops.add(ops.mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
     return m_new, l_new, o
 
 
-def _fa1_step(carry, s, v_j, policy: Policy):
+def _fa1_step(carry, s, v_j, policy: Policy, *, log2_scale):
     m, l, o = carry
     m_blk = cast_scores(jnp.max(s, axis=-1), policy.stats)
-    e = shifted_exp(s, m_blk[..., None], policy)
+    e = shifted_exp(s, m_blk[..., None], policy, log2_scale=log2_scale)
     l_blk = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
     m_new = running_max(m, m_blk, policy.stats)
-    alpha = rescale_factor(m, m_new, policy)
-    beta = rescale_factor(m_blk, m_new, policy)
+    alpha = rescale_factor(m, m_new, policy, log2_scale=log2_scale)
+    beta = rescale_factor(m_blk, m_new, policy, log2_scale=log2_scale)
     l_alpha = ops.mul(l, alpha, policy.stats)
     l_new = ops.add(l_alpha, ops.mul(beta, l_blk, policy.stats), policy.stats)
     pv = _pv(ops.cast(e, policy.p), v_j, policy)
@@ -535,9 +550,9 @@ def _fa1_step(carry, s, v_j, policy: Policy):
     return m_new, l_new, normalise(num, l_new[..., None], policy.o_acc)
 
 
-def _rowwise_step(carry, s, v_j, policy: Policy):
+def _rowwise_step(carry, s, v_j, policy: Policy, *, log2_scale):
     m, l, o = carry
-    m_new, l_new, e, alpha = online_update(m, l, s, policy)
+    m_new, l_new, e, alpha = online_update(m, l, s, policy, log2_scale=log2_scale)
     ratio = normalise(ops.mul(l, alpha, policy.stats), l_new, policy.o_acc)
     pv = _pv(normalise(e, l_new[..., None], policy.p), v_j, policy)
     o = ops.add(ops.mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
@@ -603,7 +618,7 @@ def _gemm_accumulate(c, a, b, fmt):
     return c
 
 
-def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int):
+def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int, log2_scale):
     """One key block of the ``torch_avx2`` loop: PyTorch's CPU flash attention
     (``cpu_flash_attention`` in ATen's ``FlashAttentionKernel.cpp``, with AVX2's
     8 FP32 lanes)::
@@ -626,6 +641,11 @@ def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int):
     a length-masked call does not follow the kernel on the shorter inputs (the
     kernel has no such mask).
     """
+    if log2_scale is not None:
+        raise ValueError(
+            "flash_attention: variant 'torch_avx2' models PyTorch's CPU kernel, which "
+            "scales S: expected scale 'scores', got 'exp2'"
+        )
     m, l, o = carry
     m_new = running_max(m, jnp.max(s, axis=-1), policy.stats)
     alpha = rescale_factor(m, m_new, policy.replace(exp_model=CORRECTLY_ROUNDED))

@@ -25,8 +25,11 @@ stored but recomputed per key block from the saved log-sum-exp L::
 The scale multiplies the accumulated dQ and dK once at the end, as the
 FlashAttention-2 kernel does.  With ``policy.scale == "q"`` the scores are
 Q' Kᵀ with Q' = fl(Q · scale): then dK_j = fl_grads(fl_d_acc(dS_jᵀ Q')) carries
-no scale, and dQ = scale · dQ' as above.  The log-sum-exp's cotangent enters
-through ∂L_i/∂S_ij = P_ij: dS = P ∘ (dP − D) + P ∘ dL = P ∘ (dP − (D − dL)).
+no scale, and dQ = scale · dQ' as above.  With ``"exp2"`` the scores are
+unscaled and P_j = fl_exp(2^fl_exp(fma(S_j, c, -fl_exp(L · c₂)))), with
+c = fl_exp(scale · log2 e) and c₂ = fl_exp(log2 e) (:mod:`fa_jax.softmax`).
+The log-sum-exp's cotangent enters through ∂L_i/∂S_ij = P_ij:
+dS = P ∘ (dP − D) + P ∘ dL = P ∘ (dP − (D − dL)).
 
 The forward's variant (fa1, fa2, rowwise) changes O and L, not this backward.
 Each query row's dQ depends on that row alone and the emulation takes all rows
@@ -61,7 +64,7 @@ import jax.numpy as jnp
 
 from fa_jax import ops
 from fa_jax.policy import Policy
-from fa_jax.softmax import shifted_exp
+from fa_jax.softmax import exp2_factor, shifted_exp
 
 __all__ = ["flash_backward", "reference_backward", "row_dot", "softmax_grad"]
 
@@ -96,9 +99,9 @@ def _scaled(acc, scale, policy: Policy):
 
 
 def _d_k(acc, scale, policy: Policy):
-    """dK from the accumulated dSᵀ Q: scaled for scale="scores"; for scale="q" the Q
+    """dK from the accumulated dSᵀ Q: scaled for unscaled Q; for scale="q" the Q
     in the product is already the scaled Q'."""
-    if policy.scale == "scores":
+    if policy.scale != "q":
         return _scaled(acc, scale, policy)
     return ops.cast(acc, policy.grads)
 
@@ -129,9 +132,15 @@ def flash_backward(
     d_o = ops.cast(d_o, policy.d_out)
     d_row = _d_row(row_dot(d_o, o, policy), d_lse, policy)
 
+    exp2_scales = {}
+    if policy.scale == "exp2":  # P_j = 2^fl_exp(fma(S_j, c, -fl_exp(L log2 e)))
+        exp2_scales = dict(
+            log2_scale=exp2_factor(scale, policy.exp), shift_scale=exp2_factor(1.0, policy.exp)
+        )
+
     def step(d_q, xs):
         k_j, v_j, col0 = xs
-        p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy)
+        p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy, **exp2_scales)
         d_v_j = ops.cast(_matmul(_t(ops.cast(p_j, policy.p)), d_o, policy), policy.grads)
         d_p_j = ops.cast(_matmul(d_o, _t(v_j), policy), policy.d_p)
         d_s_j = softmax_grad(p_j, d_p_j, d_row, policy)

@@ -8,7 +8,12 @@ implementation; ``fn(x, fmt)`` returns its result for the carrier array ``x``
 composed only of :mod:`fa_jax.ops` operations, so it is jittable and bit-exact.
 
 :data:`CORRECTLY_ROUNDED` (``ops.exp``, fl_fmt(exp(x))) is the default of every
-policy.  More are registered by :func:`register_exp_model`.
+policy.  :data:`EXP2` (``ops.exp2``, fl_fmt(2^x)) is the exp of a policy that
+folds the softmax scale and log2 e into one FMA before an exp2, as the
+FlashAttention-2/3 CUDA kernels do (``Policy.scale == "exp2"``; their
+``ex2.approx`` is not correctly rounded, and with no GPU to read its bits from,
+the correctly rounded exp2 stands in for it).  More are registered by
+:func:`register_exp_model`.
 
 :func:`exp_u20` and :func:`fexp_u20` are ATen's vectorised FP32 exps
 (``Vectorized<float>::exp_u20`` and ``::fexp_u20`` in PyTorch's ``ATen/cpu/vec``),
@@ -51,10 +56,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
+from fa_jax._checks import one_of
 from fa_jax.formats import FP32, Format
 
 __all__ = [
     "CORRECTLY_ROUNDED",
+    "EXP2",
     "SLEEF_U10",
     "TORCH_AVX2",
     "YNNPACK",
@@ -70,13 +77,22 @@ __all__ = [
 ]
 
 
+_BASES = ("e", "2")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpModel:
     """An exp implementation: ``fn(x, fmt)`` is its result on the carrier ``x``,
-    rounded to ``fmt`` as that implementation rounds."""
+    rounded to ``fmt`` as that implementation rounds; ``base`` "e" (e^x) or "2"
+    (2^x, for policies that fold the softmax scale into an exp2:
+    ``Policy.scale == "exp2"``)."""
 
     name: str
     fn: Callable[[jax.Array, Format], jax.Array]
+    base: str = "e"
+
+    def __post_init__(self):
+        one_of(self.base, _BASES, "ExpModel.base")
 
     def __str__(self) -> str:
         return self.name
@@ -87,6 +103,7 @@ def _correctly_rounded(x: jax.Array, fmt: Format) -> jax.Array:
 
 
 CORRECTLY_ROUNDED = ExpModel("correctly_rounded", _correctly_rounded)
+EXP2 = ExpModel("exp2_correctly_rounded", lambda x, fmt: ops.exp2(x, fmt), base="2")
 
 
 def _f32_bits(bits: int) -> float:
@@ -269,7 +286,7 @@ SLEEF_U10 = ExpModel("sleef_expf_u10", lambda x, fmt: ops.cast(sleef_expf_u10(x)
 YNNPACK = ExpModel("ynnpack", lambda x, fmt: ops.cast(ynnpack_exp(x), fmt))
 
 _MODELS: dict[str, ExpModel] = {
-    m.name: m for m in (CORRECTLY_ROUNDED, TORCH_AVX2, SLEEF_U10, YNNPACK)
+    m.name: m for m in (CORRECTLY_ROUNDED, EXP2, TORCH_AVX2, SLEEF_U10, YNNPACK)
 }
 
 

@@ -22,10 +22,11 @@ How each op achieves a single correct rounding from a float64 computation:
   is exactly a midpoint of ``fmt``; then the sign of ``a - q b``, computed exactly
   with Dekker's product on the significands (any float64 ``a``, ``b``), says which
   way the true quotient lies.
-* ``exp``: float64 ``exp`` (XLA's, within ~1 ulp of float64) rounded to
-  ``fmt``.  Correctly rounded unless ``exp(x)`` lies within that error of a
-  rounding boundary of ``fmt`` (never observed; exp of a nonzero
-  representable number is never exactly a midpoint).
+* ``exp``, ``exp2``: float64 ``exp`` / ``exp2`` (XLA's, within a few ulps of
+  float64) rounded to ``fmt``.  Correctly rounded unless the result lies within
+  that error of a rounding boundary of ``fmt`` (never observed; exp of a
+  nonzero representable number is never exactly a midpoint, and 2^x is exact
+  for integers x).
 * ``fma``: ``fl(a b + c)`` with one rounding; the product is exact for
   operands of at most 26 significand bits, and TwoSum plus round-to-odd, as
   for ``add``, rounds the sum once.
@@ -69,6 +70,7 @@ __all__ = [
     "cast",
     "div",
     "exp",
+    "exp2",
     "fma",
     "matmul",
     "maximum",
@@ -288,6 +290,12 @@ def exp(x, fmt) -> jax.Array:
     """fl_fmt(exp(x)) from float64 exp (see the module docstring)."""
     _check(x)
     return round_to(jnp.exp(x), get_format(fmt))
+
+
+def exp2(x, fmt) -> jax.Array:
+    """fl_fmt(2^x) from float64 exp2 (as ``exp``: see the module docstring)."""
+    _check(x)
+    return round_to(jnp.exp2(x), get_format(fmt))
 
 
 def maximum(a, b, fmt) -> jax.Array:

@@ -37,10 +37,14 @@ it names: a derived backward stage does not follow a later change of its
 forward stage.
 
 plus the :mod:`accumulation <fa_jax.accumulation>` model of every dot and sum,
-where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale))
-or ``"q"`` (Q is pre-scaled: fl(Q · scale), as some kernels do), the
+where the softmax scale is applied: ``"scores"`` (S = fl(fl(Q Kᵀ) · scale)),
+``"q"`` (Q is pre-scaled: fl(Q · scale), as some kernels do) or ``"exp2"``
+(S unscaled; the scale and log2 e folded into one FMA before an exp2,
+P̃ = 2^fl_exp(fma(S, c, -fl_exp(m c))) with c = fl_exp(scale · log2 e), as the
+FlashAttention-2/3 CUDA kernels compute it: :mod:`fa_jax.softmax`), the
 :mod:`exp implementation <fa_jax.exponential>` of the ``exp`` stage
-(``exp_model``; correctly rounded by default), and how flash attention's final
+(``exp_model``; correctly rounded by default; a base-2 model, and only one,
+with ``"exp2"``), and how flash attention's final
 output is normalised: ``"divide"`` (fl_out(o / l)) or ``"reciprocal"``
 (fl_out(fl_o_acc(o · fl_stats(1 / l))), as PyTorch's CPU flash kernel does).
 
@@ -73,7 +77,7 @@ _BACKWARD_DEFAULTS = {
     "d_s": "p",
     "grads": "out",
 }
-_SCALES = ("scores", "q")
+_SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
 _STATIC = ("accumulation", "scale", "name", "exp_model", "normalise")
 
@@ -117,6 +121,13 @@ class Policy:
         if self.scale not in _SCALES:
             raise ValueError(f"Policy.scale: expected one of {_SCALES}, got {self.scale!r}")
         object.__setattr__(self, "exp_model", get_exp_model(self.exp_model))
+        if (self.scale == "exp2") != (self.exp_model.base == "2"):
+            raise ValueError(
+                f"Policy: scale='exp2' goes with a base-2 exp model and only it, got "
+                f"scale={self.scale!r} with exp model {self.exp_model.name!r} "
+                f"(base {self.exp_model.base}); e.g. .replace(scale='exp2', "
+                "exp_model='exp2_correctly_rounded')"
+            )
         one_of(self.normalise, NORMALISE, "Policy.normalise")
 
     def replace(self, **changes) -> Policy:

@@ -22,8 +22,18 @@ online (their Algorithm 3 with blocks B_1..B_K of ``block`` entries;
     y_j     = fl_p(fl_exp(exp(fl_exp(x_j - m_K))) / d_K)
 
 naive: ``y_j = fl_p(fl_exp(exp(x_j)) / Σ_j fl_exp(exp(x_j)))`` — no shift, so it
-overflows once ``x_j`` exceeds log(max) of the exp format (88.7 for FP32, 11.1
-for FP16).
+overflows once ``x_j`` exceeds log(max) of the exp format.
+
+Under ``Policy.scale == "exp2"`` (the FlashAttention-2/3 CUDA kernels' softmax,
+``scale_apply_exp2`` in their ``softmax.h``) the scores x are unscaled and the
+scale is folded, with log2 e, into c = fl_exp(scale · log2 e)
+(:func:`exp2_factor`); every exp of x - m above becomes::
+
+    e_j = fl_exp(2^t_j),  t_j = fl_exp(fma(x_j, c, -fl_exp(m c)))   (one FMA)
+    α_k = fl_exp(2^fl_exp(fl_exp(m_{k-1} - m_k) · c))
+
+with the policy's base-2 exp model; the functions here take ``log2_scale=c``
+(scale 1 where none is given: c = fl_exp(log2 e)).
 
 Masked entries are ``-inf`` scores; ``-inf`` is a mask, not a value, so it is
 never rounded (formats without infinities would turn it into NaN).  A row
@@ -32,6 +42,8 @@ m = -inf and d = 0; its output is defined as 0 (not NaN).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +55,7 @@ from fa_jax.policy import Policy
 
 __all__ = [
     "cast_scores",
+    "exp2_factor",
     "naive_softmax",
     "normalise",
     "online_softmax",
@@ -68,38 +81,67 @@ def running_max(m, block_max, fmt):
     return cast_scores(jnp.maximum(m, block_max), fmt)
 
 
-def shifted_exp(x, m, policy: Policy):
+_LOG2E = math.log2(math.e)
+
+
+def exp2_factor(scale, fmt):
+    """c = fl_fmt(scale · log2 e), the product taken in float64 (as a kernel's host
+    code computes it in double precision before storing it in FP32)."""
+    return ops.cast(jnp.asarray(scale, jnp.float64) * _LOG2E, fmt)
+
+
+def _log2_scale(policy: Policy, log2_scale):
+    return exp2_factor(1.0, policy.exp) if log2_scale is None else log2_scale
+
+
+def shifted_exp(x, m, policy: Policy, *, log2_scale=None, shift_scale=None):
     """fl_exp(exp(fl_exp(x - m))); exactly 0 where x = -inf (masked), whatever m is.
 
-    The exp is the policy's ``exp_model`` (correctly rounded by default).
+    The exp is the policy's ``exp_model`` (correctly rounded by default).  Under
+    ``scale == "exp2"`` it is fl_exp(2^fl_exp(fma(x, c, -fl_exp(m c')))) with
+    c = ``log2_scale`` and c' = ``shift_scale`` (default c; module docstring).
 
     Masked entries never reach the rounding, so formats without infinities work.
     """
     masked = x == -jnp.inf
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked so far: any shift will do
     x = jnp.where(masked, m, x)
-    shifted = ops.sub(x, m, policy.exp)
+    if policy.scale == "exp2":
+        c = _log2_scale(policy, log2_scale)
+        shift = ops.mul(m, c if shift_scale is None else shift_scale, policy.exp)
+        shifted = ops.fma(x, jnp.broadcast_to(c, x.shape), -shift, policy.exp)
+    else:
+        shifted = ops.sub(x, m, policy.exp)
     return jnp.where(masked, 0.0, policy.exp_model.fn(shifted, policy.exp))
 
 
-def rescale_factor(m_old, m_new, policy: Policy):
-    """α = fl_exp(exp(fl_exp(m_old - m_new))): 0 when m_old = -inf, exactly 1 when unchanged."""
-    return shifted_exp(m_old, m_new, policy)
+def rescale_factor(m_old, m_new, policy: Policy, *, log2_scale=None):
+    """α = fl_exp(exp(fl_exp(m_old - m_new))): 0 when m_old = -inf, exactly 1 when
+    unchanged; under ``scale == "exp2"``, fl_exp(2^fl_exp(fl_exp(m_old - m_new) · c))."""
+    if policy.scale != "exp2":
+        return shifted_exp(m_old, m_new, policy)
+    masked = m_old == -jnp.inf
+    m_new = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    m_old = jnp.where(masked, m_new, m_old)
+    c = _log2_scale(policy, log2_scale)
+    t = ops.mul(ops.sub(m_old, m_new, policy.exp), c, policy.exp)
+    return jnp.where(masked, 0.0, policy.exp_model.fn(t, policy.exp))
 
 
-def online_update(m, d, x_block, policy: Policy, *, axis: int = -1):
+def online_update(m, d, x_block, policy: Policy, *, axis: int = -1, log2_scale=None):
     """One step of the (blocked) online recurrence.
 
     Args:
       m, d: running max and sum, shape of x_block without ``axis``.
       x_block: the next block of scores.
+      log2_scale: c under ``scale == "exp2"`` (module docstring).
     Returns:
       (m_new, d_new, e, α): e = shifted_exp(x_block, m_new) is returned for flash
       attention, which multiplies it into V.
     """
     m_new = running_max(m, jnp.max(x_block, axis=axis), policy.stats)
-    alpha = rescale_factor(m, m_new, policy)
-    e = shifted_exp(x_block, jnp.expand_dims(m_new, axis), policy)
+    alpha = rescale_factor(m, m_new, policy, log2_scale=log2_scale)
+    e = shifted_exp(x_block, jnp.expand_dims(m_new, axis), policy, log2_scale=log2_scale)
     s = ops.sum(e, policy.stats, axis=axis, accumulation=policy.accumulation)
     d_new = ops.add(ops.mul(d, alpha, policy.stats), s, policy.stats)
     return m_new, d_new, e, alpha
@@ -155,6 +197,9 @@ def _online_softmax(x, *, policy: Policy, block: int, axis: int) -> jax.Array:
 def naive_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
     """Softmax without max subtraction; shows overflow (module docstring)."""
     x = _prepare(x, policy, axis)
+    if policy.scale == "exp2":
+        scaled = ops.mul(jnp.where(x == -jnp.inf, 0.0, x), _log2_scale(policy, None), policy.exp)
+        x = jnp.where(x == -jnp.inf, -jnp.inf, scaled)
     e = policy.exp_model.fn(x, policy.exp)
     d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
     return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)

@@ -380,3 +380,62 @@ def test_causal_with_n_not_m_matches_numpy_float64(n, m, blocks):
         assert np.max(np.abs(np.asarray(lse) - want_lse)) <= 1e-12 * max(
             1.0, float(np.max(np.abs(want_lse)))
         ), variant
+
+
+# -- the exp2 placement (Policy.scale "exp2") ----------------------------------------------
+
+
+def _exp2(fmt):
+    return fa2_kernel(fmt).replace(scale="exp2", exp_model="exp2_correctly_rounded")
+
+
+def test_exp2_reference_attention_against_exact_rationals():
+    """S unscaled, P̃ = fl32(2^fl32(fma(S, c, -fl32(m c)))), l, P, O each rounded
+    once, computed with Fractions: reference attention gives the same bits."""
+    from fractions import Fraction
+
+    from oracle import round_exact
+
+    from fa_jax.formats import FP32
+
+    q, k, v = (round_to(jnp.asarray(t), BF16) for t in qkv(11, lead=(), n=3, m=5, d=4))
+    pol = _exp2(BF16)
+    got = np.asarray(reference_attention(q, k, v, pol))
+    fq, fk, fv = ([[Fraction(float(x)) for x in row] for row in np.asarray(t)] for t in (q, k, v))
+    c = Fraction(float(np.float32(0.5 * math.log2(math.e))))  # scale 1/√4: exact in FP32
+    for i in range(3):
+        s = [round_exact(sum(a * b for a, b in zip(fq[i], fk[j])), FP32) for j in range(5)]
+        m = max(s)
+        shift = Fraction(round_exact(Fraction(m) * c, FP32))
+        e = [float(np.float32(np.exp2(round_exact(Fraction(x) * c - shift, FP32)))) for x in s]
+        l = Fraction(round_exact(sum(Fraction(x) for x in e), FP32))
+        p = [Fraction(round_exact(Fraction(x) / l, BF16)) for x in e]
+        for col in range(4):
+            o = round_exact(round_exact(sum(p[j] * fv[j][col] for j in range(5)), FP32), BF16)
+            assert got[i, col] == o, (i, col)
+
+
+def test_exp2_flash_lse_and_grads():
+    """One key block: flash's (m, l) are reference's, so their log-sum-exps
+    m · scale + log l agree bitwise; the exp2 placement changes O; gradients run
+    through the emulated backward (which recomputes P with the exp2 shift of the
+    log-sum-exp) and at FP64 stages agree with the natural-exp gradients to
+    float64 rounding."""
+    q, k, v = qkv(12, n=24, m=24, d=8)
+    pol = _exp2(BF16)
+    _, lse_ref = reference_attention(q, k, v, pol, return_lse=True)
+    _, lse_fl = flash_attention(q, k, v, pol, Blocks(24, 24))
+    np.testing.assert_array_equal(np.asarray(lse_fl), np.asarray(lse_ref))
+    fp32_out = {"out": get_format("fp32")}  # O unrounded to bf16, where the two differ
+    o_exp2 = flash_attention(q, k, v, pol.replace(**fp32_out), Blocks(24, 24))[0]
+    o_exp = flash_attention(q, k, v, fa2_kernel(BF16).replace(**fp32_out), Blocks(24, 24))[0]
+    assert not np.array_equal(np.asarray(o_exp2), np.asarray(o_exp))
+    gold2 = golden().replace(scale="exp2", exp_model="exp2_correctly_rounded")
+
+    def loss(pol, q, k, v):
+        return flash_attention(q, k, v, pol, Blocks(8, 8))[0].sum()
+
+    g2 = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)(gold2, q, k, v)
+    ge = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)(golden(), q, k, v)
+    for a, b in zip(g2, ge):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-13)

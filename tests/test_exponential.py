@@ -25,6 +25,7 @@ import pytest
 from fa_jax import BF16, FP32, ops
 from fa_jax.exponential import (
     CORRECTLY_ROUNDED,
+    EXP2,
     SLEEF_U10,
     TORCH_AVX2,
     YNNPACK,
@@ -286,6 +287,15 @@ def test_registry():
         register_exp_model(ExpModel("sleef_expf_u10", lambda x, fmt: x))
     with pytest.raises(TypeError):
         register_exp_model("sleef")  # pyright: ignore[reportArgumentType]
+
+
+def test_base_2_model(x64):
+    assert get_exp_model("exp2_correctly_rounded") is EXP2 and EXP2.base == "2"
+    assert CORRECTLY_ROUNDED.base == "e"
+    x = jnp.array([-3.0, 0.0, 0.5])
+    np.testing.assert_array_equal(EXP2.fn(x, FP32), ops.exp2(x, FP32))
+    with pytest.raises(ValueError, match=r"ExpModel\.base"):
+        ExpModel("exp10", lambda x, fmt: x, base="10")
 
 
 _PROGRAM = r"""

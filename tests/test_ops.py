@@ -256,6 +256,22 @@ def test_exp_matches_a_60_digit_reference():
             assert gi == want, (fmt.name, xi, gi, want)
 
 
+def test_exp2_matches_a_60_digit_reference():
+    decimal.getcontext().prec = 60
+    ln2 = decimal.Decimal(2).ln()
+    rng = np.random.default_rng(2)
+    for fmt in (BF16, FP16, FP32, E4M3FN):
+        x = np.asarray(ops.cast(jnp.asarray(rng.uniform(-28, 7, 2000)), fmt))
+        got = np.asarray(ops.exp2(x, fmt))
+        for xi, gi in zip(x, got):
+            want = round_exact(Fraction((decimal.Decimal(float(xi)) * ln2).exp()), fmt)
+            assert gi == want, (fmt.name, xi, gi, want)
+    # integers: exact powers of two, subnormal ones too
+    np.testing.assert_array_equal(
+        np.asarray(ops.exp2(jnp.array([-133.0, -1.0, 0.0, 5.0]), BF16)), [2.0**-133, 0.5, 1, 32]
+    )
+
+
 def sequential_reference(terms, fmt):
     acc = Fraction(0)
     for t in terms:

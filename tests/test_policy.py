@@ -111,3 +111,14 @@ def test_vmap_over_policy_formats():
 def test_describe_lists_every_stage():
     text = torch_math(BF16).describe()
     assert all(s in text for s in STAGES) and "torch_math(bfloat16)" in text
+
+
+def test_exp2_scale_goes_with_a_base_2_exp_model_only():
+    pol = fa2_kernel(BF16).replace(scale="exp2", exp_model="exp2_correctly_rounded")
+    assert pol.scale == "exp2" and pol.exp_model.base == "2"
+    with pytest.raises(ValueError, match="base-2 exp model"):
+        fa2_kernel(BF16).replace(scale="exp2")
+    with pytest.raises(ValueError, match="base-2 exp model"):
+        fa2_kernel(BF16).replace(exp_model="exp2_correctly_rounded")
+    with pytest.raises(ValueError, match=r"Policy\.scale"):
+        fa2_kernel(BF16).replace(scale="log2")

@@ -13,20 +13,30 @@ block of masked entries rescales by exp(0) = 1 and adds 0.
 """
 
 import math
+from fractions import Fraction
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import softmax_sim as sim
 from helpers import largest_n_below, x64_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import round_exact
 
 from fa_jax import BF16, E4M3FN, FP16, FP32, custom
 from fa_jax import bounds as B
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked
 from fa_jax.presets import golden, paper_uniform
-from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
+from fa_jax.softmax import (
+    exp2_factor,
+    naive_softmax,
+    online_softmax,
+    rescale_factor,
+    safe_softmax,
+    shifted_exp,
+)
 
 ROWS, WIDTH, LONG = 4, 300, 4096
 BLOCKS = [1, 7, 64]
@@ -355,3 +365,75 @@ def test_online_block_accepts_numpy_integers():
         np.asarray(online_softmax(x, paper_uniform(BF16), block=np.int64(4))),
         np.asarray(online_softmax(x, paper_uniform(BF16), block=4)),
     )
+
+
+# -- (e) the exp2 placement: the scale folded into one FMA before an exp2 ---------------
+
+
+def _exp2_policy(fmt):
+    return paper_uniform(fmt).replace(
+        scale="exp2", exp_model="exp2_correctly_rounded", exp=FP32, stats=FP32
+    )
+
+
+def _exp2_oracle(x, m, c, shift_c):
+    """fl32(2^fl32(x c - fl32(m c'))) with the FMA's one rounding taken exactly
+    (Fractions) and 2^t from numpy's float64 exp2, correctly rounded to FP32 (the
+    float64 -> float32 cast is one rounding)."""
+    out = []
+    for xi in x:
+        shift = round_exact(Fraction(m) * Fraction(shift_c), FP32)
+        t = round_exact(Fraction(xi) * Fraction(c) - Fraction(shift), FP32)
+        out.append(float(np.float32(np.exp2(t))))
+    return np.array(out)
+
+
+def test_exp2_shifted_exp_and_rescale_bit_exact():
+    """e = fl(2^fl(fma(x, c, -fl(m c)))) and α = fl(2^fl(fl(m_old - m_new) c)),
+    against exact rational arithmetic, eagerly and jitted."""
+    policy = _exp2_policy(BF16)
+    rng = np.random.default_rng(7)
+    x = sim.rnd(rng.normal(0.0, 6.0, 200), BF16)
+    m = float(np.max(x))
+    c = float(exp2_factor(1 / math.sqrt(64), FP32))
+    assert c == float(np.float32(np.float64(1 / math.sqrt(64)) * math.log2(math.e)))
+    want = _exp2_oracle(x, m, c, c)
+    got = shifted_exp(jnp.asarray(x), jnp.float64(m), policy, log2_scale=c)  # eagerly
+    np.testing.assert_array_equal(np.asarray(got), want)
+    jitted = jax.jit(shifted_exp, static_argnums=2)(x, m, policy, log2_scale=c)
+    np.testing.assert_array_equal(np.asarray(jitted), want)
+    # the backward's shift: the log-sum-exp times fl(log2 e)
+    lse, c2 = 3.25, float(exp2_factor(1.0, FP32))
+    got = shifted_exp(jnp.asarray(x), jnp.float64(lse), policy, log2_scale=c, shift_scale=c2)
+    np.testing.assert_array_equal(np.asarray(got), _exp2_oracle(x, lse, c, c2))
+    m_old = x[:50]
+    alpha = np.asarray(rescale_factor(jnp.asarray(m_old), jnp.float64(m), policy, log2_scale=c))
+    diffs = [round_exact(Fraction(a) - Fraction(m), FP32) for a in m_old]
+    want = [float(np.float32(np.exp2(round_exact(Fraction(t) * Fraction(c), FP32)))) for t in diffs]
+    np.testing.assert_array_equal(alpha, want)
+
+
+def test_exp2_masks_and_unchanged_max():
+    policy = _exp2_policy(BF16)
+    c = exp2_factor(0.125, FP32)
+    e = shifted_exp(jnp.array([-jnp.inf, 1.0]), jnp.float64(-jnp.inf), policy, log2_scale=c)
+    assert np.asarray(e)[0] == 0.0 and np.isfinite(np.asarray(e)[1])
+    alpha = rescale_factor(jnp.array([-jnp.inf, 2.5]), jnp.array([2.5, 2.5]), policy, log2_scale=c)
+    np.testing.assert_array_equal(np.asarray(alpha), [0.0, 1.0])
+
+
+def test_exp2_softmaxes_near_fp64():
+    """Scale 1 (c = fl(log2 e)): the three softmaxes under the exp2 placement stay
+    near the FP64 softmax."""
+    X = make_rows(5, "normal", 64, 10.0, 0.0, BF16)
+    policy = _exp2_policy(BF16)
+    exact = np.exp(X - X.max(axis=1, keepdims=True))
+    exact /= exact.sum(axis=1, keepdims=True)
+    for name, got in {
+        "safe": safe_softmax(X, policy),
+        "online": online_softmax(X, policy, block=16),
+        "naive": naive_softmax(X, policy),
+    }.items():
+        # 2^-8 relative per P entry (bf16), a few ulps of FP32 before it
+        rel = np.abs(np.asarray(got) - exact) / np.maximum(exact, 1e-30)
+        assert np.max(rel) <= 2**-7, name

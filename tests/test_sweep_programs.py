@@ -54,10 +54,12 @@ def _bits(x):
     return np.asarray(x).view(np.uint64)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
-def test_programs_equal_direct_calls_bitwise(x64, fmt):
-    f = get_format(fmt)
-    pols = [paper_uniform(f), fa2_kernel(f), golden_for(f)]
+def test_programs_equal_direct_calls_bitwise(x64):
+    """fa2_kernel's stages traced in the slots it shares with paper_uniform and the
+    golden (paper_uniform's own are checked by the sweep's tests against direct
+    calls)."""
+    f = get_format("fp16")
+    pols = [fa2_kernel(f), golden_for(f), paper_uniform(f)]
     slots = stage_slots(pols)
     n, d = 24, 8
     qkv = [jnp.asarray(t)[None] for t in make_inputs(3, n, d=d)]
@@ -69,14 +71,13 @@ def test_programs_equal_direct_calls_bitwise(x64, fmt):
 
     q, k, v = (t[0] for t in qkv)
     gold = reference_attention(round_to(q, f), round_to(k, f), round_to(v, f), golden())
-    assert np.array_equal(_bits(run(reference_program, pols[2], causal=False)), _bits(gold))
-    for pol in pols[:2]:
-        base = reference_attention(q, k, v, pol)
-        flash = flash_attention(q, k, v, pol, Blocks(8, 8))[0]  # pyright: ignore[reportIndexIssue]
-        got = run(reference_program, pol, causal=False)
-        assert np.array_equal(_bits(got), _bits(base))
-        got = run(flash_program, pol, variant="fa2", blocks=Blocks(8, 8), causal=False)
-        assert np.array_equal(_bits(got), _bits(flash))
+    assert np.array_equal(_bits(run(reference_program, pols[1], causal=False)), _bits(gold))
+    pol = pols[0]
+    base = reference_attention(q, k, v, pol)
+    flash = flash_attention(q, k, v, pol, Blocks(8, 8))[0]  # pyright: ignore[reportIndexIssue]
+    assert np.array_equal(_bits(run(reference_program, pol, causal=False)), _bits(base))
+    got = run(flash_program, pol, variant="fa2", blocks=Blocks(8, 8), causal=False)
+    assert np.array_equal(_bits(got), _bits(flash))
 
 
 def test_presets_of_one_shape_share_programs(tmp_path):

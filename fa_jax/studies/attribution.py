@@ -70,6 +70,7 @@ from fa_jax import metrics
 from fa_jax._checks import non_negative_ints, one_of, positive_int
 from fa_jax._x64 import float64_enabled
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
+from fa_jax.exponential import EXP2
 from fa_jax.formats import FP64, Format
 from fa_jax.inputs import DISTRIBUTIONS, make_inputs
 from fa_jax.policy import FORWARD_STAGES, STAGES, Policy
@@ -341,7 +342,10 @@ def variants(policy: Policy) -> dict:
     lowered variant; and, when the policy's accumulation model or scale placement
     differs from golden's, the base of the lowered runs (golden with those) under
     ``("lowered", "")``, the deviation of a lowered stage that is already FP64."""
-    lowered_base = golden().replace(accumulation=policy.accumulation, scale=policy.scale)
+    exp_model = EXP2 if policy.scale == "exp2" else golden().exp_model  # the exp's base follows
+    lowered_base = golden().replace(
+        accumulation=policy.accumulation, scale=policy.scale, exp_model=exp_model
+    )
     out = {("full", ""): policy}
     if lowered_base != golden():
         out[("lowered", "")] = lowered_base

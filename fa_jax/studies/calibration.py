@@ -28,7 +28,7 @@ import numpy as np
 from fa_jax import kernels
 from fa_jax._checks import non_negative_int, non_negative_ints
 from fa_jax.accumulation import EXACT, SEQUENTIAL, chunked
-from fa_jax.exponential import exp_models
+from fa_jax.exponential import exp_models, get_exp_model
 from fa_jax.formats import FP32, get_format
 from fa_jax.kernels.model import KernelModel
 from fa_jax.policy import FORWARD_STAGES, NORMALISE
@@ -89,7 +89,10 @@ def knobs_for(model: KernelModel) -> tuple[Knob, ...]:
     stage_values = {fmt.name: fmt, FP32.name: FP32}
     accumulations = {str(a): a for a in (EXACT, SEQUENTIAL, chunked(16), model.policy.accumulation)}
     out = [_policy_knob(s, stage_values) for s in _STAGE_KNOBS]
-    out.append(_policy_knob("exp_model", {str(e): e for e in exp_models()}))
+    # the exps of the model's base: a base-2 exp goes with scale "exp2" only
+    base = model.policy.exp_model.base
+    same_base = [e for e in map(get_exp_model, exp_models()) if e.base == base]
+    out.append(_policy_knob("exp_model", {str(e): e for e in same_base}))
     out.append(_policy_knob("accumulation", accumulations))
     out.append(_policy_knob("scale", {"scores": "scores", "q": "q"}))
     out.append(_policy_knob("normalise", {n: n for n in NORMALISE}))
