@@ -340,8 +340,8 @@ def _product_of(pa: _Parts, pb: _Parts) -> _Product:
 
 
 def _product_scaled(p: _Product, exp):
-    """``hi, lo`` scaled by ``2**-exp`` (``exp >= p.exp``); ±2**_STAND_IN_EXPONENT and 0 where the
-    product lies below 2**_NEGLIGIBLE; ±0 where it is zero."""
+    """``hi, lo`` scaled by ``2**-exp`` (``exp >= p.exp``); ±2**_STAND_IN_EXPONENT and
+    0 where the product lies below 2**_NEGLIGIBLE; ±0 where it is zero."""
     rel = p.exp - exp
     negligible = rel < _I32(_NEGLIGIBLE)
     hi = _pack(
@@ -356,15 +356,18 @@ def _product_scaled(p: _Product, exp):
 def fma(a, b, c, fmt) -> jax.Array:
     """fl_fmt(a * b + c) with a single rounding: a fused multiply-add.
 
-    The exact product is two float32, ``hi + lo``; with everything scaled by the
-    larger exponent of ``a·b`` and ``c``, ``(t, u) = TwoSum(c, hi)`` and ``v``, the
-    sum ``u + lo`` rounded to odd, make ``t + v`` the exact sum rounded to odd on
-    a grid at least 20 bits finer than its ulp (``|u + lo|`` is at most a few
-    ulps of ``t`` when ``u != 0``, and exact otherwise), so ``(s, e) =
-    TwoSum(t, v)`` gives the nearest 24-bit value ``s`` and, from ``e`` or from the
-    rounding to odd when ``e == 0``, the sign of the rest (Boldo & Melquiond
-    2008, "Emulation of FMA and correctly rounded sums: proved algorithms using
-    rounding to odd").
+    The exact product is two float32 ``hi + lo`` (the high and low 24 bits of the
+    significands' product).  Scaled by the larger exponent of ``a·b`` and ``c``:
+    ``(t, u) = TwoSum(c, hi)``, then ``v = RO(u + lo)``, the sum rounded to odd
+    (TwoSum, then the odd neighbour toward its error ``w``).  Where ``c + hi`` is
+    inexact, ``|t| >= |hi| / 2``, so ``|u + lo| <= 4.5 ulp(t)`` and ``v``'s grid ``g``
+    is at least 20 bits finer than ``t``'s; ``t + v`` is then the exact sum ``x``
+    rounded to odd on ``g``, and rounding it to nearest at 24 bits rounds ``x``
+    (Boldo & Melquiond 2008, "Emulation of FMA and correctly rounded sums: proved
+    algorithms using rounding to odd").  Where it is exact, ``u == 0`` and ``v ==
+    lo``.  ``(s, e) = TwoSum(t, v)`` gives that ``s``; ``e`` is a multiple of ``g``
+    and ``|x - t - v| < g``, so a nonzero ``e`` has the sign of ``x - s``, and
+    where ``e == 0`` that sign is ``w``'s, or the opposite where ``v`` moved.
     """
     _check(a, b, c)
     fmt = _format(fmt)
@@ -380,7 +383,6 @@ def fma(a, b, c, fmt) -> jax.Array:
     step = jnp.where(_sign_against(w, v0) > _I32(0), _U32(1), _U32(0xFFFFFFFF))  # ±1
     v = _float(jnp.where(to_odd, v_bits + step, v_bits))
     s, e = _two_sum(t, v)
-    # e == 0: x - s = (u + lo) - v, of the sign of w, or opposite where v moved.
     w_rest = _sign_against(w, s)
     rest = jnp.where(
         (_bits(e) & _ABS) != _U32(0), _sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
