@@ -67,6 +67,9 @@ RoundingMode = Literal["nearest_even", "toward_zero", "up", "down", "stochastic"
 ROUNDING_MODES: tuple[str, ...] = ("nearest_even", "toward_zero", "up", "down", "stochastic")
 
 
+_I32 = np.int32  # integer constants stay 32-bit: no 64-bit type in the program
+
+
 @dataclasses.dataclass(frozen=True)
 class _Carrier:
     """Bit layout of a carrier dtype (float32 or float64)."""
@@ -149,7 +152,8 @@ def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Ar
     if fmt.is_concrete:  # one compiled program; widths folded in as constants
         widths = (int(fmt.exp_bits), int(fmt.man_bits), int(fmt.bias))
         return _round_compiled(static, widths, x, rbits)
-    return _round_traced(static, x, fmt.exp_bits, fmt.man_bits, fmt.bias, rbits)
+    widths = (jnp.asarray(w, jnp.int32) for w in (fmt.exp_bits, fmt.man_bits, fmt.bias))
+    return _round_traced(static, x, *widths, rbits)
 
 
 def _float64_without_x64(x, fmt: Format, mode: str):
@@ -239,7 +243,7 @@ _round_traced = jax.jit(_round_ste, static_argnums=(0,))
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _round_compiled(static, widths, x, rbits):
-    return _round_ste(static, x, *widths, rbits)
+    return _round_ste(static, x, *(np.int32(w) for w in widths), rbits)
 
 
 @_round_ste.defjvp
@@ -251,9 +255,9 @@ def _round_ste_jvp(static, primals, tangents):
 def _pow2_bits(k, c: _Carrier):
     """Carrier bits of 2**k (int32 k), 0 where 2**k is below the carrier's range."""
     U = c.uint
-    normal = jnp.clip(k + c.bias, 0, 2 * c.bias).astype(U) << U(c.man)
+    normal = jnp.clip(k + c.bias, _I32(0), _I32(2 * c.bias)).astype(U) << U(c.man)
     sub_shift = k - c.emin + c.man  # position of the single bit of a subnormal
-    sub = U(1) << jnp.clip(sub_shift, 0, c.man - 1).astype(U)
+    sub = U(1) << jnp.clip(sub_shift, _I32(0), _I32(c.man - 1)).astype(U)
     return jnp.where(k >= c.emin, normal, jnp.where(sub_shift >= 0, sub, U(0)))
 
 
@@ -283,7 +287,7 @@ def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
     E = jnp.where(Ef > 0, E_lin, c.emin - M + top_bit)  # floor(log2 |x|)
     sig = jnp.where(Ef > 0, (a & U((1 << M) - 1)) | U(1 << M), a)  # with hidden bit
     q_exp = (jnp.maximum(E, emin) if static.subnormals else E) - m  # target quantum
-    d = jnp.clip(q_exp - (E_lin - M), 0, M)  # out of range only below S: handled below
+    d = jnp.clip(q_exp - (E_lin - M), _I32(0), _I32(M))  # out of range only below S: see below
     du = d.astype(U)
     mask = (one << du) - one
     if mode == "nearest_even":
@@ -317,8 +321,8 @@ def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
         sh = s_exp - E_lin - 1
         t = jnp.where(
             sh >= 0,
-            sig >> jnp.clip(sh, 0, M + 1).astype(U),
-            sig << jnp.clip(-sh, 0, M + 1).astype(U),
+            sig >> jnp.clip(sh, _I32(0), _I32(M + 1)).astype(U),
+            sig << jnp.clip(-sh, _I32(0), _I32(M + 1)).astype(U),
         )
         away = (rbits & U((1 << (M + 1)) - 1)) < t
     a_r = jnp.where(a < s_bits, jnp.where(away, s_bits, zero), a_r)

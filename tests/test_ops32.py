@@ -310,11 +310,6 @@ def test_compiled_programs_have_no_64_bit_types_under_x64():
     assert text is not None and not WIDE_TYPES.findall(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="round_to's Python-int bounds (jnp.clip, jnp.asarray(width, int32)) lower "
-    "to int64 constants converted to int32 under x64 (fa_jax/rounding.py)",
-)
 def test_lowered_programs_have_no_64_bit_types_under_x64():
     assert not WIDE_TYPES.findall(_lowered(FP32, ("add",)).as_text())
 
