@@ -8,10 +8,6 @@ Baseline (reference) attention::
 
     S = fl_scores(fl_qk_acc(Q Kᵀ) · scale)          (masked entries: -inf)
     P = safe softmax of S  (m, l in stats; P in p)  (fa_jax.softmax)
-
-(``Policy.scale``: with "q" Q is scaled instead; with "exp2" S stays unscaled and
-the scale enters every exp as c = fl_exp(scale · log2 e), exps becoming exp2s:
-:mod:`fa_jax.softmax`.)
     O = fl_out(fl_pv_acc(P V))
 
 Flash attention runs the online-softmax recurrence over key/value blocks of
@@ -46,8 +42,9 @@ is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
-``m + log l`` (``m · scale + log l`` under "exp2") is returned in the stats
-format, rounded once.
+``m + log l`` is returned in the stats format, rounded once.  ``Policy.scale``
+"q" scales Q instead of S; "exp2" leaves S unscaled and folds the scale into
+every exp, an exp2 (:mod:`fa_jax.softmax`; the lse is then m · scale + log l).
 
 Masks: ``causal`` keeps key j for query i when j <= i (top-left aligned, as
 PyTorch's ``is_causal``); ``q_lengths``/``kv_lengths`` (broadcastable to the
