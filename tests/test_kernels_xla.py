@@ -217,3 +217,18 @@ def test_xla_cpu_exp_as_an_exp_model():
     with x64_enabled():
         x = jnp.asarray([-1.5, -0.25, 0.0])
         assert np.array_equal(np.asarray(m.fn(x, fa_jax.FP32)), np.asarray(xla.xla_cpu_exp(x)))
+
+
+def test_only_ps_conversion_counts_as_p_rounded():
+    """P's bf16 conversion is a convert of a multiply (e · (1/l)); converts of the
+    inputs (Q, K, V, parameters of the fusion) are not P's."""
+    inputs_only = """
+  %param_0 = f32[16,2048]{1,0} parameter(0)
+  %convert.65 = bf16[16,2048]{1,0} convert(%param_0)
+  ROOT %convert.64 = f32[16,2048]{1,0} convert(%convert.65)"""
+    with_p = """
+  %multiply.1 = f32[1,2,64,64]{3,2,1,0} multiply(%exp.0, %broadcast.9)
+  %convert.72 = bf16[1,2,64,64]{3,2,1,0} convert(%multiply.1)
+  ROOT %convert.71 = f32[1,2,64,64]{3,2,1,0} convert(%convert.72)"""
+    assert not xla._converts_product_to_bf16(inputs_only)
+    assert xla._converts_product_to_bf16(with_p)

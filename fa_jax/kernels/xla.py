@@ -263,11 +263,20 @@ def _computations(text: str) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in bodies.items()}
 
 
+def _converts_product_to_bf16(body: str) -> bool:
+    """Whether an HLO computation's body converts the result of one of its
+    multiplies to bf16 (P = e · (1/l) rounded to bf16)."""
+    opcodes = dict(re.findall(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*\S+\s+([\w-]+)\(", body, re.M))
+    operands = re.findall(r"= bf16\[[^\]]*\]\S* convert\(%([^,\s)]+)\)", body)
+    return any(opcodes.get(name) == "multiply" for name in operands)
+
+
 @functools.cache
 def _in_ynn_fusions(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[bool, bool]:
-    """Whether, in the program XLA compiles for (B·H, N, d) inputs, a bf16
-    conversion and an exp sit in YNNPACK fusions (module docstring); neither for
-    fp16, which runs eagerly."""
+    """Whether, in the program XLA compiles for (B·H, N, d) inputs, P's bf16
+    conversion (a convert of the product e · (1/l)) and the exp sit in YNNPACK
+    fusions (module docstring); neither for fp16, which runs eagerly.  The
+    conversions of Q, K and V to bf16 do not count."""
     if dtype == "float16":
         return False, False
     x = jax.ShapeDtypeStruct(shape, np.float32)
@@ -278,7 +287,7 @@ def _in_ynn_fusions(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[b
         called = re.search(r"calls=%([^,\s]+)", line)
         if "__ynn_fusion" in line and called:
             body = bodies.get(called.group(1), "")
-            convert |= re.search(r"= bf16\[[^\]]*\]\S* convert\(", body) is not None
+            convert |= _converts_product_to_bf16(body)
             exp |= " exponential(" in body
     return convert, exp
 
