@@ -34,6 +34,7 @@ from fa_jax.policy import STAGES
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import Grid, policy_for
 from fa_jax.studies.sweep.programs import (
+    flash_program,
     golden_for,
     policy_shape,
     policy_widths,
@@ -44,7 +45,7 @@ from fa_jax.studies.sweep.programs import (
 __all__ = ["MEMORY_BUDGET", "PAD_RATIO", "PIECE", "FormatBatch", "host", "length_buckets", "shard"]
 
 PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
-PIECE = 4  # configurations per device in one call
+PIECE = 2  # configurations per device in one call
 MEMORY_BUDGET = 4 * 2**30  # bytes of working memory per compiled call
 
 
@@ -111,14 +112,17 @@ class FormatBatch:
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
         self.executables = executables
         self.chunks = chunks_of(grid, pad)
-        self.slots = stage_slots(
-            [
-                policy_of(p, f, max(c), grid.d)
-                for p in (None, *grid.policies)
-                for f in fmts
-                for c in self.chunks
-            ]
-        )
+
+        def slots(presets):
+            ns = [max(c) for c in self.chunks]
+            pols = [policy_of(p, f, n, grid.d) for p in presets for f in fmts for n in ns]
+            return stage_slots(pols)
+
+        # The reference program serves the golden too; flash programs the presets only.
+        self.slots = {
+            reference_program: slots((None, *grid.policies)),
+            flash_program: slots(grid.policies),
+        }
         self._inputs = {}
         self._policies = {}
         self._golden = {}
@@ -145,21 +149,21 @@ class FormatBatch:
             self._inputs[chunk] = (q, k, v, lengths)
         return self._inputs[chunk]
 
-    def policies(self, chunk, preset):
-        """The shape every configuration's policy shares (in the batch's slots) and
-        their widths ``[C, slots, 3]``."""
-        if (chunk, preset) not in self._policies:
+    def policies(self, chunk, preset, slots):
+        """The shape every configuration's policy shares (in ``slots``) and their
+        widths ``[C, slots, 3]``."""
+        if (chunk, preset, slots) not in self._policies:
             n, d = max(chunk), self.grid.d
             pols = [policy_of(preset, f, n, d) for f, _, _ in self.entries(chunk)]
-            shapes = {policy_shape(p, self.slots) for p in pols}
+            shapes = {policy_shape(p, slots) for p in pols}
             if len(shapes) != 1:
                 raise ValueError(
                     f"FormatBatch: expected formats whose {preset} policies share one shape, "
                     f"got {len(shapes)} shapes for {[f.name for f in self.fmts]}"
                 )
-            widths = np.stack([policy_widths(p, self.slots) for p in pols])
-            self._policies[chunk, preset] = (shapes.pop(), widths)
-        return self._policies[chunk, preset]
+            widths = np.stack([policy_widths(p, slots) for p in pols])
+            self._policies[chunk, preset, slots] = (shapes.pop(), widths)
+        return self._policies[chunk, preset, slots]
 
     def _per_config_bytes(self, chunk, tile_cols=None):
         """Estimated working memory of one configuration: the (N, N) float64 scores
@@ -173,7 +177,7 @@ class FormatBatch:
         in the piece, its sharded arguments), the full static arguments and the
         program's label."""
         q, k, v, lengths = self.inputs(chunk)
-        shape, widths = self.policies(chunk, preset)
+        shape, widths = self.policies(chunk, preset, self.slots[program])
         args = (q, k, v, widths, lengths)
         static = dict(static, shape=shape)
         total = len(lengths)
