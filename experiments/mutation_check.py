@@ -151,8 +151,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "rounding",
-        "d = jnp.clip(q_exp - (E_lin - M), 0, M)",
-        "d = jnp.clip(q_exp - (E_lin - M) + 1, 0, M)",
+        "d = jnp.clip(q_exp - (E_lin - M), _I32(0), _I32(M))",
+        "d = jnp.clip(q_exp - (E_lin - M) + 1, _I32(0), _I32(M))",
         "quantum one bit too coarse",
         CODES,
     ),
@@ -539,8 +539,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "attention",
-        "online_update(m, l, s, policy)\n    pv = _pv(ops.cast(e, policy.p), v_j, policy)",
-        "online_update(m, l, s, policy)\n    pv = _pv(e, v_j, policy)",
+        "log2_scale=log2_scale)\n    pv = _pv(ops.cast(e, policy.p), v_j, policy)",
+        "log2_scale=log2_scale)\n    pv = _pv(e, v_j, policy)",
         "FA2 P not rounded to p before P V",
         ATT_SIM,
     ),
@@ -695,7 +695,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "backward",
-        '    if policy.scale == "scores":\n        return _scaled',
+        '    if policy.scale != "q":\n        return _scaled',
         '    if policy.scale == "q":\n        return _scaled',
         "dK scaled for the wrong scale placement",
         ATT_SIM,
@@ -737,8 +737,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "backward",
-        "p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy)",
-        "p_j = shifted_exp(scores(k_j, col0), lse[..., None] + 1.0, policy)",
+        "p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy,",
+        "p_j = shifted_exp(scores(k_j, col0), lse[..., None] + 1.0, policy,",
         "recomputed P shifted by L + 1",
         ATT_SIM,
     ),
