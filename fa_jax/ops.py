@@ -36,7 +36,9 @@ The elementwise ops round correctly for any float64 operands (for formats with a
 most 10 exponent bits, whose values never reach float64's subnormals).  ``matmul``
 needs operands of at most 26 significand bits (FP32 or narrower), so that its
 products are exact.  With ``fmt`` FP64 every op is plain float64 arithmetic (the
-golden policy).  Everything needs ``jax_enable_x64``.
+golden policy).  Everything needs ``jax_enable_x64``, except the elementwise ops
+(``cast``, ``add``, ``sub``, ``mul``, ``fma``, ``div``, ``maximum``) on float32
+carriers, which :mod:`fa_jax.ops32` computes with the same bits and no float64.
 
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
 model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
@@ -59,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fa_jax import ops32
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_nodes
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
@@ -129,8 +132,23 @@ def _check(*xs) -> None:
         if jnp.asarray(x).dtype != _F64:
             raise TypeError(
                 "fa_jax.ops: expected float64 carrier arrays (use ops.carrier), "
-                f"got {jnp.asarray(x).dtype}"
+                f"got {jnp.asarray(x).dtype}; float32 carriers are taken by the elementwise "
+                "ops only (cast, add, sub, mul, fma, div, maximum: fa_jax.ops32)"
             )
+
+
+def _float32(*xs) -> bool:
+    """Whether every operand is a float32 carrier, which :mod:`fa_jax.ops32` computes
+    (the same bits, no float64 needed); a float32 operand beside others raises."""
+    dtypes = [np.dtype(jnp.asarray(x).dtype) for x in xs]
+    if all(d == np.float32 for d in dtypes):
+        return True
+    if any(d == np.float32 for d in dtypes):
+        raise TypeError(
+            "fa_jax.ops: expected operands of one carrier, all float32 or all float64, "
+            f"got {[d.name for d in dtypes]}"
+        )
+    return False
 
 
 def _is_fp64(fmt: Format):
@@ -142,6 +160,8 @@ def _is_fp64(fmt: Format):
 
 def cast(x, fmt) -> jax.Array:
     """Round a carrier array to ``fmt`` (a stage's storage format)."""
+    if _float32(x):
+        return ops32.cast(x, fmt)
     _check(x)
     return round_to(x, get_format(fmt))
 
@@ -171,6 +191,8 @@ def _two_sum(a, b):
 
 def add(a, b, fmt) -> jax.Array:
     """fl_fmt(a + b), correctly rounded."""
+    if _float32(a, b):
+        return ops32.add(a, b, fmt)
     _check(a, b)
     fmt = get_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
@@ -186,6 +208,8 @@ def sub(a, b, fmt) -> jax.Array:
 def mul(a, b, fmt) -> jax.Array:
     """fl_fmt(a * b), correctly rounded: the float64 product p is moved to its odd
     neighbour toward the exact product (round-to-odd) before rounding to ``fmt``."""
+    if _float32(a, b):
+        return ops32.mul(a, b, fmt)
     _check(a, b)
     fmt = get_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
@@ -201,6 +225,8 @@ def fma(a, b, c, fmt) -> jax.Array:
     FP32, as for ``matmul``): TwoSum of the exact product and c, then round-to-odd.
     With ``fmt`` FP64 it is plain float64 arithmetic, fl(fl(a·b) + c).
     """
+    if _float32(a, b, c):
+        return ops32.fma(a, b, c, fmt)
     _check(a, b, c)
     fmt = get_format(fmt)
     a, b, c = jnp.broadcast_arrays(a, b, c)
@@ -238,6 +264,8 @@ def _significand(x):
 
 def div(a, b, fmt) -> jax.Array:
     """fl_fmt(a / b), correctly rounded (a midpoint quotient is resolved exactly)."""
+    if _float32(a, b):
+        return ops32.div(a, b, fmt)
     _check(a, b)
     fmt = get_format(fmt)
     # XLA rewrites a / broadcast(b) as a * broadcast(1/b) (inexact), for scalar and
@@ -300,6 +328,8 @@ def exp2(x, fmt) -> jax.Array:
 
 def maximum(a, b, fmt) -> jax.Array:
     """fl_fmt(max(a, b)) (exact when a and b are values of fmt)."""
+    if _float32(a, b):
+        return ops32.maximum(a, b, fmt)
     _check(a, b)
     return round_to(jnp.maximum(a, b), get_format(fmt))
 

@@ -245,6 +245,29 @@ def test_div_by_full_float64_divisors_resolves_midpoints(fmt):
     np.testing.assert_array_equal(np.asarray(compiled["div"](a, b, fmt)), want)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_float32_carriers_go_to_ops32_with_the_same_bits(jit):
+    """The elementwise ops take float32 carriers too (fa_jax.ops32, no float64 in
+    their programs): the same bits as the float64 carrier's."""
+    rng = np.random.default_rng(5)
+    a, b, c = (np.asarray(ops.cast(jnp.asarray(rng.normal(0, 4, 64)), BF16)) for _ in range(3))
+    calls = {
+        "cast": lambda x, y, z: ops.cast(x, E4M3FN),
+        "add": lambda x, y, z: ops.add(x, y, BF16),
+        "sub": lambda x, y, z: ops.sub(x, y, FP16),
+        "mul": lambda x, y, z: ops.mul(x, y, BF16),
+        "fma": lambda x, y, z: ops.fma(x, y, z, FP32),
+        "div": lambda x, y, z: ops.div(x, y, BF16),
+        "maximum": lambda x, y, z: ops.maximum(x, y, BF16),
+    }
+    for name, call in calls.items():
+        fn = jax.jit(call) if jit else call
+        want = np.asarray(fn(a, b, c))
+        got = np.asarray(fn(*(t.astype(np.float32) for t in (a, b, c))))
+        assert got.dtype == np.float32, name
+        np.testing.assert_array_equal(got.astype(np.float64), want, err_msg=name)
+
+
 def test_exp_matches_a_60_digit_reference():
     decimal.getcontext().prec = 60
     rng = np.random.default_rng(1)
@@ -334,7 +357,11 @@ def test_inf_and_nan_pass_through():
 
 def test_errors():
     with pytest.raises(TypeError, match="expected float64 carrier arrays"):
-        ops.add(np.ones(2, np.float32), np.ones(2, np.float32), BF16)
+        ops.exp(np.ones(2, np.float32), BF16)  # float32 carriers: elementwise ops only
+    with pytest.raises(TypeError, match="expected operands of one carrier"):
+        ops.add(np.ones(2, np.float32), np.ones(2), BF16)
+    with pytest.raises(TypeError, match="expected float64 carrier arrays"):
+        ops.add(np.ones(2, np.int32), np.ones(2, np.int32), BF16)
     with pytest.raises(ValueError, match="contraction sizes differ"):
         ops.matmul(np.ones((2, 3)), np.ones((4, 2)), BF16)
     previous = jax.config.jax_enable_x64
