@@ -140,7 +140,7 @@ def _check(*xs) -> None:
 def _float32(*xs) -> bool:
     """Whether every operand is a float32 carrier, which :mod:`fa_jax.ops32` computes
     (the same bits, no float64 needed); a float32 operand beside others raises."""
-    dtypes = [np.dtype(jnp.asarray(x).dtype) for x in xs]
+    dtypes = [np.dtype(jnp.result_type(x)) for x in xs]  # no device copy of host operands
     if all(d == np.float32 for d in dtypes):
         return True
     if any(d == np.float32 for d in dtypes):

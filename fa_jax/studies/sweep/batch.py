@@ -154,7 +154,8 @@ class FormatBatch:
         widths ``[C, slots, 3]``."""
         if (chunk, preset, slots) not in self._policies:
             n, d = max(chunk), self.grid.d
-            pols = [policy_of(preset, f, n, d) for f, _, _ in self.entries(chunk)]
+            by_format = {f: policy_of(preset, f, n, d) for f in self.fmts}  # not per seed, length
+            pols = [by_format[f] for f, _, _ in self.entries(chunk)]
             shapes = {policy_shape(p, slots) for p in pols}
             if len(shapes) != 1:
                 raise ValueError(
