@@ -1,0 +1,252 @@
+"""Correctly rounded ``exp`` and ``exp2`` on float32 carriers, without float64.
+
+``exp(x, fmt)`` and ``exp2(x, fmt)`` return ``fl_fmt(e**x)`` and ``fl_fmt(2**x)``
+(nearest, ties to even) for a float32 carrier ``x`` and any format that fits
+float32, with the bits of :func:`fa_jax.ops.exp` / :func:`fa_jax.ops.exp2` (float64
+``exp`` rounded once to ``fmt``).  The program holds no 64-bit value; XLA's
+float32 habits (subnormals flushed, ``a * b + c`` contracted to an FMA) are
+avoided as in :mod:`fa_jax.ops32`: every product below is exact (operands of at
+most 12, or 7 and 17, significant bits), so contracting it changes nothing, and
+every float lies in ``[2**-100, 4]``.
+
+Method: table-driven (Tang 1989, "Table-driven implementation of the exponential
+function in IEEE floating-point arithmetic"; Muller, "Elementary Functions", ch. 6).
+
+* Reduction.  ``exp``: ``N = round(x 512 / ln 2)``, ``r = x - N ln2/512`` with
+  ``ln2/512`` split into six 7-bit pieces (``N`` has 17 bits: each ``N L_i`` is
+  exact) and a float32 rest; the differences by TwoSum (Knuth), their errors summed
+  into ``r = r_hi + r_lo``.  ``exp2``: ``r = x - N/512`` is exact and
+  ``r ln 2`` is formed from exact 12-bit partial products.  ``|r| < 2**-10.3``.
+* ``e**r - 1 = r + r**2/2 + r**3/6 + r**4/24 + r**5/120``: ``r + r**2/2`` in
+  double-float (the square from exact 12-bit partial products), the rest in
+  float32 (below ``2**-33``).
+* ``y = T_j (1 + p)``, ``T_j = 2**(j/512)`` (``j = N mod 512``) stored as three
+  float32 (a 72-bit value), ``T_hi p_hi`` from exact partial products.  ``y`` ends
+  as ``t + u + lo`` with ``t, u`` from TwoSum; the nearest 24-bit value of that sum
+  and the sign of its remainder come from rounding ``u + lo`` to odd (as
+  :func:`fa_jax.ops32.fma`, Boldo & Melquiond 2008), and ``2**(N div 512)`` is
+  applied to the integer exponent in :func:`fa_jax.ops32._round_parts`, so
+  ``fmt``'s and float32's subnormal results are exact.
+
+Error bound.  Summing the rounding errors of each step (each at most half an ulp
+of an operand whose magnitude is bounded above), the computed ``y`` has relative
+error below ``2**-54`` (:data:`ERROR_BOUND` allows ``2**-53``).  The rounding can
+then only differ from the exact one where ``e**x`` (``2**x``) lies within
+``2**-53`` relative of a number of at most 25 significant bits (a value or
+midpoint of a format with at most 23 fraction bits, subnormals included).  An
+exhaustive search over all float32 ``x`` for results that close to such a number
+finds the inputs listed in ``_HARD`` (empty where none), whose correctly rounded
+parts are stored (decided with 60-digit arithmetic).  ``|x| < 2**-26`` gives
+``1 + x`` (``1 + x ln 2``): the nearest 24-bit value is 1, the remainder has the
+sign of ``x``.  NaN is returned as given (its sign kept), ``exp(±inf)`` is
+``inf``/``0``; ``round_to`` maps overflow and specials to ``fmt``.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Context, Decimal
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax.ops32 import (
+    _ABS,
+    _INF_BITS,
+    _SIGN,
+    _U32,
+    _bits,
+    _check,
+    _float,
+    _format,
+    _round_sum,
+    _sign_against,
+    _two_sum,
+)
+from fa_jax.rounding import round_to
+
+__all__ = ["ERROR_BOUND", "exp", "exp2"]
+
+ERROR_BOUND = 2.0**-53  # relative error of the computed y (see the module docstring)
+_T = 9  # table index bits: 512 entries
+_I32 = np.int32
+_F32 = np.float32
+_SPLIT = _U32(0xFFFFF000)  # keeps a float32's sign, exponent and top 12 significant bits
+_TINY = -26  # |x| < 2**_TINY: the nearest 24-bit value of the result is 1
+
+
+def _decimal_pieces(value: Decimal, n: int, bits: int | None = None) -> tuple[float, ...]:
+    """``value`` as ``n`` float32 terms (each the nearest of the remainder; ``bits``
+    significant bits for all but the last term where given)."""
+    out = []
+    rest = value
+    for i in range(n):
+        if bits is not None and i < n - 1 and rest != 0:
+            e = math.frexp(float(rest))[1] - 1  # floor(log2 |rest|), or one more
+            if Decimal(2) ** e > abs(rest):
+                e -= 1
+            piece = float(round(rest / Decimal(2) ** (e - bits + 1)) * Decimal(2) ** (e - bits + 1))
+        else:
+            piece = float(np.float32(float(rest)))
+        out.append(piece)
+        rest -= Decimal(piece)
+    return tuple(out)
+
+
+def _constants():
+    ctx = Context(prec=60)
+    ln2 = ctx.ln(Decimal(2))
+    step = ctx.divide(ln2, Decimal(1 << _T))
+    rows = [
+        _decimal_pieces(ctx.power(Decimal(2), ctx.divide(j, 1 << _T)), 3) for j in range(1 << _T)
+    ]
+    table = tuple(np.array(column, _F32) for column in zip(*rows))  # 2**(j/512): hi, mid, lo
+    reduction = _decimal_pieces(step, 7, bits=7)  # ln2/512: six 7-bit pieces and a rest
+    ln2_pieces = _decimal_pieces(ln2, 3, bits=12)  # ln 2: two 12-bit pieces and a rest
+    inv_step = float(np.float32(float(ctx.divide(Decimal(1), step))))
+    return table, reduction, ln2_pieces, inv_step
+
+
+_TABLE, _REDUCTION, _LN2, _INV_STEP = _constants()
+
+# Inputs whose result lies within ERROR_BOUND of a number of at most 25 significant
+# bits, with the correctly rounded parts of the result: (x bits, k, s bits, rest)
+# for e**x = 2**k (s + rho), s in [1, 2) the nearest float32, rest the sign of rho.
+_HARD_EXP: tuple[tuple[int, int, int, int], ...] = ()
+_HARD_EXP2: tuple[tuple[int, int, int, int], ...] = ()
+
+
+def _c(v) -> jax.Array:
+    return jnp.asarray(v, jnp.float32)
+
+
+def _split(a):
+    """a = hi + lo exactly, ``hi`` the top 12 significant bits of ``a`` (masked)."""
+    hi = _float(_bits(a) & _SPLIT)
+    return hi, a - hi
+
+
+class _Parts(NamedTuple):
+    """The result as ``2**k (t + u + lo)``, ``t`` and ``u`` from TwoSum, ``t`` near 1."""
+
+    k: jax.Array
+    t: jax.Array
+    u: jax.Array
+    lo: jax.Array
+
+
+def _exp_reduce(x):
+    """(N, r_hi, r_lo) with ``x = N ln2/512 + r_hi + r_lo`` (to the error bound)."""
+    n = jnp.round(x * _c(_INV_STEP))
+    pieces = [-n * _c(piece) for piece in _REDUCTION[:-1]]  # exact: 17 + 7 bits
+    a, e1 = _two_sum(x, pieces[0])  # e1 == 0 unless |N| == 1
+    a, e2 = _two_sum(a, pieces[1])
+    a, e3 = _two_sum(a, pieces[2])
+    a, e4 = _two_sum(a, pieces[3])
+    a, e5 = _two_sum(a, pieces[4])
+    a, e6 = _two_sum(a, pieces[5])
+    small = ((e3 + e4) + (e5 + e6)) + (e1 + -n * _c(_REDUCTION[-1]))
+    r_hi, t = _two_sum(a, e2)
+    return n, _two_sum(r_hi, t + small)
+
+
+def _exp2_reduce(x):
+    """(N, z_hi, z_lo) with ``2**x = 2**(N/512) e**(z_hi + z_lo)``."""
+    n = jnp.round(x * _c(1 << _T))
+    r = x - n * _c(1.0 / (1 << _T))  # exact
+    r1, r0 = _split(r)
+    a1, a0, rest = (_c(v) for v in _LN2)
+    z, e = _two_sum(r1 * a1, r1 * a0)
+    z, f = _two_sum(z, r0 * a1)
+    lo = (e + f) + (r0 * a0 + r * rest)
+    return n, _two_sum(z, lo)
+
+
+def _expm1(r_hi, r_lo):
+    """e**r - 1 for ``r = r_hi + r_lo``, ``|r| < 2**-10.3``, as a float32 pair."""
+    h1, h0 = _split(r_hi)
+    half = _c(0.5)
+    q1, q2 = _two_sum(h1 * h1 * half, h1 * h0)  # r_hi**2/2: h1**2/2 + h1 h0 + h0**2/2
+    q_small = q2 + (h0 * h0 * half + r_hi * r_lo)
+    poly = _c(1.0 / 3) + r_hi * (_c(1.0 / 12) + r_hi * _c(1.0 / 60))
+    cubic = q1 * r_hi * poly  # r**3/6 + r**4/24 + r**5/120
+    p_hi, e = _two_sum(r_hi, q1)
+    return _two_sum(p_hi, ((e + r_lo) + q_small) + cubic)
+
+
+def _parts(n, z_hi, z_lo) -> _Parts:
+    """``2**(n/512) e**z`` as :class:`_Parts`."""
+    ni = n.astype(jnp.int32)
+    j = ni & _I32((1 << _T) - 1)
+    k = (ni - j) >> _I32(_T)
+    t_hi, t_mid, t_lo = (jnp.asarray(column)[j] for column in _TABLE)
+    p_hi, p_lo = _expm1(z_hi, z_lo)
+    g1, g0 = _split(t_hi)
+    h1, h0 = _split(p_hi)
+    a, e = _two_sum(g1 * h1, g1 * h0)  # T_hi p_hi from exact partial products
+    a, f = _two_sum(a, g0 * h1)
+    small = ((e + f) + g0 * h0) + (t_hi * p_lo + t_mid * p_hi)
+    t, u = _two_sum(t_hi, a)
+    u, g = _two_sum(u, t_mid)
+    return _Parts(k, t, u, (g + t_lo) + small)
+
+
+def _round_odd(parts: _Parts):
+    """(s, rest): the float32 nearest to ``t + u + lo`` and the sign of the remainder,
+    by rounding ``u + lo`` to odd (see :func:`fa_jax.ops32.fma`)."""
+    v0, w = _two_sum(parts.u, parts.lo)
+    v_bits = _bits(v0)
+    w_sign = _sign_against(w, v0)
+    to_odd = (w_sign != _I32(0)) & ((v_bits & _U32(1)) == _U32(0))
+    step = jnp.where(w_sign > _I32(0), _U32(1), _U32(0xFFFFFFFF))
+    v = _float(jnp.where(to_odd, v_bits + step, v_bits))
+    s, e = _two_sum(parts.t, v)
+    w_rest = _sign_against(w, s)
+    rest = jnp.where(
+        (_bits(e) & _ABS) != _U32(0), _sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
+    )
+    return s, rest
+
+
+def _apply_hard(bits, k, s, rest, hard):
+    for key, hk, hs, hr in hard:
+        hit = bits == _U32(key)
+        k = jnp.where(hit, _I32(hk), k)
+        s = jnp.where(hit, _float(_U32(hs)), s)
+        rest = jnp.where(hit, _I32(hr), rest)
+    return k, s, rest
+
+
+def _evaluate(x, fmt, reduce, lo: float, hi: float, hard) -> jax.Array:
+    _check(x)
+    fmt = _format(fmt)
+    x = jnp.asarray(x)
+    bits = _bits(x)
+    mag = bits & _ABS
+    tiny = mag < _U32((127 + _TINY) << 23)
+    xc = jnp.clip(jnp.where(tiny, _c(0.0), x), _c(lo), _c(hi))
+    n, (z_hi, z_lo) = reduce(xc)
+    parts = _parts(n, z_hi, z_lo)
+    s, rest = _round_odd(parts)
+    k, s, rest = _apply_hard(bits, parts.k, s, rest, hard)
+    x_sign = jnp.where(mag == _U32(0), _I32(0), jnp.where(bits >= _SIGN, _I32(-1), _I32(1)))
+    s = jnp.where(tiny, _c(1.0), s)
+    rest = jnp.where(tiny, x_sign, rest)
+    k = jnp.where(tiny, _I32(0), k)
+    main = _round_sum(s, rest, k, fmt)
+    nan = mag > _INF_BITS
+    infinite = mag == _INF_BITS
+    special = jnp.where(nan, x, jnp.where(bits == _INF_BITS, _float(_INF_BITS), _c(0.0)))
+    return round_to(jnp.where(nan | infinite, special, main), fmt)
+
+
+def exp(x, fmt) -> jax.Array:
+    """fl_fmt(e**x), correctly rounded, for a float32 carrier ``x``."""
+    return _evaluate(x, fmt, _exp_reduce, -110.0, 90.0, _HARD_EXP)
+
+
+def exp2(x, fmt) -> jax.Array:
+    """fl_fmt(2**x), correctly rounded, for a float32 carrier ``x``."""
+    return _evaluate(x, fmt, _exp2_reduce, -160.0, 130.0, _HARD_EXP2)

@@ -1,0 +1,321 @@
+"""The float32-carrier exp/exp2 against the float64 ops, bit for bit.
+
+``fa_jax.exp32.exp``/``exp2`` must give exactly the bits of ``fa_jax.ops.exp``/
+``exp2`` (float64 ``exp``, rounded once): on every value of the small formats,
+random float32 over the whole range, the boundaries where results overflow or go
+subnormal in a format or below its smallest subnormal, signed zeros, infinities,
+NaNs of both signs and float32 subnormal inputs; eagerly, under ``jit`` and
+``vmap``, with ``jax_enable_x64`` off, with traced format widths.  The slow test
+compares every float32 input and checks that none but the listed hard cases lies
+within the error bound of a number of at most 25 significant bits.
+"""
+
+import re
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import mpmath
+import numpy as np
+import pytest
+from helpers import x64_enabled
+from oracle import round_exact
+
+from fa_jax import FP32, custom, exp32, get_format, ops
+
+FUNCTIONS = ("exp", "exp2")
+FORMATS = [get_format(name) for name in ("bf16", "fp16", "tf32", "fp32", "e4m3fn", "e5m2")] + [
+    custom(4, 3, bias=2, overflow="saturate", name="e4m3_bias2_saturating")
+]
+SMALL = ("e4m3fn", "e4m3fnuz", "e5m2", "e3m2fn", "e2m3fn", "e2m1fn")
+# Inputs past these give 0 and inf in every format (the functions clamp to them).
+RANGE = {"exp": (-110.0, 90.0), "exp2": (-160.0, 130.0)}
+N = 1 << 17
+WIDE_TYPES = re.compile(r"\b(f64|i64|ui64|s64|u64)\b")
+# The table lookup's static slice sizes: an attribute of the gather, not a value.
+SLICE_SIZES = re.compile(r"slice_sizes = array<i64(: [0-9, ]*)?>")
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with x64_enabled():
+        yield
+
+
+def reference(fn: str, x, fmt) -> np.ndarray:
+    """The float64 op's result as float32 (exact: it is a value of fmt)."""
+    with np.errstate(invalid="ignore"), x64_enabled():
+        wide = np.asarray(x, np.float32).astype(np.float64)
+        return np.asarray(getattr(ops, fn)(jnp.asarray(wide), fmt)).astype(np.float32)
+
+
+def exact(fn: str, x: np.float32) -> Fraction:
+    """e**x or 2**x for a finite float32 x: exact for 2**integer, else to 200 bits."""
+    if fn == "exp2" and float(x) == int(x):
+        return Fraction(2) ** int(x)
+    with mpmath.workprec(200):
+        v = (
+            mpmath.exp(mpmath.mpf(float(x)))
+            if fn == "exp"
+            else mpmath.power(2, mpmath.mpf(float(x)))
+        )
+        man, e = v.man_exp
+        return Fraction(int(man)) * Fraction(2) ** int(e)
+
+
+def correctly_rounded(fn: str, x: np.float32, fmt) -> np.float32:
+    return np.float32(round_exact(exact(fn, x), fmt))
+
+
+def assert_same_bits(got, want, x, what: str, fn: str = "", fmt=None) -> int:
+    """got == want bit for bit, except where want is not the correctly rounded
+    result (the float64 op misrounds): there got must be.  Returns that count."""
+    got_bits = np.asarray(got, np.float32).view(np.uint32).ravel()
+    want_bits = np.asarray(want, np.float32).view(np.uint32).ravel()
+    xs = np.asarray(x, np.float32).ravel()
+    bad = np.nonzero(got_bits != want_bits)[0]
+    misrounded = 0
+    for i in bad:
+        right = np.isfinite(xs[i]) and fmt is not None
+        right = right and correctly_rounded(fn, xs[i], fmt).view(np.uint32) == got_bits[i]
+        if not right:
+            raise AssertionError(
+                f"{what}: {bad.size} of {got_bits.size} differ; x={xs[i]!r} "
+                f"(bits {xs[i].view(np.uint32):#010x}): got {got_bits[i]:#010x}, "
+                f"want {want_bits[i]:#010x}"
+            )
+        misrounded += 1
+    return misrounded
+
+
+def random_float32(n: int, seed: int) -> np.ndarray:
+    """n float32: arbitrary bit patterns, then values spread over the range where
+    the results are neither 0 nor inf, then values near 0 and subnormals."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2**32, n // 4, dtype=np.uint64).astype(np.uint32)
+    quiet = np.where((bits & 0x7FFFFFFF) > 0x7F800000, bits | 0x00400000, bits).astype(np.uint32)
+    spread = rng.uniform(-160.0, 130.0, n // 4)
+    near = rng.choice([-1.0, 1.0], n // 4) * 2.0 ** rng.uniform(-40, 3, n // 4)
+    sub = rng.integers(0, 1 << 23, n - 3 * (n // 4)).astype(np.uint32)
+    sub |= rng.integers(0, 2, sub.size).astype(np.uint32) << np.uint32(31)
+    return np.concatenate(
+        [
+            quiet.view(np.float32),
+            spread.astype(np.float32),
+            near.astype(np.float32),
+            sub.view(np.float32),
+        ]
+    )
+
+
+def boundaries(fn: str, fmt) -> np.ndarray:
+    """Inputs around where the result overflows fmt, reaches its smallest normal
+    and subnormal and half of that, for both float32 neighbours; plus specials."""
+    log = np.log if fn == "exp" else np.log2
+    targets = [fmt.max, fmt.max * (1 + 2.0 ** -(fmt.man_bits + 1)), 2.0 ** (fmt.emax + 1)]
+    targets += [fmt.tiny, fmt.smallest_subnormal, fmt.smallest_subnormal / 2]
+    targets += [fmt.smallest_subnormal * 1.5, 2.0**-126, 2.0**-149, 2.0**-150, 2.0**128]
+    x = np.array([log(t) for t in targets], np.float64).astype(np.float32)
+    near = [x, np.nextafter(x, np.float32(-np.inf)), np.nextafter(x, np.float32(np.inf))]
+    ints = np.arange(-152, 130, dtype=np.float32)  # exp2: exact powers of two, ties below 2**-149
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 2.0**-149, -(2.0**-149), 2.0**-26], np.float32)
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7FC00001, 0xFF800001], np.uint32).view(np.float32)
+    return np.concatenate([*near, ints, ints + np.float32(0.5), specials, -specials, nans])
+
+
+def every_code(name: str) -> np.ndarray:
+    """Every bit pattern of a format (NaNs included) as float32."""
+    fmt = get_format(name)
+    dtype = np.dtype(getattr(ml_dtypes, fmt.name, fmt.name))
+    width = 1 + fmt.exp_bits + fmt.man_bits
+    codes = np.arange(1 << width, dtype=np.uint16 if width == 16 else np.uint8)
+    with np.errstate(invalid="ignore"):
+        return codes.view(dtype).astype(np.float32)
+
+
+ALL_FORMATS = FORMATS + [get_format(name) for name in SMALL if name not in ("e4m3fn", "e5m2")]
+
+
+def all_formats(fn: str):
+    """One program: fn of its input rounded to each of ALL_FORMATS (exp32's and
+    the float64 op's), so that each side compiles once."""
+    mine = jax.jit(lambda v: [getattr(exp32, fn)(v, f) for f in ALL_FORMATS])
+    with x64_enabled():
+        theirs = jax.jit(lambda v: [getattr(ops, fn)(v, f) for f in ALL_FORMATS])
+    return mine, theirs
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_jitted_results_are_the_float64_ops_bits(fn):
+    """Random float32, every format's boundaries and every value of bf16, fp16 and
+    the 8/6/4-bit formats, to every format of ALL_FORMATS."""
+    parts = [random_float32(N, seed=1)]
+    parts += [boundaries(fn, fmt) for fmt in ALL_FORMATS]
+    parts += [every_code(name) for name in (*SMALL, "bf16", "fp16")]
+    x = np.concatenate(parts)
+    mine, theirs = all_formats(fn)
+    got = mine(jnp.asarray(x))
+    with np.errstate(invalid="ignore"), x64_enabled():
+        want = theirs(jnp.asarray(x.astype(np.float64)))
+    for fmt, g, w in zip(ALL_FORMATS, got, want):
+        w = np.asarray(w).astype(np.float32)
+        assert_same_bits(g, w, x, f"{fn} {fmt.name}", fn, fmt)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_eager_jit_and_vmap_agree(fn):
+    fmt = get_format("bf16")
+    x = np.concatenate([random_float32(1 << 12, seed=2), boundaries(fn, FP32)])
+    x = x[: (x.size // 64) * 64]
+    eager = getattr(exp32, fn)(jnp.asarray(x), FP32)
+    jitted = jax.jit(lambda v: getattr(exp32, fn)(v, FP32))(jnp.asarray(x))
+    vmapped = jax.jit(jax.vmap(lambda v: getattr(exp32, fn)(v, fmt)))(
+        jnp.asarray(x.reshape(64, -1))
+    )
+    want = reference(fn, x, FP32)
+    assert_same_bits(eager, want, x, f"eager {fn}", fn, FP32)
+    assert_same_bits(jitted, want, x, f"jit {fn}", fn, FP32)
+    assert_same_bits(np.asarray(vmapped).ravel(), reference(fn, x, fmt), x, f"vmap {fn}", fn, fmt)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_traced_format_widths_give_the_concrete_formats_bits(fn):
+    x = random_float32(1 << 13, seed=3)
+    widths = [2, 10, 22, 23]
+    run = jax.jit(jax.vmap(lambda m: getattr(exp32, fn)(jnp.asarray(x), custom(8, m))))
+    for m, row in zip(widths, run(jnp.array(widths, jnp.int32))):
+        assert_same_bits(row, reference(fn, x, custom(8, m)), x, f"{fn} e8m{m}", fn, custom(8, m))
+
+
+def test_results_do_not_depend_on_x64():
+    x = jnp.asarray(random_float32(1 << 12, seed=4))
+
+    def both(v):
+        return exp32.exp(v, FP32), exp32.exp2(v, get_format("bf16"))
+
+    with_x64 = jax.jit(both)(x)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        without = jax.jit(both)(x)
+    finally:
+        jax.config.update("jax_enable_x64", True)
+    for a, b in zip(with_x64, without):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def _lowered():
+    x = jnp.zeros(8, jnp.float32)
+    return jax.jit(lambda v: (exp32.exp(v, FP32), exp32.exp2(v, "bf16"))).lower(x)
+
+
+def wide_types(text: str) -> list[str]:
+    return WIDE_TYPES.findall(SLICE_SIZES.sub("", text))
+
+
+def test_programs_have_no_64_bit_types_under_x64():
+    assert not wide_types(_lowered().as_text())
+
+
+def test_programs_have_no_64_bit_types_without_x64():
+    jax.config.update("jax_enable_x64", False)
+    try:
+        text = _lowered().as_text()
+    finally:
+        jax.config.update("jax_enable_x64", True)
+    assert not wide_types(text)
+
+
+def test_float64_carriers_and_wide_formats_are_refused():
+    with pytest.raises(TypeError, match="expected float32 carrier arrays, got float64"):
+        exp32.exp(jnp.ones(2, jnp.float64), "bf16")
+    with pytest.raises(ValueError, match="expected a format that fits a float32 carrier"):
+        exp32.exp2(jnp.ones(2, jnp.float32), "fp64")
+
+
+# -- exhaustive (slow) ----------------------------------------------------------
+
+
+def ambiguous(fn: str, x) -> jax.Array:
+    """Where the computed ``y`` lies within twice the error bound of a number of at
+    most 25 significant bits (a value or midpoint of some format): only there can
+    the rounding differ from the exact one.  Float64 analysis of exp32's parts."""
+    lo, hi = RANGE[fn]
+    reduce = exp32._exp_reduce if fn == "exp" else exp32._exp2_reduce
+    n, (z_hi, z_lo) = reduce(jnp.clip(x, lo, hi))
+    parts = exp32._parts(n, z_hi, z_lo)
+    t = parts.t.astype(jnp.float64)
+    d = parts.u.astype(jnp.float64) + parts.lo.astype(jnp.float64)
+    y = t + d
+    grid = jnp.where(y >= 1.0, 2.0**-24, 2.0**-25)  # 25-bit numbers near y (t is on it)
+    q = d / grid
+    near = jnp.abs(q - jnp.round(q)) * grid <= 2 * exp32.ERROR_BOUND * y
+    tiny = jnp.abs(x) < 2.0**-26
+    exact = (x == jnp.round(x)) if fn == "exp2" else tiny  # 2**k: computed exactly
+    return near & ~tiny & ~exact & (x > lo) & (x < hi)
+
+
+EXHAUSTIVE_FORMATS = ("fp32", "bf16", "fp16")
+
+
+def exhaustive_chunk(fn: str, start: int, count: int):
+    """For the float32 inputs with bits start .. start + count - 1: the indices where
+    exp32 differs from the float64 op, per format, and where y is ambiguous."""
+    fmts = [get_format(name) for name in EXHAUSTIVE_FORMATS]
+
+    @jax.jit
+    def run(bits):
+        x = jax.lax.bitcast_convert_type(bits, jnp.float32)
+        wide = x.astype(jnp.float64)
+        mine = [getattr(exp32, fn)(x, f) for f in fmts]
+        theirs = [getattr(ops, fn)(wide, f).astype(jnp.float32) for f in fmts]
+        differ = [
+            jax.lax.bitcast_convert_type(a, jnp.uint32)
+            != jax.lax.bitcast_convert_type(b, jnp.uint32)
+            for a, b in zip(mine, theirs)
+        ]
+        return jnp.stack(differ), ambiguous(fn, x)
+
+    with x64_enabled():
+        bits = np.arange(start, start + count, dtype=np.uint64).astype(np.uint32)
+        differ, amb = (np.asarray(a) for a in run(jnp.asarray(bits)))
+    return [bits[np.nonzero(row)[0]] for row in differ], bits[np.nonzero(amb)[0]]
+
+
+def exhaustive(fn: str, chunk: int = 1 << 24, progress=None, smallest: int = 0):
+    """exhaustive_chunk over every float32 whose result is not 0 or inf everywhere
+    (``|x|`` from the float32 with bits ``smallest``)."""
+    lo, hi = RANGE[fn]
+    top = int(np.float32(max(-lo, hi)).view(np.uint32))
+    differ: list[list[np.ndarray]] = [[] for _ in EXHAUSTIVE_FORMATS]
+    amb: list[np.ndarray] = []
+    for sign in (0, 1 << 31):
+        for start in range(sign + smallest, sign + top + 1, chunk):
+            count = min(chunk, sign + top + 1 - start)
+            d, a = exhaustive_chunk(fn, start, count)
+            for acc, row in zip(differ, d):
+                acc.append(row)
+            amb.append(a)
+            if progress:
+                progress(
+                    fn, start, [sum(len(r) for r in acc) for acc in differ], sum(map(len, amb))
+                )
+    return [np.concatenate(acc) for acc in differ], np.concatenate(amb)
+
+
+def hard_cases(fn: str) -> tuple[tuple[int, int, int, int], ...]:
+    return exp32._HARD_EXP if fn == "exp" else exp32._HARD_EXP2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_every_float32_input(fn):
+    """All float32 inputs: no difference from the float64 op for FP32, bf16 and
+    fp16, and every ambiguous input is a listed hard case."""
+    differ, amb = exhaustive(fn)
+    for name, bad in zip(EXHAUSTIVE_FORMATS, differ):
+        assert bad.size == 0, f"{fn} {name}: {bad.size} differ, first bits {bad[:8]}"
+    listed = {case[0] for case in hard_cases(fn)}
+    assert set(amb.tolist()) <= listed, (
+        f"{fn}: unlisted ambiguous inputs {sorted(set(amb.tolist()) - listed)[:8]}"
+    )
