@@ -1,0 +1,393 @@
+"""The log-sum-exp ``m + ln l`` (``m·scale + ln l``) on float32 carriers, correctly rounded.
+
+:func:`lse` returns ``fl_fmt(m·scale + ln l)`` (``fl_fmt(m + ln l)`` without ``scale``),
+rounded to nearest, ties to even, for every format that fits float32, with no
+64-bit type in the program.  Everything but the final rounding is integer
+arithmetic (uint32 limbs), so flushed float32 subnormals and contracted
+``a * b + c`` (see :mod:`fa_jax.ops32`) cannot touch it.
+
+Method (table-driven logarithm, Tang 1990, "Table-driven implementation of the
+logarithm function in IEEE floating-point arithmetic", ACM TOMS 16(4); Muller,
+"Elementary Functions", ch. 6):
+
+* ``l = 2**e · F``, ``F = sig 2**-23`` in [1, 2) from the bits (subnormals
+  normalised).  ``j = round(256 (F - 1))`` in 0..256, ``r_j = RN_24(1 / (1 + j/256))``
+  (``r_0 = 1``, ``r_256 = 1/2``), ``z = F r_j - 1`` exactly (a 24 x 24-bit integer
+  product minus a power of two), ``|z| <= 2**-9 + 2**-24``.  Then
+  ``ln l = k ln 2 + L_j + ln(1 + z)`` with ``k = e + [j >= 106]`` and
+  ``L_j = -ln r_j - [j >= 106] ln 2`` (``F >= 1.414``: ``F / 2`` in [0.707, 1)), so
+  ``L_j = 0`` where ``l`` is near 1 and no term cancels another's leading bits.
+* Fixed point with 112 fraction bits in 16-bit limbs: ``ln 2``, ``L_j`` and ``1/n``
+  rounded to it (errors ``<= 2**-113``); ``k ln 2`` as ``|k|`` times the limbs;
+  ``ln(1 + z) - z = -w² T_2`` with ``w = |z|`` and Horner's ``T_n = 1/n ∓ w T_{n+1}``
+  (``-`` where ``z > 0``; every ``T_n`` is positive), ``n`` up to 12: the series'
+  tail is below ``2**-117``; each product by ``w`` (exact, then truncated) adds
+  less than ``2**-112``.  So ``H``, the fixed-point ``ln l``, has
+  ``|H - ln l| < 151 · 2**-113 + 2**-111 < 2**-105.5`` (``< 2**-111`` where
+  ``k = 0``), relative ``< 2**-86`` as ``|ln l| >= 2**-24`` for ``l != 1``; ``H = 0``
+  exactly where ``l = 1``.
+* ``m·scale`` is exact: the 48-bit product of the significands (two 24-bit
+  terms).  The terms of ``m·scale`` and of ``|H|`` are added exactly in a 128-bit
+  two's complement window whose top is the largest term's leading bit; bit 0
+  is a sticky bit for a term reaching below the window (which happens only to
+  the smaller of the two, far below the larger's last bit), so the window's sum
+  lies in the same open interval between multiples of its bit 1 as ``m·scale + H``.
+  The nearest 24-bit value of that sum and the sign of the rest go to
+  :func:`fa_jax.ops32._round_parts`, then :func:`fa_jax.rounding.round_to`.
+
+Hence the result is ``fl_fmt(y)`` with ``|y - x| < 2**-105.5``, ``x = m·scale + ln l``
+the exact value: correctly rounded unless ``x`` lies that close to a rounding
+boundary of ``fmt``.  ``x`` is never on a boundary for ``l != 1`` (``ln l`` is
+transcendental: Lindemann), and ``y = x`` where ``l = 1``.  The float64 path
+(``round_to(m + log(l))`` in float64) has its own ``2**-53``-relative errors and a
+double rounding, so it can differ from this one where ``m ≈ -ln l`` cancels.
+
+NaN or infinite ``m``, ``scale`` or ``l``, and ``l <= 0``: what float64 arithmetic
+gives (``ln 0 = -inf``, ``ln`` of a negative number a positive NaN, the first NaN
+operand propagated), then ``round_to``.
+"""
+
+from __future__ import annotations
+
+import decimal
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax.ops32 import (
+    _ABS,
+    _HIDDEN,
+    _I32,
+    _INF_BITS,
+    _SIGN,
+    _U32,
+    _bits,
+    _check,
+    _clamp,
+    _first_nan,
+    _float,
+    _format,
+    _is_nan,
+    _nearest,
+    _normalised,
+    _product,
+    _round_parts,
+    _stand_in,
+    _unpack,
+)
+from fa_jax.rounding import round_to
+
+__all__ = ["lse"]
+
+_FRACTION_BITS = 112  # the fixed point's resolution: 2**-112
+_LIMBS = 8  # 16-bit limbs of a signed fixed-point value (two's complement, 128 bits)
+_UNIT_LIMBS = 7  # of an unsigned value below 1
+_TABLE_BITS = 8  # j = round(256 (F - 1))
+_HALF_WAY = 106  # j from which F / 2 and k = e + 1 are used (1 + 106/256 > 1.414)
+_TERMS = 12  # ln(1 + z) - z to the w**12 term
+_WINDOW_TOP = 122  # window bit of the largest term's leading bit's successor
+_NOWHERE = -(1 << 20)  # the position of a zero term: below every window
+_M16 = _U32(0xFFFF)
+_M32 = _U32(0xFFFFFFFF)
+_POSITIVE_NAN = _U32(0x7FC00000)
+
+
+# -- constants: fixed point with 112 fraction bits, exact to the nearest ----------------
+
+
+def _limbs_of(value: int, n: int) -> tuple[np.uint32, ...]:
+    """The n 16-bit limbs (least significant first) of ``value mod 2**(16 n)``."""
+    value %= 1 << (16 * n)
+    return tuple(_U32((value >> (16 * i)) & 0xFFFF) for i in range(n))
+
+
+def _fixed(value: decimal.Decimal) -> int:
+    scaled = value * (1 << _FRACTION_BITS)
+    return int(scaled.to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
+
+
+def _tables():
+    """R_j, t_j (r_j = R_j 2**-(23 + t_j)) and the limbs of L_j, for j = 0 .. 256."""
+    ctx = decimal.Context(prec=80)
+    ln2 = decimal.Decimal(2).ln(ctx)
+    size = (1 << _TABLE_BITS) + 1
+    sig, shift, logs = [], [], []
+    for j in range(size):
+        if j in (0, size - 1):
+            big, t = 1 << 23, (0 if j == 0 else 1)
+        else:  # RN_24(1 / c_j) in (1/2, 1): R = round(2**24 / c_j)
+            big, t = round(Fraction(1 << (24 + _TABLE_BITS), (1 << _TABLE_BITS) + j)), 1
+        minus_ln_r = ctx.subtract(ctx.multiply(23 + t, ln2), decimal.Decimal(big).ln(ctx))
+        if j >= _HALF_WAY:
+            minus_ln_r = ctx.subtract(minus_ln_r, ln2)
+        sig.append(big)
+        shift.append(t)
+        logs.append(_limbs_of(_fixed(minus_ln_r), _LIMBS))
+    columns = tuple(np.array([row[i] for row in logs], np.uint32) for i in range(_LIMBS))
+    return np.array(sig, np.uint32), np.array(shift, np.uint32), columns, ln2
+
+
+_R, _T, _L, _LN2_DECIMAL = _tables()
+_LN2 = _limbs_of(_fixed(_LN2_DECIMAL), _LIMBS)
+_RECIPROCALS = {
+    n: _limbs_of(round(Fraction(1 << _FRACTION_BITS, n)), _UNIT_LIMBS) for n in range(2, _TERMS + 1)
+}
+# The Horner steps' 1/n, in order (n = _TERMS - 1 down to 2).
+_RECIPROCAL_TABLE = np.array([_RECIPROCALS[n] for n in range(_TERMS - 1, 1, -1)], np.uint32)
+
+
+# -- multi-limb integer arithmetic (16-bit limbs in uint32) ----------------------------
+
+
+def _add(a, b) -> list:
+    """``a + b`` modulo ``2**(16 len(a))``."""
+    out, carry = [], _U32(0)
+    for x, y in zip(a, b):
+        s = x + y + carry
+        out.append(s & _M16)
+        carry = s >> _U32(16)
+    return out
+
+
+def _negate(a) -> list:
+    return _add([x ^ _M16 for x in a], _limbs_of(1, len(a)))
+
+
+def _where(cond, a, b) -> list:
+    return [jnp.where(cond, x, y) for x, y in zip(a, b)]
+
+
+def _times_small(a, k) -> list:
+    """``a · k`` for constant limbs ``a`` and a uint32 ``k < 2**8``."""
+    out, carry = [], _U32(0)
+    for x in a:
+        s = x * k + carry
+        out.append(s & _M16)
+        carry = s >> _U32(16)
+    return out
+
+
+def _times_w(t, d, b) -> list:
+    """``floor(T |D| 2**-(32 + b))`` in 7 limbs: ``T`` (7 limbs) times ``w = |D|
+    2**-(32 + b)`` (``d``: the 3 limbs of ``|D|``), truncated to the fixed point."""
+    cols = [jnp.zeros_like(d[0]) for _ in range(_UNIT_LIMBS + len(d))]
+    for i, ti in enumerate(t):
+        for k, dk in enumerate(d):
+            p = ti * dk  # < 2**32
+            cols[i + k] = cols[i + k] + (p & _M16)
+            cols[i + k + 1] = cols[i + k + 1] + (p >> _U32(16))
+    limbs, carry = [], _U32(0)
+    for c in cols:
+        s = c + carry
+        limbs.append(s & _M16)
+        carry = s >> _U32(16)
+    up = _U32(16) - b
+    return [((limbs[i + 2] >> b) | (limbs[i + 3] << up)) & _M16 for i in range(_UNIT_LIMBS)]
+
+
+# -- ln l in fixed point -----------------------------------------------------------------
+
+
+def _log_fixed(l):
+    """``H ≈ ln l`` for finite positive float32 ``l``: the 8 limbs of ``|H| 2**112`` and
+    whether ``H < 0`` (module docstring)."""
+    p = _unpack(l)
+    frac = p.sig - _HIDDEN
+    j = ((frac + _U32(1 << 14)) >> _U32(15)).astype(jnp.int32)  # round(256 (F - 1))
+    big, t = jnp.asarray(_R)[j], jnp.asarray(_T)[j]
+    high, low = _product(p.sig, big)  # F r_j = (high 2**24 + low) 2**-(46 + t)
+    dh = high.astype(jnp.int32) - (_I32(1 << 22) << t.astype(jnp.int32))
+    z_neg = dh < _I32(0)  # z = (dh 2**24 + low) 2**-(46 + t)
+    borrow = z_neg & (low != _U32(0))
+    a = jnp.where(z_neg, -dh - borrow.astype(jnp.int32), dh).astype(jnp.uint32)
+    bl = jnp.where(borrow, _U32(1 << 24) - low, jnp.where(z_neg, _U32(0), low))
+    d = [bl & _M16, (bl >> _U32(16)) | ((a & _U32(0xFF)) << _U32(8)), a >> _U32(8)]
+    b = _U32(14) + t  # w = |D| 2**-(46 + t) = |D| 2**-(32 + b)
+
+    coefficients = jnp.asarray(_RECIPROCAL_TABLE)  # row i: 1/(_TERMS - 1 - i)
+
+    def horner(state):  # (i, T_{n+1}) -> (i + 1, T_n), n = _TERMS - 1 - i
+        i, terms = state
+        product = _times_w(list(terms), d, b)
+        c = [coefficients[i, n] for n in range(_UNIT_LIMBS)]
+        return i + _I32(1), tuple(_where(z_neg, _add(c, product), _add(c, _negate(product))))
+
+    start = tuple(jnp.broadcast_to(c, l.shape) for c in _RECIPROCALS[_TERMS])
+    steps = _I32(_TERMS - 2)  # an int32 counter: fori_loop's is int64 under x64
+    _, terms = jax.lax.while_loop(lambda st: st[0] < steps, horner, (_I32(0), start))
+    terms = list(terms)
+    s = [*_times_w(_times_w(terms, d, b), d, b), jnp.zeros_like(frac)]  # w² T_2
+
+    c = _U32(2) - t  # |z| 2**112 = |D| 2**(64 + c)
+    shifted = [
+        d[0] << c,
+        (d[1] << c) | (d[0] >> (_U32(16) - c)),
+        (d[2] << c) | (d[1] >> (_U32(16) - c)),
+    ]
+    w = [jnp.zeros_like(frac)] * 4 + [x & _M16 for x in shifted] + [d[2] >> (_U32(16) - c)]
+    z = _where(z_neg, _negate(w), w)
+
+    k = p.exp + (j >= _I32(_HALF_WAY)).astype(jnp.int32)
+    k_ln2 = _times_small(_LN2, jnp.abs(k).astype(jnp.uint32))
+    k_ln2 = _where(k < _I32(0), _negate(k_ln2), k_ln2)
+    table = [jnp.asarray(col)[j] for col in _L]
+    h = _add(_add(_add(k_ln2, table), z), _negate(s))
+    negative = (h[-1] >> _U32(15)) != _U32(0)
+    return _where(negative, _negate(h), h), negative
+
+
+# -- the exact sum of the terms of m·scale and of H, rounded ------------------------------
+
+
+def _bit_length(x) -> jax.Array:
+    return _I32(32) - jax.lax.clz(x).astype(jnp.int32)
+
+
+def _place(sig, s) -> list:
+    """``sig 2**s`` in four 32-bit limbs, for ``s + bit_length(sig) <= 122``; where
+    ``s < 1`` the bits below window bit 1 are dropped and bit 0 says whether any was
+    set (a sticky bit)."""
+    r = (s & _I32(31)).astype(jnp.uint32)
+    q = s >> _I32(5)
+    lo = sig << r
+    hi = jnp.where(r == _U32(0), _U32(0), sig >> ((_U32(32) - r) & _U32(31)))
+    n = _clamp(_I32(1) - s, 1, 31).astype(jnp.uint32)
+    under = ((sig >> n) << _U32(1)) | ((sig & ((_U32(1) << n) - _U32(1))) != _U32(0)).astype(
+        jnp.uint32
+    )
+    below = s < _I32(1)
+    out = []
+    for i in range(4):
+        placed = jnp.where(q == _I32(i), lo, jnp.where(q == _I32(i - 1), hi, _U32(0)))
+        out.append(jnp.where(below, under if i == 0 else _U32(0), placed))
+    return out
+
+
+def _add32(a, b) -> list:
+    out, carry = [], _U32(0)
+    for x, y in zip(a, b):
+        s = x + y
+        s2 = s + carry
+        carry = ((s < x) | (s2 < s)).astype(jnp.uint32)
+        out.append(s2)
+    return out
+
+
+def _negate32(a) -> list:
+    return _add32([x ^ _M32 for x in a], [_U32(1), _U32(0), _U32(0), _U32(0)])
+
+
+def _group(terms, bottom) -> list:
+    """The OR of the placed terms (their bits are disjoint): one signed group's magnitude."""
+    acc = [_U32(0)] * 4
+    for sig, pos in terms:
+        acc = [x | y for x, y in zip(acc, _place(sig, pos - bottom))]
+    return acc
+
+
+def _normalise128(v):
+    """(v shifted left until its leading bit is bit 127, the shift)."""
+    lz = jnp.where(
+        v[3] != _U32(0),
+        jax.lax.clz(v[3]),
+        jnp.where(
+            v[2] != _U32(0),
+            _U32(32) + jax.lax.clz(v[2]),
+            jnp.where(v[1] != _U32(0), _U32(64) + jax.lax.clz(v[1]), _U32(96) + jax.lax.clz(v[0])),
+        ),
+    )
+    q, r = (lz >> _U32(5)).astype(jnp.int32), lz & _U32(31)
+    moved = [
+        sum(
+            (jnp.where(q == _I32(shift), v[i - shift], _U32(0)) for shift in range(i + 1)),
+            _U32(0),
+        )
+        for i in range(4)
+    ]
+    back = (_U32(32) - r) & _U32(31)
+    out = [
+        (moved[i] << r) | jnp.where(r == _U32(0), _U32(0), moved[i - 1] >> back if i else _U32(0))
+        for i in range(4)
+    ]
+    return out, lz.astype(jnp.int32)
+
+
+def _sum_rounded(groups, fmt):
+    """``_round_parts`` of the exact sum of signed groups of ``(sig, pos)`` terms
+    (``sig 2**pos``, ``sig < 2**24``; a group's terms have disjoint bits)."""
+    tops = [
+        jnp.where(sig == _U32(0), _I32(_NOWHERE), pos + _bit_length(sig))
+        for _, terms in groups
+        for sig, pos in terms
+    ]
+    top = tops[0]
+    for x in tops[1:]:
+        top = jnp.maximum(top, x)
+    bottom = top - _I32(_WINDOW_TOP)  # the weight of window bit 0
+    total = [_U32(0)] * 4
+    for negative, terms in groups:
+        acc = _group(terms, bottom)
+        total = _add32(total, _where(negative, _negate32(acc), acc))
+    sign = total[3] & _SIGN
+    mag = _where(sign != _U32(0), _negate32(total), total)
+    zero = (mag[0] | mag[1] | mag[2] | mag[3]) == _U32(0)
+    norm, lz = _normalise128(mag)
+    kept = norm[3] >> _U32(8)
+    guard = (norm[3] >> _U32(7)) & _U32(1)
+    sticky = ((norm[3] & _U32(0x7F)) | norm[2] | norm[1] | norm[0]) != _U32(0)
+    sig, rest = _nearest(kept, guard, _U32(1), sticky)
+    sig, exp = _normalised(sig, bottom + _I32(127) - lz)
+    return _round_parts(sign, exp, sig, zero, rest, fmt)
+
+
+def _fallback(m, l, scale) -> jax.Array:
+    """float64's ``m (·scale) + ln l`` where an operand is NaN or infinite or ``l <= 0``.
+
+    With ``scale``, as XLA's CPU backend computes it under ``jit``: contracted into
+    one fused multiply-add, which returns its first NaN operand (``m``, ``scale``,
+    ``ln l``), else the default NaN of an invalid ``0 · inf`` or ``inf - inf``."""
+    lb = _bits(l)
+    log = jnp.where(
+        (lb & _ABS) == _U32(0),
+        _float(_U32(0xFF800000)),  # ln ±0 = -inf
+        jnp.where((lb & _SIGN) != _U32(0), _float(_POSITIVE_NAN), jnp.zeros_like(l)),
+    )
+    log = jnp.where(lb == _INF_BITS, l, log)  # ln inf = inf
+    log = jnp.where(_is_nan(l), l, log)
+    if scale is None:
+        return _first_nan(_stand_in(m) + log, m, log)
+    return _first_nan(_stand_in(m) * _stand_in(scale) + log, m, scale, log)
+
+
+def lse(m, l, fmt, scale=None) -> jax.Array:
+    """``fl_fmt(m·scale + ln l)`` (``fl_fmt(m + ln l)`` where ``scale`` is None),
+    correctly rounded (module docstring), for float32 carrier arrays ``m``, ``l``
+    (and ``scale``) that broadcast together.  Returns a float32 carrier array."""
+    args = (m, l) if scale is None else (m, l, scale)
+    _check(*args)
+    fmt = _format(fmt)
+    arrays = jnp.broadcast_arrays(*(jnp.asarray(x) for x in args))
+    m, l = arrays[0], arrays[1]
+    scale = arrays[2] if scale is not None else None
+    pm = _unpack(m)
+    if scale is None:
+        sign, m_terms = pm.sign, [(pm.sig, pm.exp - _I32(23))]
+        finite = pm.finite
+    else:
+        ps = _unpack(scale)
+        high, low = _product(pm.sig, ps.sig)  # m·scale = (high 2**24 + low) 2**(e - 46)
+        e = pm.exp + ps.exp - _I32(46)
+        zero = pm.zero | ps.zero
+        high, low = jnp.where(zero, _U32(0), high), jnp.where(zero, _U32(0), low)
+        sign, m_terms = pm.sign ^ ps.sign, [(high, e + _I32(24)), (low, e)]
+        finite = pm.finite & ps.finite
+    pl = _unpack(l)
+    positive = ~pl.zero & (pl.sign == _U32(0))
+    safe_l = jnp.where(positive & pl.finite, l, jnp.ones_like(l))
+    h, h_negative = _log_fixed(safe_l)
+    h_terms = [(limb, _I32(16 * i - _FRACTION_BITS)) for i, limb in enumerate(h)]
+    main = _sum_rounded([(sign != _U32(0), m_terms), (h_negative, h_terms)], fmt)
+    special = ~(finite & pl.finite & positive)
+    return round_to(jnp.where(special, _fallback(m, l, scale), main), fmt)
