@@ -20,9 +20,10 @@ logarithm function in IEEE floating-point arithmetic", ACM TOMS 16(4); Muller,
 * Fixed point with 112 fraction bits in 16-bit limbs: ``ln 2``, ``L_j`` and ``1/n``
   rounded to it (errors ``<= 2**-113``); ``k ln 2`` as ``|k|`` times the limbs;
   ``ln(1 + z) - z = -w² T_2`` with ``w = |z|`` and Horner's ``T_n = 1/n ∓ w T_{n+1}``
-  (``-`` where ``z > 0``; every ``T_n`` is positive), ``n`` up to 12: the series'
-  tail is below ``2**-117``; each product by ``w`` (exact, then truncated) adds
-  less than ``2**-112``.  So ``H``, the fixed-point ``ln l``, has
+  (``-`` where ``z > 0``; every ``T_n`` is positive), ``n`` up to 12 (a loop of
+  12 products by ``w``, the last two giving ``w T_2`` and ``w² T_2``): the series'
+  tail is below ``2**-117``; each product (exact, then truncated) adds less than
+  ``2**-112``.  So ``H``, the fixed-point ``ln l``, has
   ``|H - ln l| < 151 · 2**-113 + 2**-111 < 2**-105.5`` (``< 2**-111`` where
   ``k = 0``), relative ``< 2**-86`` as ``|ln l| >= 2**-24`` for ``l != 1``; ``H = 0``
   exactly where ``l = 1``.
@@ -42,9 +43,9 @@ transcendental: Lindemann), and ``y = x`` where ``l = 1``.  The float64 path
 (``round_to(m + log(l))`` in float64) has its own ``2**-53``-relative errors and a
 double rounding, so it can differ from this one where ``m ≈ -ln l`` cancels.
 
-NaN or infinite ``m``, ``scale`` or ``l``, and ``l <= 0``: what float64 arithmetic
-gives (``ln 0 = -inf``, ``ln`` of a negative number a positive NaN, the first NaN
-operand propagated), then ``round_to``.
+NaN or infinite ``m``, ``scale`` or ``l``, and ``l <= 0``: what the float64 path
+gives under ``jit`` (``ln 0 = -inf``, ``ln`` of a negative number a positive NaN,
+the first NaN operand propagated, ``m·scale + ln l`` fused), then ``round_to``.
 """
 
 from __future__ import annotations
@@ -134,8 +135,12 @@ _LN2 = _limbs_of(_fixed(_LN2_DECIMAL), _LIMBS)
 _RECIPROCALS = {
     n: _limbs_of(round(Fraction(1 << _FRACTION_BITS, n)), _UNIT_LIMBS) for n in range(2, _TERMS + 1)
 }
-# The Horner steps' 1/n, in order (n = _TERMS - 1 down to 2).
-_RECIPROCAL_TABLE = np.array([_RECIPROCALS[n] for n in range(_TERMS - 1, 1, -1)], np.uint32)
+# The Horner steps' constants: 1/n for n = _TERMS - 1 down to 2, then 0 twice
+# (the products w T_2 and w² T_2).
+_HORNER = np.array(
+    [_RECIPROCALS[n] for n in range(_TERMS - 1, 1, -1)] + [(_U32(0),) * _UNIT_LIMBS] * 2,
+    np.uint32,
+)
 
 
 # -- multi-limb integer arithmetic (16-bit limbs in uint32) ----------------------------
@@ -206,19 +211,19 @@ def _log_fixed(l):
     d = [bl & _M16, (bl >> _U32(16)) | ((a & _U32(0xFF)) << _U32(8)), a >> _U32(8)]
     b = _U32(14) + t  # w = |D| 2**-(46 + t) = |D| 2**-(32 + b)
 
-    coefficients = jnp.asarray(_RECIPROCAL_TABLE)  # row i: 1/(_TERMS - 1 - i)
+    coefficients = jnp.asarray(_HORNER)
 
-    def horner(state):  # (i, T_{n+1}) -> (i + 1, T_n), n = _TERMS - 1 - i
+    def horner(state):  # (i, T_{n+1}) -> (i + 1, T_n), n = _TERMS - 1 - i; then w T_2, w² T_2
         i, terms = state
         product = _times_w(list(terms), d, b)
         c = [coefficients[i, n] for n in range(_UNIT_LIMBS)]
-        return i + _I32(1), tuple(_where(z_neg, _add(c, product), _add(c, _negate(product))))
+        subtract = ~z_neg & (i < _I32(_TERMS - 2))
+        return i + _I32(1), tuple(_where(subtract, _add(c, _negate(product)), _add(c, product)))
 
     start = tuple(jnp.broadcast_to(c, l.shape) for c in _RECIPROCALS[_TERMS])
-    steps = _I32(_TERMS - 2)  # an int32 counter: fori_loop's is int64 under x64
-    _, terms = jax.lax.while_loop(lambda st: st[0] < steps, horner, (_I32(0), start))
-    terms = list(terms)
-    s = [*_times_w(_times_w(terms, d, b), d, b), jnp.zeros_like(frac)]  # w² T_2
+    steps = _I32(_TERMS)  # an int32 counter: fori_loop's is int64 under x64
+    _, s = jax.lax.while_loop(lambda st: st[0] < steps, horner, (_I32(0), start))
+    s = [*s, jnp.zeros_like(frac)]  # S = w² T_2
 
     c = _U32(2) - t  # |z| 2**112 = |D| 2**(64 + c)
     shifted = [

@@ -160,10 +160,10 @@ SPECIAL_VALUES = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, 2.0**-
 
 def test_nan_inf_zero_and_negative_operands_give_the_float64_paths_bits():
     v = np.array(SPECIAL_VALUES, np.float32)
-    m, l, s = (x.ravel() for x in np.meshgrid(v, v, v))
+    m, l, s = (np.resize(x.ravel(), N) for x in np.meshgrid(v, v, v))  # N: compiled shape
     for fmt in (FP32, get_format("e4m3fn")):
         for scale in (None, s):
-            got = np.asarray(jax.jit(lse32.lse, static_argnums=2)(m, l, fmt, scale))
+            got = ours(m, l, scale, fmt)
             want = float64_path(m, l, scale, fmt)
             np.testing.assert_array_equal(bits64(got), want.view(np.uint64))
 
@@ -184,17 +184,15 @@ BY_HAND = [
 @pytest.mark.parametrize("case", BY_HAND, ids=lambda c: f"{c[0]}_{c[1]}_{c[2]}")
 def test_results_rounded_by_hand(case):
     m, l, scale, fmt, want = case
-    args = [np.full(8, np.float32(x)) for x in (m, l)]
-    s = None if scale is None else np.full(8, np.float32(scale))
-    got = np.asarray(lse32.lse(*args, fmt, s))
+    m, l = (np.full(N, np.float32(x)) for x in (m, l))  # N: the compiled shape
+    got = ours(m, l, None if scale is None else np.full(N, np.float32(scale)), fmt)
     assert got.view(np.uint32)[0] == np.float32(want).view(np.uint32), (got[0], want)
 
 
 def test_cancellation_below_float32_subnormals_is_exact_enough():
     """m = -fl(ln l): x = ln l - fl(ln l) is tiny; the result is that, rounded."""
-    l = np.float32(3.0)
-    m = np.float32(-math.log(3.0))
-    got = float(lse32.lse(np.full(8, m), np.full(8, l), FP32)[0])
+    l, m = np.float32(3.0), np.float32(-math.log(3.0))
+    got = float(ours(np.full(N, m), np.full(N, l), None, FP32)[0])
     want = correctly_rounded([m], [l], [1.0], FP32)[0]
     assert got == want and 0 < abs(got) < 2.0**-20, (got, want)
 
