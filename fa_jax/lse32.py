@@ -8,7 +8,7 @@ arithmetic (uint32 limbs), so flushed float32 subnormals and contracted
 
 Method (table-driven logarithm, Tang 1990, "Table-driven implementation of the
 logarithm function in IEEE floating-point arithmetic", ACM TOMS 16(4); Muller,
-"Elementary Functions", ch. 6):
+"Elementary Functions: Algorithms and Implementation"):
 
 * ``l = 2**e · F``, ``F = sig 2**-23`` in [1, 2) from the bits (subnormals
   normalised).  ``j = round(256 (F - 1))`` in 0..256, ``r_j = RN_24(1 / (1 + j/256))``
@@ -146,9 +146,9 @@ _HORNER = np.array(
 # -- multi-limb integer arithmetic (16-bit limbs in uint32) ----------------------------
 
 
-def _add(a, b) -> list:
-    """``a + b`` modulo ``2**(16 len(a))``."""
-    out, carry = [], _U32(0)
+def _add(a, b, carry=None) -> list:
+    """``a + b + carry`` modulo ``2**(16 len(a))`` (``carry`` 0 or 1, default 0)."""
+    out, carry = [], _U32(0) if carry is None else carry
     for x, y in zip(a, b):
         s = x + y + carry
         out.append(s & _M16)
@@ -218,7 +218,9 @@ def _log_fixed(l):
         product = _times_w(list(terms), d, b)
         c = [coefficients[i, n] for n in range(_UNIT_LIMBS)]
         subtract = ~z_neg & (i < _I32(_TERMS - 2))
-        return i + _I32(1), tuple(_where(subtract, _add(c, _negate(product)), _add(c, product)))
+        flip = jnp.where(subtract, _M16, _U32(0))  # c - P = c + (P ^ 0xFFFF...) + 1
+        product = [x ^ flip for x in product]
+        return i + _I32(1), tuple(_add(c, product, subtract.astype(jnp.uint32)))
 
     start = tuple(jnp.broadcast_to(c, l.shape) for c in _RECIPROCALS[_TERMS])
     steps = _I32(_TERMS)  # an int32 counter: fori_loop's is int64 under x64

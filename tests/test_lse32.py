@@ -197,23 +197,18 @@ def test_cancellation_below_float32_subnormals_is_exact_enough():
     assert got == want and 0 < abs(got) < 2.0**-20, (got, want)
 
 
-def jit_eager_vmap(fmt, m, l, s):
-    eager = lse32.lse(m, l, fmt, s)
-    jitted = jax.jit(lse32.lse, static_argnums=2)(m, l, fmt, s)
-    rows = [x.reshape(16, -1) for x in (m, l, s)]
-    mapped = jax.jit(jax.vmap(lambda a, b, c: lse32.lse(a, b, fmt, c)))(*rows).ravel()
-    return eager, jitted, mapped
-
-
-def test_jit_eager_and_vmap_give_the_same_bits():
+def test_jit_eager_vmap_and_traced_formats_give_the_same_bits():
     fmt = get_format("bf16")
     m, l, s = (x[:1024] for x in operands(fmt, 1, True))
-    eager, jitted, mapped = jit_eager_vmap(fmt, m, l, s)
-    want = np.asarray(eager).view(np.uint32)
-    np.testing.assert_array_equal(np.asarray(jitted).view(np.uint32), want)
-    np.testing.assert_array_equal(np.asarray(mapped).view(np.uint32), want)
-    traced = ours(m, l, s, fmt)
-    np.testing.assert_array_equal(traced.view(np.uint32), want)
+
+    def jitted(m, l, s):  # one program: the call as is and vmapped over rows
+        rows = [x.reshape(16, -1) for x in (m, l, s)]
+        mapped = jax.vmap(lambda a, b, c: lse32.lse(a, b, fmt, c))(*rows)
+        return lse32.lse(m, l, fmt, s), mapped.ravel()
+
+    want = np.asarray(lse32.lse(m, l, fmt, s)).view(np.uint32)  # eager
+    for got in (*jax.jit(jitted)(m, l, s), ours(m, l, s, fmt)):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want)
 
 
 def test_results_do_not_depend_on_x64():
