@@ -189,12 +189,15 @@ def test_results_rounded_by_hand(case):
     assert got.view(np.uint32)[0] == np.float32(want).view(np.uint32), (got[0], want)
 
 
-def test_cancellation_below_float32_subnormals_is_exact_enough():
-    """m = -fl(ln l): x = ln l - fl(ln l) is tiny; the result is that, rounded."""
-    l, m = np.float32(3.0), np.float32(-math.log(3.0))
-    got = float(ours(np.full(N, m), np.full(N, l), None, FP32)[0])
-    want = correctly_rounded([m], [l], [1.0], FP32)[0]
-    assert got == want and 0 < abs(got) < 2.0**-20, (got, want)
+def test_cancellation_keeps_every_bit_of_the_difference():
+    """m = -fl32(ln l): x = ln l - fl32(ln l), at most 2**-24 of |m|, correctly
+    rounded to 24 bits."""
+    l = np.float32([3.0, 1e-30, 7e37, 1 + 2.0**-23, 1 - 2.0**-24, 2.0**-149, 0.7])
+    m = np.float32(-np.log(l.astype(np.float64)))
+    got = ours(np.resize(m, N), np.resize(l, N), None, FP32)[: l.size]
+    want = correctly_rounded(m, l, np.ones(l.size), FP32)
+    np.testing.assert_array_equal(bits64(got), want.view(np.uint64))
+    assert np.all((got != 0) & (np.abs(got) <= np.abs(m) * 2.0**-24)), got
 
 
 def test_jit_eager_vmap_and_traced_formats_give_the_same_bits():
