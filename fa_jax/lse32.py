@@ -224,7 +224,10 @@ def _log_fixed(l):
 
     start = tuple(jnp.broadcast_to(c, l.shape) for c in _RECIPROCALS[_TERMS])
     steps = _I32(_TERMS)  # an int32 counter: fori_loop's is int64 under x64
-    _, s = jax.lax.while_loop(lambda st: st[0] < steps, horner, (_I32(0), start))
+    # Two steps a trip (_TERMS is even): half the loop state's trips through memory.
+    _, s = jax.lax.while_loop(
+        lambda st: st[0] < steps, lambda st: horner(horner(st)), (_I32(0), start)
+    )
     s = [*s, jnp.zeros_like(frac)]  # S = w² T_2
 
     c = _U32(2) - t  # |z| 2**112 = |D| 2**(64 + c)
