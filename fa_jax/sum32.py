@@ -1,0 +1,813 @@
+"""The reductions of :mod:`fa_jax.ops` (``sum``, ``matmul``) on float32 carriers.
+
+Same signatures, models and bits as ``ops.sum`` / ``ops.matmul`` on float64
+carriers, with no 64-bit type in the program (see :mod:`fa_jax.ops32` for what
+XLA's CPU backend does to float32 and why every test here is on bits).
+
+Exact sums in integers.  Every term is cut into *pieces* ``±m 2**l``, ``m`` a
+24-bit integer: a float32 value is one piece (its significand), an exact
+product ``a·b`` two (the high and low 24 bits of the 48-bit product of the
+significands, :func:`fa_jax.ops32._product`).  A fixed-point accumulator with
+base ``2**B`` holds ``Σ pieces`` in int32 *limbs* of ``D = 23`` bits (limb ``k``
+weighs ``2**(B + kD)``); a piece adds the bits of ``m 2**(l - B)`` that fall in
+each limb, with its sign.  After at most 255 pieces a limb holds less than
+``256 · 2**23 = 2**31`` in magnitude, so carries are propagated (floor division
+by ``2**D``) every 255 pieces; the top limb only takes carries.  The
+accumulator's value is then exactly the sum of the bits at or above ``2**B``.
+
+* Full range: ``B`` below every piece (``2**-344``, the last bit of a product
+  of two float32 subnormals; ``2**-172`` for values) and limbs up to ``2**256``
+  (products) lose nothing: the value is the exact sum.
+* Window (the fast path): ``B = 2**(e + 1 - 69)`` for ``e`` the output's largest
+  piece exponent, 4 limbs.  A piece reaching below ``B`` loses less than
+  ``2**B``; with ``c`` such pieces, ``|lost| < c 2**B <= 2**(G + B)``
+  (``G = bit_length(pieces)``), and the lost part of a piece has its sign.
+  With ``V`` the window sum and ``t`` the weight of the bit below the 25 that
+  rounding reads (the 24 kept and a guard bit), if the bits of ``|V|`` between
+  ``2**G`` and ``2**t`` are neither all zero (where a lost piece has the
+  opposite sign: for those only, ``|V|`` is first lowered by one unit) nor all
+  one (where one has the same sign), the exact sum lies strictly inside the same
+  cell ``(j 2**t, (j + 1) 2**t)`` as ``V`` (or ``|V| - 1``): the same 25 bits,
+  and bits below them.  Otherwise (heavy cancellation) the full range is
+  computed (one ``lax.cond`` for the whole array).
+
+Rounding: the 25 top bits ``g`` of the magnitude and a sticky bit give the
+24-bit nearest value and the sign of the rest (``ops32._nearest``), which
+:func:`fa_jax.ops32._round_parts` rounds to the format, exactly as the
+elementwise ops do; the directed modes of the tensor-core model drop bits from
+the truncated 24 bits and go up where a dropped or sticky bit is set.
+
+The models (:mod:`fa_jax.accumulation`) are the float64 path's, step by step:
+"exact" rounds the exact sum once; "sequential" is ``ops32.add`` (sums) or
+``ops32.fma`` (matmul) in index order; "chunked(k)" rounds the exact sum of the
+accumulator and the next chunk; "tensor_core" truncates every piece below its
+block's quantum (masking bits: truncation of a term is truncation of its
+pieces, which are disjoint bit ranges of one magnitude), sums them exactly in
+limbs and rounds in the normalisation mode (Fasi et al. 2021); "tree" follows
+``ops._tree_schedule``, each node the exact sum of its children rounded once.
+Zeros and non-finite terms follow the float64 path: an exact zero is +0 but
+where that path's float64 arithmetic keeps -0 (a sum of one term, ``add`` of
+two -0, a one-term dot); a non-finite term gives IEEE arithmetic on the terms
+with finite nonzero ones replaced by ±1 (which NaN survives a reduction of
+several follows XLA's order), rounded as that path rounds it.  The float64
+matmul's "exact" and "chunked" dots are float64 dots, rounded: they can differ
+from the exactly rounded sum given here where that dot's error straddles a
+rounding boundary (Golden et al. 2024 measure attention with the same models).
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import ops as _ops  # for _tree_schedule (at call time: ops may import this module)
+from fa_jax import ops32
+from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation
+from fa_jax.formats import Format
+from fa_jax.ops32 import _check, _format
+from fa_jax.rounding import RoundingMode, round_to
+
+__all__ = ["matmul", "sum"]
+
+_U32 = np.uint32
+_I32 = np.int32
+_D = 23  # bits a limb
+_MASK = _U32((1 << _D) - 1)
+_PER_STEP = 255  # pieces added between carry propagations: 256 * 2**23 = 2**31
+_WINDOW_LIMBS = 4  # 3 limbs of pieces (69 bits) and a limb of carries
+_NO_EXPONENT = -(1 << 20)  # below every piece: the exponent of an output with no piece
+_VALUES = (-172, 128)  # last bit of a float32's 24-bit significand, first power above
+_PRODUCTS = (-344, 256)  # the same for exact products of two float32
+_FLT_MAX = _U32(0x7F7FFFFF)
+_NEG_ZERO = _U32(0x80000000)
+
+
+class _Pieces(NamedTuple):
+    """Terms as ``±sig 2**lsb`` pieces along the first axis."""
+
+    neg: jax.Array  # bool
+    lsb: jax.Array  # int32
+    sig: jax.Array  # uint32 < 2**24; 0 for zeros (and non-finite terms)
+
+
+def _cat(*ps: _Pieces) -> _Pieces:
+    return _Pieces(*(jnp.concatenate(parts) for parts in zip(*ps)))
+
+
+def _value_pieces(x) -> _Pieces:
+    """A float32 array as one piece a value."""
+    p = ops32._unpack(x)
+    sig = jnp.where(p.zero | ~p.finite, _U32(0), p.sig)
+    return _Pieces(p.sign != _U32(0), p.exp - _I32(23), sig)
+
+
+class _Operand(NamedTuple):
+    """An unpacked float32 matmul operand; ``sig`` 0 for zeros and non-finite."""
+
+    sign: jax.Array
+    exp: jax.Array
+    sig: jax.Array
+
+
+def _operand(x) -> _Operand:
+    p = ops32._unpack(x)
+    nonzero = ~p.zero & p.finite
+    return _Operand(
+        p.sign,
+        jnp.where(nonzero, p.exp, _I32(_NO_EXPONENT // 4)),
+        jnp.where(nonzero, p.sig, _U32(0)),
+    )
+
+
+def _product_pieces(a: _Operand, b: _Operand) -> _Pieces:
+    """The exact products a·b (broadcast) as two pieces each: (high, low) 24 bits."""
+    high, low = ops32._product(a.sig, b.sig)
+    neg = (a.sign ^ b.sign) != _U32(0)
+    lsb = a.exp + b.exp - _I32(46)
+    return _Pieces(
+        jnp.concatenate([neg, neg]),
+        jnp.concatenate([lsb + _I32(24), lsb]),
+        jnp.concatenate([high, low]),
+    )
+
+
+def _top_exponent(p: _Pieces) -> jax.Array:
+    """An upper bound on the exponent of the largest piece (over the last axis)."""
+    return jnp.max(jnp.where(p.sig != _U32(0), p.lsb + _I32(23), _I32(_NO_EXPONENT)), axis=0)
+
+
+def _zeros(shape) -> jax.Array:
+    """+0 accumulators, hidden from XLA's simplifier, which folds ``0 + x`` to ``x``
+    (-0 where x is -0: IEEE gives +0)."""
+    return jax.lax.optimization_barrier(jnp.zeros(shape, jnp.float32))
+
+
+def _pad(x, axis: int, n: int) -> jax.Array:
+    """``x`` with ``n`` zeros appended along ``axis`` (no int64 pad width under x64)."""
+    config = [(0, 0, 0)] * x.ndim
+    config[axis] = (0, n, 0)
+    return jax.lax.pad(x, jnp.zeros((), x.dtype), config)
+
+
+def _scan(f: Callable, init, xs):
+    """``lax.scan(f, init, xs)`` for an ``f`` without outputs, counting in int32 (a
+    scan's counter is int64 under ``jax_enable_x64``)."""
+    n = jax.tree_util.tree_leaves(xs)[0].shape[0]
+
+    def body(state):
+        i, carry = state
+        x = jax.tree_util.tree_map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), xs)
+        return i + _I32(1), f(carry, x)[0]
+
+    _, carry = jax.lax.while_loop(lambda s: s[0] < _I32(n), body, (_I32(0), init))
+    return carry, None
+
+
+# -- the limb accumulator ------------------------------------------------------------
+
+
+def _limbs_of(p: _Pieces, base, n_limbs: int) -> list[jax.Array]:
+    """Σ over the pieces of the bits of ``m 2**(lsb - base)`` in each of the lower
+    ``n_limbs - 1`` limbs, signed (int32; at most _PER_STEP pieces)."""
+    s0 = p.lsb - base[None]
+    out = []
+    for k in range(n_limbs - 1):
+        s = s0 - _I32(k * _D)
+        left = p.sig << ops32._clamp(s, 0, 31).astype(jnp.uint32)
+        right = p.sig >> ops32._clamp(-s, 0, 31).astype(jnp.uint32)
+        v = (jnp.where(s >= _I32(0), left, right) & _MASK).astype(jnp.int32)
+        out.append(jnp.sum(jnp.where(p.neg, -v, v), axis=0, dtype=jnp.int32))
+    return out
+
+
+def _lost(p: _Pieces, base) -> tuple[jax.Array, jax.Array]:
+    """How many positive and negative pieces have bits below ``2**base``."""
+    d = ops32._clamp(base[None] - p.lsb, 0, 31).astype(jnp.uint32)
+    lost = (p.sig & ((_U32(1) << d) - _U32(1))) != _U32(0)
+    count = lambda m: jnp.sum(m, axis=0, dtype=jnp.int32)  # noqa: E731
+    return count(lost & ~p.neg), count(lost & p.neg)
+
+
+def _carry(limbs: list[jax.Array]) -> list[jax.Array]:
+    """Carries propagated: every limb but the top one in [0, 2**D)."""
+    out, carry = [], None
+    for limb in limbs[:-1]:
+        v = limb if carry is None else limb + carry
+        carry = v >> _I32(_D)  # floor division (arithmetic shift)
+        out.append(v & _I32((1 << _D) - 1))
+    return [*out, limbs[-1] if carry is None else limbs[-1] + carry]
+
+
+class _Sum(NamedTuple):
+    limbs: list[jax.Array]
+    lost_pos: jax.Array
+    lost_neg: jax.Array
+
+
+def _accumulate(steps, to_pieces: Callable, base, n_limbs: int, first: _Pieces | None) -> _Sum:
+    """The limbs of Σ pieces over ``steps`` (a pytree with a leading step axis, each
+    step ``to_pieces(step)`` of at most _PER_STEP pieces), ``first`` added first."""
+    zero = jnp.zeros(base.shape, jnp.int32)
+
+    def add(state: _Sum, p: _Pieces) -> _Sum:
+        parts = _limbs_of(p, base, n_limbs)
+        limbs = _carry([a + b for a, b in zip(state.limbs, [*parts, zero])])
+        pos, neg = _lost(p, base)
+        return _Sum(limbs, state.lost_pos + pos, state.lost_neg + neg)
+
+    state = _Sum([zero] * n_limbs, zero, zero)
+    if first is not None:
+        state = add(state, first)
+    n = jax.tree_util.tree_leaves(steps)[0].shape[0]
+    if n == 1:
+        return add(state, to_pieces(jax.tree_util.tree_map(lambda s: s[0], steps)))
+    state, _ = _scan(lambda st, s: (add(st, to_pieces(s)), None), state, steps)
+    return state
+
+
+def _top_bit(u) -> jax.Array:
+    """floor(log2 u) of a uint32 (int32; -1 for 0)."""
+    return _I32(31) - jax.lax.clz(u).astype(jnp.int32)
+
+
+class _Rounded(NamedTuple):
+    value: jax.Array  # float32 (before round_to's overflow and specials)
+    zero: jax.Array  # the sum is exactly zero
+    safe: jax.Array  # the window decided the rounding
+
+
+def _round_limbs(s: _Sum, base, bits: int, fmt: Format, mode: str) -> _Rounded:
+    """Round ``Σ limbs 2**(base + kD)`` (plus less than ``2**(base + bits)`` lost, see
+    the module docstring) to ``fmt`` in ``mode``."""
+    limbs = _carry(s.limbs)
+    neg = limbs[-1] < _I32(0)
+    negated = _carry([-limb for limb in limbs])
+    mag = [jnp.where(neg, m, limb) for m, limb in zip(negated, limbs)]
+    lost = s.lost_pos + s.lost_neg
+    same = jnp.where(neg, s.lost_neg, s.lost_pos)
+    opp = jnp.where(neg, s.lost_pos, s.lost_neg)
+    lower = ((opp > _I32(0)) & (same == _I32(0))).astype(jnp.int32)
+    mag = _carry([mag[0] - lower, *mag[1:]])
+    umag = [m.astype(jnp.uint32) for m in mag]
+    top = jnp.max(
+        jnp.stack(
+            [
+                jnp.where(u != _U32(0), _I32(k * _D) + _top_bit(u), _I32(-1))
+                for k, u in enumerate(umag)
+            ]
+        ),
+        axis=0,
+    )
+    t = top - _I32(24)  # the guard bit's position
+    g = jnp.zeros_like(umag[0])
+    sticky = lost > _I32(0)
+    all_zero = all_one = jnp.ones(top.shape, bool)
+    for k, u in enumerate(umag):
+        shift = _I32(k * _D) - t
+        g = g + jnp.where(
+            shift >= _I32(0),
+            u << ops32._clamp(shift, 0, 31).astype(jnp.uint32),
+            u >> ops32._clamp(-shift, 0, 31).astype(jnp.uint32),
+        )
+        below = (_U32(1) << ops32._clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
+        sticky = sticky | ((u & below) != _U32(0))
+        width = 31 if k == len(umag) - 1 else _D
+        lo = ops32._clamp(_I32(bits - k * _D), 0, width).astype(jnp.uint32)
+        hi = ops32._clamp(t - _I32(k * _D), 0, width).astype(jnp.uint32)
+        mask = ((_U32(1) << hi) - _U32(1)) & ~((_U32(1) << lo) - _U32(1))
+        all_zero = all_zero & ((u & mask) == _U32(0))
+        all_one = all_one & ((u & mask) == mask)
+    safe = (lost == _I32(0)) | (
+        (t > _I32(bits)) & ((opp == _I32(0)) | ~all_zero) & ((same == _I32(0)) | ~all_one)
+    )
+    zero = top < _I32(0)
+    sign = jnp.where(neg, ops32._SIGN, _U32(0))
+    exp = top + base
+    kept, dropped = g >> _U32(1), g & _U32(1)
+    if mode == "nearest_even":
+        sig, rest = ops32._nearest(kept, dropped, _U32(1), sticky)
+        sig, exp = ops32._normalised(sig, exp)
+        value = ops32._round_parts(sign, exp, sig, zero, rest, fmt)
+    else:
+        value = _round_directed(sign, exp, kept, (dropped != _U32(0)) | sticky, zero, fmt, mode)
+    return _Rounded(value, zero & (lost == _I32(0)), safe)
+
+
+def _pow2_bits(k) -> jax.Array:
+    """float32 bits of 2**k for k in [-149, 127]."""
+    normal = (ops32._clamp(k, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
+    sub = _U32(1) << ops32._clamp(k + _I32(149), 0, 22).astype(jnp.uint32)
+    return jnp.where(k >= _I32(-126), normal, sub)
+
+
+def _round_directed(sign, exp, sig, inexact, zero, fmt: Format, mode: str) -> jax.Array:
+    """``x = ±(sig + ρ) 2**(exp - 23)`` (``sig`` in [2**23, 2**24), ``ρ`` in [0, 1),
+    ``inexact``: ρ > 0) rounded to ``fmt`` toward zero, up or down: the value on
+    ``fmt``'s grid (extended past its max) that ``round_to(x, fmt, mode)`` starts
+    from; past float32's range ±FLT_MAX where the mode rounds toward zero there,
+    else ±inf, which ``round_to`` maps to the format's max or overflow."""
+    emin = _I32(1) - ops32._int32(fmt.bias)
+    m = ops32._int32(fmt.man_bits)
+    if fmt.subnormals:
+        q_exp = jnp.maximum(exp, emin) - m
+    else:
+        q_exp = jnp.where(exp >= emin, exp - m, emin)
+    d = q_exp - (exp - _I32(23))
+    neg = sign != _U32(0)
+    away = {"toward_zero": jnp.zeros_like(neg), "up": ~neg, "down": neg}[mode]
+    dd = ops32._clamp(d, 0, 24).astype(jnp.uint32)
+    kept = sig >> dd
+    dropped = (sig & ((_U32(1) << dd) - _U32(1))) != _U32(0)
+    up = away & (dropped | inexact)
+    mag = (kept + up.astype(jnp.uint32)) << dd  # 0 or in [2**23, 2**24]
+    top = _top_bit(mag)
+    e = exp + top - _I32(23)
+    field = (ops32._clamp(e, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
+    normal = field | (
+        (mag >> ops32._clamp(top - _I32(23), 0, 1).astype(jnp.uint32)) & ops32._FRACTION
+    )
+    subnormal = mag >> ops32._clamp(_I32(-126) - exp, 0, 31).astype(jnp.uint32)
+    out = jnp.where(e >= _I32(-126), normal, subnormal)
+    out = jnp.where(e > _I32(127), jnp.where(away, ops32._INF_BITS, _FLT_MAX), out)
+    out = jnp.where(d > _I32(24), jnp.where(up, _pow2_bits(q_exp), _U32(0)), out)
+    out = jnp.where(zero | (mag == _U32(0)) & (d <= _I32(24)), _U32(0), out)
+    return ops32._float(sign | out)
+
+
+def _exact(
+    steps,
+    to_pieces: Callable,
+    e_top,
+    n_pieces: int,
+    full: tuple[int, int],
+    fmt: Format,
+    first: _Pieces | None = None,
+) -> _Rounded:
+    """The exact sum of the pieces rounded to nearest: the window, or where it cannot
+    decide for some output, the full range for all (module docstring)."""
+    base = jnp.maximum(e_top, _I32(full[0] + 3 * _D)) + _I32(1 - 3 * _D)
+    window = _round_limbs(
+        _accumulate(steps, to_pieces, base, _WINDOW_LIMBS, first),
+        base,
+        int(n_pieces).bit_length(),
+        fmt,
+        "nearest_even",
+    )
+
+    def full_range(_):
+        base0 = jnp.full(e_top.shape, full[0], jnp.int32)
+        n_limbs = -(-(full[1] - full[0]) // _D) + 1
+        r = _round_limbs(
+            _accumulate(steps, to_pieces, base0, n_limbs, first), base0, 0, fmt, "nearest_even"
+        )
+        return r.value, r.zero
+
+    value, zero = jax.lax.cond(
+        jnp.all(window.safe), lambda _: (window.value, window.zero), full_range, None
+    )
+    return _Rounded(value, zero, jnp.ones_like(zero))
+
+
+def _split(p: _Pieces) -> tuple[_Pieces, int]:
+    """Pieces (P, ...) as steps (q, c, ...) of at most _PER_STEP pieces (zero padded)."""
+    n = p.sig.shape[0]
+    q = max(1, -(-n // _PER_STEP))
+    c = max(1, -(-n // q))
+    pad = q * c - n
+
+    def steps(x):
+        x = _pad(x, 0, pad)
+        return x.reshape(q, c, *x.shape[1:])
+
+    return _Pieces(*(steps(x) for x in p)), n
+
+
+def _exact_pieces(p: _Pieces, full: tuple[int, int], fmt: Format) -> _Rounded:
+    """The exact sum of pieces (P, ...) over the first axis, rounded to nearest."""
+    steps, n = _split(p)
+    return _exact(steps, lambda s: _Pieces(*s), _top_exponent(p), n, full, fmt)
+
+
+def _finish(r: _Rounded, zero_neg, special, fallback, fmt: Format) -> jax.Array:
+    """``round_to`` of the rounded sum (an exact zero: -0 where ``zero_neg``, else
+    +0), or of ``fallback`` where ``special``."""
+    zero = ops32._float(jnp.where(zero_neg, _NEG_ZERO, _U32(0)))
+    value = jnp.where(r.zero, zero, r.value)
+    return round_to(jnp.where(special, fallback, value), fmt)
+
+
+def _is_neg_zero(x) -> jax.Array:
+    return ops32._bits(x) == _NEG_ZERO
+
+
+def _finite(x) -> jax.Array:
+    return (ops32._bits(x) & ops32._ABS) < ops32._INF_BITS
+
+
+def _stand_in_sum(x, axis=0) -> jax.Array:
+    """IEEE Σ of the stand-ins (finite nonzero terms as ±1): what decides a sum with a
+    non-finite term."""
+    return jnp.sum(ops32._stand_in(x), axis=axis)
+
+
+# -- sum -------------------------------------------------------------------------------
+
+
+def _exact_sum(terms, fmt: Format) -> jax.Array:
+    """The exact sum of ``terms`` (..., n) rounded once; as a float64 reduction, +0
+    for an exact zero unless the one term is -0."""
+    n = terms.shape[0]
+    if n == 0:
+        return jnp.zeros(terms.shape[1:], jnp.float32)
+    r = _exact_pieces(_value_pieces(terms), _VALUES, fmt)
+    zero_neg = _is_neg_zero(terms[0]) if n == 1 else jnp.zeros(terms.shape[1:], bool)
+    special = ~jnp.all(_finite(terms), axis=0)
+    return _finish(r, zero_neg, special, _stand_in_sum(terms), fmt)
+
+
+def _add_exact(acc, p: _Pieces, zero_neg, special, fallback, fmt: Format) -> jax.Array:
+    """fl(acc + Σ pieces): the accumulator joins the pieces, one rounding."""
+    pieces = _cat(_value_pieces(acc[None]), p)
+    return _finish(_exact_pieces(pieces, _PRODUCTS, fmt), zero_neg, special, fallback, fmt)
+
+
+def _chunked_sum(x, fmt: Format, k: int, start) -> jax.Array:
+    n = x.shape[0]
+    pad = -n % k
+    x = _pad(x, 0, pad)
+    chunks = x.reshape((n + pad) // k, k, *x.shape[1:])
+
+    def step(acc, chunk):
+        # A float64 chunk sum (a reduction) of one -0 term is -0, of more +0; then add.
+        chunk_neg = _is_neg_zero(chunk[0]) if k == 1 else jnp.zeros(acc.shape, bool)
+        si = _stand_in_sum(chunk)
+        fallback = ops32._first_nan(ops32._stand_in(acc) + si, acc, si)
+        special = ~(_finite(acc) & jnp.all(_finite(chunk), axis=0))
+        zero_neg = _is_neg_zero(acc) & chunk_neg
+        return _add_exact(acc, _value_pieces(chunk), zero_neg, special, fallback, fmt), None
+
+    acc, _ = _scan(step, start, chunks)
+    return acc
+
+
+def _sequential_sum(x, fmt: Format, start) -> jax.Array:
+    acc, _ = _scan(lambda acc, t: (ops32.add(acc, t, fmt), None), start, x)
+    return acc
+
+
+def sum(
+    x,
+    fmt,
+    *,
+    axis: int = -1,
+    accumulation: Accumulation | str = EXACT,
+    initial=None,
+) -> jax.Array:
+    """fl_fmt(Σ x along ``axis``) under an accumulation model, on float32 carriers:
+    the bits of ``fa_jax.ops.sum`` on float64 (its docstring has the models)."""
+    _check(x)
+    fmt, model = _format(fmt), get_accumulation(accumulation)
+    x = jnp.moveaxis(jnp.asarray(x), axis, 0)
+    if initial is not None:
+        _check(initial)
+        initial = jnp.broadcast_to(jnp.asarray(initial), x.shape[1:])
+    if model.kind == "tree":
+        terms = x if initial is None else jnp.concatenate([initial[None], x])
+        return _tree_sum(_value_leaves(terms), terms.shape[1:], fmt, typing.cast(Tree, model.tree))
+    start = _zeros(x.shape[1:]) if initial is None else initial
+    if model.kind == "tensor_core":
+        blocks = _value_blocks(x, typing.cast(int, model.chunk))
+        return _tensor_core_support(
+            fmt, model, lambda: _tensor_core_scan(start, blocks, fmt, model)
+        )
+    if model.kind == "exact":
+        terms = x if initial is None else jnp.concatenate([initial[None], x])
+        return _exact_sum(terms, fmt)
+    if model.kind == "chunked":
+        return _chunked_sum(x, fmt, typing.cast(int, model.chunk), start)
+    return _sequential_sum(x, fmt, start)
+
+
+# -- matmul ----------------------------------------------------------------------------
+
+_OUT_TERMS = 1 << 18  # products a scan step of "exact" materialises (times 2 pieces)
+
+
+def _k_steps(a, b, c: int):
+    """a (..., n, K), b (..., K, m) zero padded and cut along K into (q, ...) steps of c."""
+    k = a.shape[-1]
+    pad = -k % c
+    a = _pad(a, -1, pad)
+    b = _pad(b, -2, pad)
+    q = (k + pad) // c
+    a_steps = jnp.moveaxis(a, -1, 0).reshape(q, c, *a.shape[:-1])  # (q, c, ..., n)
+    b_steps = jnp.moveaxis(b, -2, 0).reshape(q, c, *b.shape[:-2], b.shape[-1])  # (q, c, ..., m)
+    return a_steps, b_steps
+
+
+def _pairs(a_s, b_s):
+    """(c, ..., n, 1) and (c, ..., 1, m): a step's operands lined up per output."""
+    return a_s[..., :, None], b_s[..., None, :]
+
+
+def _products_of(step) -> _Pieces:
+    """A step's exact products as pieces (..., n, m, 2c): the high pieces, then the low."""
+    a_s, b_s = step
+    pa, pb = zip(*(_pairs(x, y) for x, y in zip(_operand(a_s), _operand(b_s))))
+    return _product_pieces(_Operand(*pa), _Operand(*pb))
+
+
+def _stand_in_dot(a, b) -> jax.Array:
+    """IEEE a @ b of the stand-ins (finite nonzero as ±1; exact small integers)."""
+    return jnp.matmul(ops32._stand_in(a), ops32._stand_in(b), precision=jax.lax.Precision.HIGHEST)
+
+
+def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
+    k = a.shape[-1]
+    out = int(np.prod(out_shape))
+    c = max(1, min(k, _PER_STEP // 2, _OUT_TERMS // max(out, 1)))
+    steps = _k_steps(a, b, c)
+
+    def top(e_top, step):
+        a_s, b_s = step
+        ea, eb = _pairs(_operand(a_s).exp, _operand(b_s).exp)
+        return jnp.maximum(e_top, jnp.max(ea + eb + _I32(1), axis=0)), None
+
+    e_top = jnp.full(out_shape, _NO_EXPONENT, jnp.int32)
+    e_top, _ = _scan(top, e_top, steps)
+    first = None
+    if initial is not None:
+        first = _value_pieces(initial[None])
+        e_top = jnp.maximum(e_top, _top_exponent(first))
+    r = _exact(steps, _products_of, e_top, 2 * k + 1, _PRODUCTS, fmt, first)
+    si = _stand_in_dot(a, b)
+    special = ~_finite(si)
+    if initial is not None:
+        special = special | ~_finite(initial)
+        si = ops32._first_nan(si + ops32._stand_in(initial), si, initial)
+    # A float64 dot of one product keeps its -0 (a multiply), of more is +0.
+    zero_neg = jnp.zeros(out_shape, bool)
+    if k == 1:
+        zero_neg = _is_neg_zero(ops32._stand_in(a)[..., 0:1] * ops32._stand_in(b)[..., 0:1, :])
+    if initial is not None:
+        zero_neg = zero_neg & _is_neg_zero(initial)
+    return _finish(r, zero_neg, special, si, fmt)
+
+
+def _chunked_matmul(a, b, fmt: Format, c: int, start) -> jax.Array:
+    steps = _k_steps(a, b, c)
+
+    def step(acc, ab):
+        a_s, b_s = ab
+        sa, sb = _pairs(ops32._stand_in(a_s), ops32._stand_in(b_s))
+        si = jnp.sum(sa * sb, axis=0)
+        special = ~(_finite(acc) & _finite(si))
+        fallback = ops32._first_nan(ops32._stand_in(acc) + si, acc, si)
+        zero = jnp.zeros(acc.shape, bool)  # a float64 dot of c >= 2 products: +0
+        return _add_exact(acc, _products_of(ab), zero, special, fallback, fmt), None
+
+    acc, _ = _scan(step, start, steps)
+    return acc
+
+
+def _sequential_matmul(a, b, fmt: Format, start) -> jax.Array:
+    a_steps, b_steps = _k_steps(a, b, 1)
+
+    def step(acc, ab):
+        a_t, b_t = _pairs(ab[0][0], ab[1][0])  # (..., n, 1), (..., 1, m)
+        return ops32.fma(a_t, b_t, acc, fmt), None
+
+    acc, _ = _scan(step, start, (a_steps, b_steps))
+    return acc
+
+
+def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None) -> jax.Array:
+    """fl_fmt(a @ b) for a (..., n, k) and b (..., k, m) under an accumulation model,
+    on float32 carriers: the bits of ``fa_jax.ops.matmul`` on float64 (its
+    docstring has the models; "exact" and "chunked" round the exact sums)."""
+    _check(a, b)
+    fmt, model = _format(fmt), get_accumulation(accumulation)
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: contraction sizes differ: a is {a.shape}, b is {b.shape}")
+    out_shape = (*jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    batch = out_shape[:-2]
+    a = jnp.broadcast_to(a, (*batch, *a.shape[-2:]))
+    b = jnp.broadcast_to(b, (*batch, *b.shape[-2:]))
+    if initial is not None:
+        _check(initial)
+        initial = jnp.broadcast_to(jnp.asarray(initial), out_shape)
+    if model.kind == "tree":
+        pa = _Operand(*(jnp.moveaxis(x, -1, 0)[..., :, None, None] for x in _operand(a)))
+        pb = _Operand(*(jnp.moveaxis(x, -2, 0)[..., None, :, None] for x in _operand(b)))
+        p = _product_pieces(pa, pb)  # (2K, ..., n, m, 1): the high pieces, then the low
+        k = a.shape[-1]
+        pieces = _Pieces(*(jnp.concatenate([x[:k], x[k:]], axis=-1) for x in p))
+        sa = jnp.moveaxis(ops32._stand_in(a), -1, 0)[..., :, None]
+        sb = jnp.moveaxis(ops32._stand_in(b), -2, 0)[..., None, :]
+        leaves = _Leaves(pieces, sa * sb)  # (K, ..., n, m, 2), (K, ..., n, m)
+        if initial is not None:
+            init = _value_leaves(initial[None])
+            leaves = _Leaves(
+                _Pieces(*(jnp.concatenate([x, y]) for x, y in zip(init.pieces, leaves.pieces))),
+                jnp.concatenate([init.si, leaves.si]),
+            )
+        return _tree_sum(leaves, out_shape, fmt, typing.cast(Tree, model.tree))
+    start = _zeros(out_shape) if initial is None else initial
+    if model.kind == "tensor_core":
+        blocks = _k_steps(a, b, typing.cast(int, model.chunk))
+        return _tensor_core_support(
+            fmt, model, lambda: _tensor_core_scan(start, blocks, fmt, model)
+        )
+    if model.kind == "exact":
+        return _exact_matmul(a, b, fmt, initial, out_shape)
+    if model.kind == "sequential" or model.chunk == 1:
+        return _sequential_matmul(a, b, fmt, start)
+    return _chunked_matmul(a, b, fmt, typing.cast(int, model.chunk), start)
+
+
+# -- the tensor-core block FMA (fa_jax.accumulation, Fasi et al. 2021) -----------------
+
+
+def _tensor_core_support(fmt: Format, model: Accumulation, tensor_core: Callable) -> jax.Array:
+    """``tensor_core()`` where the aligned block sums fit 53 bits (the float64 path's
+    limit, kept for the same semantics); a concrete format beyond raises, a traced
+    one gives NaN."""
+    if fmt.is_concrete:
+        if model.sum_bits(fmt.man_bits) > 53:
+            raise ValueError(
+                f"accumulation {model}: the aligned block sums of a {fmt.name!r} accumulator "
+                f"span man_bits + extra_bits + 1 + ceil(log2(terms)) = "
+                f"{model.sum_bits(fmt.man_bits)} bits, expected <= 53 (exact in float64)"
+            )
+        return tensor_core()
+    extra = typing.cast(int, model.extra_bits)
+    fits = ops32._int32(fmt.man_bits) + _I32(
+        extra + 1 + math.ceil(math.log2(model.block_terms))
+    ) <= _I32(53)
+    return jnp.where(fits, tensor_core(), jnp.float32(jnp.nan))
+
+
+def _value_blocks(x, k: int) -> jax.Array:
+    """x (n, ...) zero padded and cut into (q, k, ...) blocks."""
+    n = x.shape[0]
+    pad = -n % k
+    x = _pad(x, 0, pad)
+    return x.reshape((n + pad) // k, k, *x.shape[1:])
+
+
+def _block_terms(block) -> tuple[_Pieces, _Pieces, jax.Array]:
+    """A block's terms as (high pieces, low pieces, stand-ins), each (..., k)."""
+    if isinstance(block, tuple):  # (a (..., n, k), b (..., k, m)): products
+        p = _products_of(block)
+        k = block[0].shape[0]
+        hi = _Pieces(*(x[:k] for x in p))
+        lo = _Pieces(*(x[k:] for x in p))
+        sa, sb = _pairs(ops32._stand_in(block[0]), ops32._stand_in(block[1]))
+        return hi, lo, sa * sb
+    hi = _value_pieces(block)
+    return hi, _Pieces(hi.neg, hi.lsb, jnp.zeros_like(hi.sig)), ops32._stand_in(block)
+
+
+def _tensor_core_block(hi: _Pieces, lo: _Pieces, si, fmt: Format, model: Accumulation):
+    """One block FMA on terms ``hi + lo`` (..., T): the largest exponent E = max(floor(
+    log2 |x|), emin), every term truncated to a multiple of 2**(E - man_bits -
+    extra_bits), the exact sum normalised in the model's mode; with a non-finite
+    term, the IEEE sum of the terms (not rounded, as the float64 path)."""
+    emin = _I32(1) - ops32._int32(fmt.bias)
+    m = ops32._int32(fmt.man_bits)
+    extra = typing.cast(int, model.extra_bits)
+    nonzero = hi.sig != _U32(0)
+    e = jnp.maximum(hi.lsb + _top_bit(hi.sig), emin)
+    e_max = jnp.max(jnp.where(nonzero, e, _I32(_NO_EXPONENT)), axis=0)
+    q = e_max - m - _I32(extra)
+
+    def truncated(p: _Pieces) -> _Pieces:
+        d = ops32._clamp(q[None] - p.lsb, 0, 31).astype(jnp.uint32)
+        return _Pieces(p.neg, p.lsb, p.sig & ~((_U32(1) << d) - _U32(1)))
+
+    pieces = _cat(truncated(hi), truncated(lo))
+    man_max = fmt.man_bits if fmt.is_concrete else 23
+    n_limbs = (int(man_max) + extra) // _D + 2
+    total = _accumulate(
+        _Pieces(*(x[None] for x in pieces)), lambda s: _Pieces(*s), q, n_limbs, None
+    )
+    mode = typing.cast(RoundingMode, model.normalization)
+    r = _round_limbs(total, q, 0, fmt, mode)
+    value = jnp.where(r.zero, jnp.float32(0.0), r.value)  # an exact zero sum is +0
+    out = round_to(value, fmt, mode)
+    finite = jnp.all(_finite(si), axis=0)
+    return jnp.where(finite, out, jnp.sum(si, axis=0))
+
+
+def _tensor_core_scan(c, blocks, fmt: Format, model: Accumulation) -> jax.Array:
+    def step(c, block):
+        hi, lo, si = _block_terms(block)
+        if model.fused_accumulator:
+            ch = _value_pieces(c[None])
+            zero = _Pieces(ch.neg, ch.lsb, jnp.zeros_like(ch.sig))
+            hi, lo = _cat(ch, hi), _cat(zero, lo)
+            si = jnp.concatenate([ops32._stand_in(c)[None], si])
+            return _tensor_core_block(hi, lo, si, fmt, model), None
+        d = _tensor_core_block(hi, lo, si, fmt, model)
+        return ops32.add(c, d, fmt), None
+
+    c, _ = _scan(step, c, blocks)
+    return c
+
+
+# -- summation trees (fa_jax.accumulation, "Summation trees") --------------------------
+
+
+class _Leaves(NamedTuple):
+    """A tree's terms, one slot each on the leading axis: pieces (n, ..., 2) (high
+    and low 24 bits; a value's low piece is zero) and stand-ins (n, ...)."""
+
+    pieces: _Pieces
+    si: jax.Array
+
+
+def _value_leaves(x) -> _Leaves:
+    """Values (n, ...) as leaves."""
+    p = _value_pieces(x[..., None])
+    pieces = _Pieces(
+        jnp.concatenate([p.neg, p.neg], axis=-1),
+        jnp.concatenate([p.lsb, p.lsb - _I32(24)], axis=-1),
+        jnp.concatenate([p.sig, jnp.zeros_like(p.sig)], axis=-1),
+    )
+    return _Leaves(pieces, ops32._stand_in(x))
+
+
+def _tree_sum(leaves: _Leaves, out_shape, fmt: Format, t: Tree) -> jax.Array:
+    """Σ of the leaves as ``t`` gives (``ops._tree_sum``'s schedule): each node the
+    exact sum of its children rounded once; where it is zero, a node of two
+    children (or one and the -0 pad) is -0 if both are, as ``add``; a fused node
+    of more is +0, as a float64 reduction."""
+    n = leaves.si.shape[0]
+    if n == 0:
+        return jnp.zeros(out_shape, jnp.float32)
+    if n == 1:  # round_to(x[0]): x[0] + -0
+        return _node(_with_pad(leaves, 1, [[0, 1]]), fmt)[0]
+    segments, size, root = _ops._tree_schedule(t, n)
+    buf = (*_with_pad(leaves, size - n, None), jnp.zeros((size, *out_shape), jnp.float32))
+
+    def level(buf, idx):
+        children, outputs = idx
+        pieces, si, values = buf
+        c = (_Pieces(*(x[children] for x in pieces)), si[children])  # (width, arity, ...)
+        value = _node(c, fmt)
+        node = _value_leaves(value)
+        pieces = _Pieces(*(x.at[outputs].set(y) for x, y in zip(pieces, node.pieces)))
+        return (pieces, si.at[outputs].set(node.si), values.at[outputs].set(value)), None
+
+    for children, outputs in segments:
+        if children.shape[0] == 1:
+            buf, _ = level(buf, (children[0], outputs[0]))
+        else:
+            buf, _ = _scan(level, buf, (jnp.asarray(children), jnp.asarray(outputs)))
+    return buf[2][root]
+
+
+def _with_pad(leaves: _Leaves, extra: int, children):
+    """The leaves and ``extra`` more slots: zeros, and a -0 second to last (the
+    schedule's pad); gathered by ``children`` when given."""
+    p, si = leaves
+    shape = si.shape[1:]
+    signs = np.zeros((extra,) + (1,) * len(shape), np.float32)
+    signs[max(extra - 2, 0)] = -0.0
+    pad_si = jnp.broadcast_to(jnp.asarray(signs), (extra, *shape))
+    pad = _value_leaves(pad_si)
+    pieces = _Pieces(*(jnp.concatenate([x, y]) for x, y in zip(p, pad.pieces)))
+    si = jnp.concatenate([si, pad_si])
+    if children is None:
+        return pieces, si
+    idx = np.asarray(children, np.int32)
+    return _Pieces(*(x[idx] for x in pieces)), si[idx]
+
+
+def _node(c, fmt: Format) -> jax.Array:
+    """The rounded sum of each node's children ``c`` = (pieces (w, arity, ..., 2),
+    stand-ins (w, arity, ...))."""
+    p, si = c
+    arity = si.shape[1]
+
+    def flat(x):  # (w, arity, ..., 2) -> (2 arity, w, ...)
+        y = jnp.moveaxis(jnp.moveaxis(x, -1, 0), 2, 1)
+        return y.reshape(2 * arity, *y.shape[2:])
+
+    r = _exact_pieces(_Pieces(*(flat(x) for x in p)), _PRODUCTS, fmt)
+    special = ~jnp.all(_finite(si), axis=1)
+    if arity == 2:
+        s0, s1 = si[:, 0], si[:, 1]
+        fallback = ops32._first_nan(s0 + s1, s0, s1)
+        zero_neg = _is_neg_zero(s0) & _is_neg_zero(s1)
+    else:
+        fallback = jnp.sum(si, axis=1)
+        zero_neg = jnp.zeros(fallback.shape, bool)
+    return _finish(r, zero_neg, special, fallback, fmt)
