@@ -140,7 +140,7 @@ class _Parts(NamedTuple):
 
 
 def _exp_reduce(x):
-    """(N, r_hi, r_lo) with ``x = N ln2/512 + r_hi + r_lo`` (to the error bound)."""
+    """(N, (r_hi, r_lo)) with ``x = N ln2/512 + r_hi + r_lo`` (to the error bound)."""
     n = jnp.round(x * _c(_INV_STEP))
     pieces = [-n * _c(piece) for piece in _REDUCTION[:-1]]  # exact: 17 + 7 bits
     a, e1 = _two_sum(x, pieces[0])  # e1 == 0 unless |N| == 1
@@ -155,7 +155,7 @@ def _exp_reduce(x):
 
 
 def _exp2_reduce(x):
-    """(N, z_hi, z_lo) with ``2**x = 2**(N/512) e**(z_hi + z_lo)``."""
+    """(N, (z_hi, z_lo)) with ``2**x = 2**(N/512) e**(z_hi + z_lo)``."""
     n = jnp.round(x * _c(1 << _T))
     r = x - n * _c(1.0 / (1 << _T))  # exact
     r1, r0 = _split(r)
