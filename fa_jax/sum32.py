@@ -18,8 +18,8 @@ accumulator's value is then exactly the sum of the bits at or above ``2**B``.
 * Full range: ``B`` below every piece (``2**-344``, the last bit of a product
   of two float32 subnormals; ``2**-172`` for values) and limbs up to ``2**256``
   (products) lose nothing: the value is the exact sum.
-* Window (the fast path): ``B = 2**(e + 1 - 69)`` for ``e`` the output's largest
-  piece exponent, 4 limbs.  A piece reaching below ``B`` loses less than
+* Window (the fast path): ``B = e + 1 - 69`` for ``e`` the exponent of the
+  output's largest piece, 4 limbs.  A piece reaching below ``B`` loses less than
   ``2**B``; with ``c`` such pieces, ``|lost| < c 2**B <= 2**(G + B)``
   (``G = bit_length(pieces)``), and the lost part of a piece has its sign.
   With ``V`` the window sum and ``t`` the weight of the bit below the 25 that
@@ -52,7 +52,7 @@ with finite nonzero ones replaced by ±1 (which NaN survives a reduction of
 several follows XLA's order), rounded as that path rounds it.  The float64
 matmul's "exact" and "chunked" dots are float64 dots, rounded: they can differ
 from the exactly rounded sum given here where that dot's error straddles a
-rounding boundary (Golden et al. 2024 measure attention with the same models).
+rounding boundary.
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ def _exact(
 ) -> _Rounded:
     """The exact sum of the pieces rounded to nearest: the window, or where it cannot
     decide for some output, the full range for all (module docstring)."""
-    base = jnp.maximum(e_top, _I32(full[0] + 3 * _D)) + _I32(1 - 3 * _D)
+    base = jnp.maximum(e_top, _I32(full[0] + 3 * _D - 1)) + _I32(1 - 3 * _D)  # >= full[0]
     window = _round_limbs(
         _accumulate(steps, to_pieces, base, _WINDOW_LIMBS, first),
         base,
