@@ -147,7 +147,8 @@ def blocks_from_sram(
 def _prepare(q, k, v, policy: Policy, scale):
     """Round Q, K, V to the input format; resolve the scale (rounded to the format
     of the stage it multiplies, as a kernel holds it)."""
-    q, k, v = (ops.cast(ops.carrier(t), policy.inputs) for t in (q, k, v))
+    dtype = policy.carrier_dtype()
+    q, k, v = (ops.cast(ops.carrier(t, dtype), policy.inputs) for t in (q, k, v))
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(
             f"attention: expected q (..., N, d), k (..., M, d), v (..., M, d_v) of equal rank, "
@@ -162,13 +163,25 @@ def _prepare(q, k, v, policy: Policy, scale):
             f"attention: expected q (..., N, d), k (..., M, d), v (..., M, d_v), "
             f"got {q.shape}, {k.shape}, {v.shape}"
         )
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    stage = policy.inputs if policy.scale == "q" else policy.scores
-    scale = round_to(jnp.float64(scale), stage)
+    scale = _resolved_scale(scale, q.shape[-1], policy)
     if policy.scale == "q":
         q = ops.mul(q, scale, policy.inputs)
     return q, k, v, scale
+
+
+def _resolved_scale(scale, d: int, policy: Policy):
+    """The softmax scale (default 1/√d) rounded to the format of the stage it
+    multiplies.  A host number is rounded at trace time wherever that format is
+    concrete, so the backward (which resolves it again) and exp2's host product
+    see a known value."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    stage = policy.inputs if policy.scale == "q" else policy.scores
+    dtype = policy.carrier_dtype()
+    if _is_array(scale):
+        return ops.cast(ops.carrier(scale, dtype), stage)
+    with jax.ensure_compile_time_eval():
+        return ops.constant(scale, stage, dtype)
 
 
 def _scores(q, k_t, scale, policy: Policy):
@@ -190,15 +203,15 @@ def _masked_scores(q, k, scale, policy: Policy, causal, q_lengths, kv_lengths, c
 
 def _mask(n, m, causal, q_lengths, kv_lengths, lead, col0=0):
     """Boolean (..., n, m) mask of kept (query, key) pairs; keys start at column col0."""
-    i = jnp.arange(n)[:, None]
-    j = col0 + jnp.arange(m)[None, :]
+    i = jnp.arange(n, dtype=jnp.int32)[:, None]
+    j = col0 + jnp.arange(m, dtype=jnp.int32)[None, :]
     keep = jnp.ones((n, m), bool) if not causal else j <= i
     keep = jnp.broadcast_to(keep, (*lead, n, m))
     if q_lengths is not None:
-        ql = jnp.broadcast_to(jnp.asarray(q_lengths), lead)[..., None, None]
+        ql = jnp.broadcast_to(jnp.asarray(q_lengths, jnp.int32), lead)[..., None, None]
         keep = keep & (i < ql)
     if kv_lengths is not None:
-        kl = jnp.broadcast_to(jnp.asarray(kv_lengths), lead)[..., None, None]
+        kl = jnp.broadcast_to(jnp.asarray(kv_lengths, jnp.int32), lead)[..., None, None]
         keep = keep & (j < kl)
     return keep
 
@@ -207,18 +220,18 @@ def _zero_masked_keys(v, kv_lengths, col0):
     """V rows at or past kv_length set to 0, so that P = 0 there meets no inf/NaN padding."""
     if kv_lengths is None:
         return v
-    j = col0 + jnp.arange(v.shape[-2])
-    kl = jnp.broadcast_to(jnp.asarray(kv_lengths), v.shape[:-2])[..., None, None]
+    j = col0 + jnp.arange(v.shape[-2], dtype=jnp.int32)
+    kl = jnp.broadcast_to(jnp.asarray(kv_lengths, jnp.int32), v.shape[:-2])[..., None, None]
     return jnp.where(j[:, None] < kl, v, 0.0)
 
 
 def _lse(m, l, scale, policy: Policy):
     """log-sum-exp m + log l (m · scale + log l for unscaled scores: scale "exp2")
     in the stats format, rounded once; -inf for fully masked rows."""
-    safe_l = jnp.where(l > 0, l, 1.0)
-    if policy.scale == "exp2":
-        m = jnp.where(l > 0, m, 0.0) * scale
-    return jnp.where(l > 0, round_to(m + jnp.log(safe_l), policy.stats), -jnp.inf)
+    live = l > 0
+    m, l = jnp.where(live, m, 0.0), jnp.where(live, l, 1.0)
+    m_scale = scale if policy.scale == "exp2" else None
+    return jnp.where(live, ops.log_sum(m, l, policy.stats, scale=m_scale), -jnp.inf)
 
 
 def _log2_scale(scale, policy: Policy):
@@ -361,8 +374,9 @@ def _reference_vjp_fwd(call: _Call, q, k, v, dynamic):
 
 
 def _reference_vjp_bwd(call: _Call, residuals, cotangents):
-    (q, k, v, scale, p), dynamic = residuals
-    policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
+    (q, k, v, _, p), dynamic = residuals
+    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
+    scale = _resolved_scale(scale, q.shape[-1], policy)
     d_o, d_lse = cotangents
     q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, call.causal, q_lengths, kv_lengths)
     return _cotangents(call, *reference_backward(q, k, v, p, d_o, d_lse, scale, policy))
@@ -430,7 +444,7 @@ def _key_blocks(k, v, bc: int):
     v = jnp.pad(v, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
     k_blocks = jnp.moveaxis(k.reshape(*lead, n_blocks, bc, k.shape[-1]), -3, 0)
     v_blocks = jnp.moveaxis(v.reshape(*lead, n_blocks, bc, v.shape[-1]), -3, 0)
-    return k_blocks, v_blocks, jnp.arange(n_blocks) * bc
+    return k_blocks, v_blocks, jnp.arange(n_blocks, dtype=jnp.int32) * bc
 
 
 def _unblock(x_blocks, mk: int):
@@ -446,7 +460,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     q, k, v, scale = _prepare(q, k, v, policy, scale)
     prepared = (q, k, v, scale)
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
-    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
+    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     variant = cast(str, call.variant)
     # A vector-loop variant's last block holds only the keys left, unpadded.
     full = mk - mk % bc if variant in _LANES else mk
@@ -460,7 +474,11 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         s = _masked_scores(q, k_j, scale, policy, causal, q_lengths, kv_len, col0)
         return update(carry, s, v_j, policy), None
 
-    init = (jnp.full((*lead, n), -jnp.inf), jnp.zeros((*lead, n)), jnp.zeros((*lead, n, dv)))
+    init = (
+        jnp.full((*lead, n), -jnp.inf, q.dtype),
+        jnp.zeros((*lead, n), q.dtype),
+        jnp.zeros((*lead, n, dv), q.dtype),
+    )
     if full:
         k_blocks, v_blocks, col0s = _key_blocks(k[..., :full, :], v[..., :full, :], bc)
         init, _ = jax.lax.scan(step, init, (k_blocks, v_blocks, col0s))
@@ -494,11 +512,12 @@ def _flash_vjp_fwd(call: _Call, q, k, v, dynamic):
 
 
 def _flash_vjp_bwd(call: _Call, residuals, cotangents):
-    (q, k, v, scale), (o, lse), dynamic = residuals
-    policy, q_lengths, kv_lengths, _ = _config(call, dynamic)
+    (q, k, v, _), (o, lse), dynamic = residuals
+    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
+    scale = _resolved_scale(scale, q.shape[-1], policy)
     causal, bc = call.causal, cast(Blocks, call.blocks).bc
     mk = k.shape[-2]
-    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths), mk)
+    kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     d_o, d_lse = cotangents
     q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, causal, q_lengths, kv_len)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)

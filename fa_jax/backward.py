@@ -135,7 +135,8 @@ def flash_backward(
     exp2_scales = {}
     if policy.scale == "exp2":  # P_j = 2^fl_exp(fma(S_j, c, -fl_exp(L log2 e)))
         exp2_scales = dict(
-            log2_scale=exp2_factor(scale, policy.exp), shift_scale=exp2_factor(1.0, policy.exp)
+            log2_scale=exp2_factor(scale, policy.exp),
+            shift_scale=exp2_factor(1.0, policy.exp, policy.carrier_dtype()),
         )
 
     def step(d_q, xs):
@@ -148,7 +149,7 @@ def flash_backward(
         d_k_j = _d_k(_matmul(_t(d_s_j), q, policy), scale, policy)
         return d_q, (d_k_j, d_v_j)
 
-    d_q, (d_k, d_v) = jax.lax.scan(step, jnp.zeros(q.shape), (k_blocks, v_blocks, col0s))
+    d_q, (d_k, d_v) = jax.lax.scan(step, jnp.zeros(q.shape, q.dtype), (k_blocks, v_blocks, col0s))
     return _scaled(d_q, scale, policy), d_k, d_v
 
 

@@ -58,6 +58,7 @@ import numpy as np
 from fa_jax import ops
 from fa_jax._checks import one_of
 from fa_jax.formats import FP32, Format
+from fa_jax.widening import widen
 
 __all__ = [
     "CORRECTLY_ROUNDED",
@@ -149,6 +150,7 @@ _FEXP_POLY = tuple(
     )
 )
 _TWO_23 = 2.0**23
+_MAX_CODE = float(0x7F800000)  # the code of +inf, the largest code taken
 
 
 def fexp_u20(x: jax.Array) -> jax.Array:
@@ -160,14 +162,11 @@ def fexp_u20(x: jax.Array) -> jax.Array:
     for c in _FEXP_POLY[2:]:
         p = ops.fma(frac, p, jnp.full_like(frac, c), FP32)
     t = ops.sub(src, p, FP32)
-    # The FP32 bits of the result are the integer trunc(fl(2^23 t + 127 · 2^23)).
+    # The FP32 bits of the result are the integer trunc(fl(2^23 t + 127 · 2^23)), in
+    # [0, 2^31) wherever x is in [ln FLT_MIN, ln FLT_MAX].
     bits = jnp.trunc(ops.fma(jnp.full_like(t, _TWO_23), t, jnp.full_like(t, 127 * _TWO_23), FP32))
-    biased = jnp.floor(bits / _TWO_23)  # exponent field
-    fraction = bits - biased * _TWO_23
-    normal = jnp.ldexp(
-        1.0 + fraction / _TWO_23, jnp.clip(biased - 127, -126, 127).astype(jnp.int32)
-    )
-    value = jnp.where(biased > 0, normal, fraction * 2.0**-149)
+    code = jnp.clip(bits, 0, _MAX_CODE).astype(jnp.int32)
+    value = widen(jax.lax.bitcast_convert_type(code, jnp.float32), x.dtype)
     value = jnp.where(x < _LN_FLT_MIN, 0.0, value)
     return jnp.where(x > _LN_FLT_MAX, jnp.inf, value)
 
@@ -189,8 +188,13 @@ _SLEEF_POLY = tuple(
 
 
 def _pow2(n: jax.Array) -> jax.Array:
-    """2^n, exactly, for integer-valued n of moderate size."""
-    return jnp.ldexp(jnp.ones_like(n), jnp.clip(n, -1000, 1000).astype(jnp.int32))
+    """2^n for integer-valued n, exactly from its FP32 bits (FP32's subnormals
+    included, which float arithmetic may flush): 0 below 2^-149, inf above 2^127."""
+    k = jnp.clip(n, -150, 128).astype(jnp.int32)
+    normal = (k + 127) << 23
+    subnormal = jnp.where(k >= -149, jnp.left_shift(1, jnp.clip(k + 149, 0, 22)), 0)
+    code = jnp.where(k > 127, 0x7F800000, jnp.where(k >= -126, normal, subnormal))
+    return widen(jax.lax.bitcast_convert_type(code.astype(jnp.int32), jnp.float32), n.dtype)
 
 
 def sleef_expf_u10(x: jax.Array) -> jax.Array:

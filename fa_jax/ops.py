@@ -62,19 +62,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops32
+from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_nodes
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
-from fa_jax.widening import widen
+from fa_jax.widening import narrow, widen
 
 __all__ = [
+    "CARRIERS",
     "add",
     "carrier",
+    "carrier_dtype",
     "cast",
+    "constant",
     "div",
     "exp",
     "exp2",
     "fma",
+    "log_sum",
     "matmul",
     "maximum",
     "mul",
@@ -117,13 +122,74 @@ def require_x64() -> None:
         raise RuntimeError(_TPU_HINT)
 
 
-def carrier(x) -> jax.Array:
-    """``x`` as a float64 carrier array, exactly (subnormals included; see widening)."""
-    require_x64()
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
+CARRIERS = ("auto", "float64", "float32")
+
+
+def carrier_dtype(kind: str = "auto") -> np.dtype:
+    """The carrier dtype of ``kind``: "float64", "float32", or "auto" (float64 when
+    ``jax_enable_x64`` is on, else float32).  "float64" needs x64 (RuntimeError)."""
+    one_of(kind, CARRIERS, "carrier")
+    if kind == "auto":
+        kind = "float64" if jax.config.read("jax_enable_x64") else "float32"
+    if kind == "float64":
+        require_x64()
+    return np.dtype(kind)
+
+
+def carrier(x, dtype=None) -> jax.Array:
+    """``x`` as a carrier array of ``dtype`` (default: ``carrier_dtype("auto")``),
+    exactly (subnormals included; see widening).  A float64 ``x`` on a float32
+    carrier must hold float32 values: narrowing would round, and raises."""
+    dtype = carrier_dtype() if dtype is None else np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"carrier: expected dtype float32 or float64, got {dtype}")
+    if dtype == np.float64:
+        require_x64()
+    x = x if isinstance(x, jax.Array) else np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"carrier: expected a floating-point array, got {x.dtype}")
-    return widen(x, jnp.float64)
+    if dtype == np.float32 and np.dtype(x.dtype) == np.float64:
+        return _narrowed(x)
+    return widen(jnp.asarray(x), dtype)
+
+
+def _narrowed(x) -> jax.Array:
+    """A float64 array of float32 values as float32; a concrete value that float32
+    does not hold raises (a traced one cannot be checked: it is narrowed by the cast)."""
+    if not isinstance(x, jax.core.Tracer):
+        a = np.asarray(x)
+        with np.errstate(over="ignore"):
+            narrow = a.astype(np.float32)
+        lost = ~((narrow.astype(np.float64) == a) | np.isnan(a))
+        if lost.any():
+            raise ValueError(
+                "carrier: expected values that float32 holds exactly for a float32 carrier, "
+                f"got float64 values such as {a[lost].flat[0]!r}; round them first "
+                "(fa_jax.round_to(np.float64 values, fmt) rounds once), or use a float64 carrier"
+            )
+        return jnp.asarray(narrow)
+    return x.astype(jnp.float32)
+
+
+def constant(value: float, fmt, dtype) -> jax.Array:
+    """fl_fmt(value) for a host number ``value`` (rounded once, from its float64), as a
+    0-d carrier of ``dtype``; ``fmt`` may be traced.  On a float32 carrier it is
+    rounded from the nearest float32 and the sign of the rest (ops32)."""
+    fmt, dtype = get_format(fmt), np.dtype(dtype)
+    v = np.float64(value)
+    if dtype == np.float64:
+        return round_to(jnp.asarray(v, jnp.float64), fmt)
+    if v == 0 or not np.isfinite(v):
+        return round_to(jnp.asarray(v.astype(np.float32)), fmt)  # exact in float32
+    m, e = np.frexp(v)  # v = m 2^e, 0.5 <= |m| < 1
+    s = m.astype(np.float32)  # nearest, a normal float32
+    rest = np.sign(abs(m) - abs(np.float64(s)))  # the sign of |v| - |s| 2^e
+    return round_to(
+        ops32._round_sum(
+            jnp.asarray(s), jnp.asarray(rest, jnp.int32), jnp.asarray(e, jnp.int32), fmt
+        ),
+        fmt,
+    )
 
 
 def _check(*xs) -> None:
@@ -131,9 +197,8 @@ def _check(*xs) -> None:
     for x in xs:
         if jnp.asarray(x).dtype != _F64:
             raise TypeError(
-                "fa_jax.ops: expected float64 carrier arrays (use ops.carrier), "
-                f"got {jnp.asarray(x).dtype}; float32 carriers are taken by the elementwise "
-                "ops only (cast, add, sub, mul, fma, div, maximum: fa_jax.ops32)"
+                "fa_jax.ops: expected float64 or float32 carrier arrays (use ops.carrier), "
+                f"got {jnp.asarray(x).dtype}"
             )
 
 
@@ -316,14 +381,50 @@ def _two_product(a, b):
 
 def exp(x, fmt) -> jax.Array:
     """fl_fmt(exp(x)) from float64 exp (see the module docstring)."""
+    if _float32(x):
+        from fa_jax import exp32
+
+        return exp32.exp(x, fmt)
     _check(x)
     return round_to(jnp.exp(x), get_format(fmt))
 
 
 def exp2(x, fmt) -> jax.Array:
     """fl_fmt(2^x) from float64 exp2 (as ``exp``: see the module docstring)."""
+    if _float32(x):
+        from fa_jax import exp32
+
+        return exp32.exp2(x, fmt)
     _check(x)
     return round_to(jnp.exp2(x), get_format(fmt))
+
+
+def log_sum(m, l, fmt, *, scale=None) -> jax.Array:
+    """fl_fmt(m + ln l), or fl_fmt(m · scale + ln l): a log-sum-exp from its running
+    max and sum (l > 0), correctly rounded (:mod:`fa_jax.lse32`) for every format
+    that fits float32, on either carrier; an FP64 ``fmt`` is float64 arithmetic,
+    fl(fl(m · scale) + log l).  (float64's log, rounded twice, is not correctly
+    rounded after a cancellation m ≈ -ln l, nor on a midpoint m · scale.)"""
+    from fa_jax import lse32
+
+    fmt = get_format(fmt)
+    operands = (m, l) if scale is None else (m, l, scale)
+    if _float32(*operands):
+        return lse32.lse(m, l, fmt, scale)
+    _check(*operands)
+    wide = round_to((m if scale is None else m * scale) + jnp.log(l), fmt)
+    if fmt.is_concrete and not fmt.fits(np.float32):
+        return wide
+    narrow_scale = None if scale is None else narrow(scale)
+    exact = widen(lse32.lse(narrow(m), narrow(l), fmt, narrow_scale), jnp.float64)
+    return exact if fmt.is_concrete else jnp.where(_fits_float32(fmt), exact, wide)
+
+
+def _fits_float32(fmt: Format):
+    """Format.fits(float32) for traced widths (a traced bool)."""
+    top = jnp.left_shift(np.int32(1), jnp.asarray(fmt.exp_bits, jnp.int32)) - 1
+    emax = top - (1 if fmt.specials == "ieee" else 0) - fmt.bias
+    return (fmt.man_bits <= 23) & (emax <= 127) & (1 - fmt.bias - fmt.man_bits >= -149)
 
 
 def maximum(a, b, fmt) -> jax.Array:
@@ -382,6 +483,10 @@ def sum(
     terms), the value the sequential, chunked and tensor-core accumulators start
     from instead of 0 (a GEMM that adds into C).
     """
+    if _float32(x, *(() if initial is None else (initial,))):
+        from fa_jax import sum32
+
+        return sum32.sum(x, fmt, axis=axis, accumulation=accumulation, initial=initial)
     _check(x)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     x = jnp.moveaxis(x, axis, 0)
@@ -445,6 +550,10 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
     tree's leaf 0 before the k products, and for "exact" added to the float64
     dot before the one rounding.
     """
+    if _float32(a, b, *(() if initial is None else (initial,))):
+        from fa_jax import sum32
+
+        return sum32.matmul(a, b, fmt, accumulation=accumulation, initial=initial)
     _check(a, b)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
     if a.shape[-1] != b.shape[-2]:

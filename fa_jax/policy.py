@@ -46,7 +46,10 @@ FlashAttention-2/3 CUDA kernels compute it: :mod:`fa_jax.softmax`), the
 (``exp_model``; correctly rounded by default; a base-2 model, and only one,
 with ``"exp2"``), and how flash attention's final
 output is normalised: ``"divide"`` (fl_out(o / l)) or ``"reciprocal"``
-(fl_out(fl_o_acc(o · fl_stats(1 / l))), as PyTorch's CPU flash kernel does).
+(fl_out(fl_o_acc(o · fl_stats(1 / l))), as PyTorch's CPU flash kernel does), and the
+``carrier`` the emulation computes in: ``"float64"``, ``"float32"`` (no 64-bit
+type, for every stage that fits float32: :mod:`fa_jax.ops32`) or ``"auto"``
+(float64 when ``jax_enable_x64`` is on, else float32).  Both give the same bits.
 
 A Policy is a pytree whose leaves are its formats' widths, so policies can be
 vmapped over formats.  Presets live in :mod:`fa_jax.presets`.
@@ -57,7 +60,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
+from fa_jax import ops
 from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.exponential import CORRECTLY_ROUNDED, ExpModel, get_exp_model
@@ -79,7 +84,12 @@ _BACKWARD_DEFAULTS = {
 }
 _SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
-_STATIC = ("accumulation", "scale", "name", "exp_model", "normalise")
+_STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier")
+
+
+def _too_wide(fmt: Format) -> bool:
+    """A concrete format that float32 cannot carry (a traced one is checked when rounded)."""
+    return fmt.is_concrete and not fmt.fits(np.float32)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -110,6 +120,7 @@ class Policy:
     name: str = "custom"
     exp_model: ExpModel = CORRECTLY_ROUNDED
     normalise: str = "divide"
+    carrier: str = "auto"
 
     def __post_init__(self):
         for stage, source in _BACKWARD_DEFAULTS.items():
@@ -129,10 +140,37 @@ class Policy:
                 "exp_model='exp2_correctly_rounded')"
             )
         one_of(self.normalise, NORMALISE, "Policy.normalise")
+        one_of(self.carrier, ops.CARRIERS, "Policy.carrier")
+        if self.carrier == "float32":
+            self._stages_fitting_float32()
+
+    def _stages_fitting_float32(self) -> None:
+        wide = [s for s in STAGES if _too_wide(getattr(self, s))]
+        if not wide:
+            return
+        what = (
+            f"Policy {self.name!r}: a float32 carrier holds formats that fit float32, got "
+            + ", ".join(f"{s}={getattr(self, s).name}" for s in wide[:3])
+            + (f" and {len(wide) - 3} more" if len(wide) > 3 else "")
+        )
+        if self.carrier == "auto":  # x64 is off
+            raise RuntimeError(
+                f"{what}: they need a float64 carrier, enable it with "
+                "jax.config.update('jax_enable_x64', True)"
+            )
+        raise ValueError(f"{what} (carrier='float64', or 'auto' with jax_enable_x64 on)")
+
+    def carrier_dtype(self) -> np.dtype:
+        """The dtype this policy computes in (``carrier``: "auto" is float64 when
+        ``jax_enable_x64`` is on, else float32; :func:`fa_jax.ops.carrier_dtype`)."""
+        dtype = ops.carrier_dtype(self.carrier)
+        if dtype == np.float32:
+            self._stages_fitting_float32()
+        return dtype
 
     def replace(self, **changes) -> Policy:
-        """A copy with some stages (or the accumulation, scale, name, exp model or
-        normalisation) changed."""
+        """A copy with some stages (or the accumulation, scale, name, exp model,
+        normalisation or carrier) changed."""
         unknown = set(changes) - set(STAGES) - set(_STATIC)
         if unknown:
             raise ValueError(
@@ -156,7 +194,7 @@ class Policy:
         """One line per stage, forward then backward."""
         lines = [
             f"policy {self.name}: accumulation {self.accumulation}, scale on {self.scale}, "
-            f"exp {self.exp_model.name}, normalise by {self.normalise}"
+            f"exp {self.exp_model.name}, normalise by {self.normalise}, carrier {self.carrier}"
         ]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
         lines += ["  backward:"]

@@ -89,7 +89,7 @@ def _target(fmt, fn: str) -> Format:
 
 def _finite_input(x, fn: str) -> jax.Array:
     """``x`` as a float64 carrier; a concrete array must be finite."""
-    x = ops.carrier(x)
+    x = ops.carrier(x, np.float64)
     if not isinstance(x, Tracer):
         bad = int(np.sum(~np.isfinite(np.asarray(x))))
         if bad:
@@ -146,7 +146,7 @@ def _quantize(x, scale, fmt: Format):
 def amax_scale(amax, fmt) -> jax.Array:
     """s = fl_FP32(amax / fmt.max) elementwise; 1 where amax = 0, NaN where amax is
     not finite (module docstring)."""
-    return _amax_scale(ops.carrier(amax), _target(fmt, "amax_scale"))
+    return _amax_scale(ops.carrier(amax, np.float64), _target(fmt, "amax_scale"))
 
 
 def per_tensor_scale(x, fmt) -> jax.Array:
@@ -178,12 +178,12 @@ def quantize(x, scale, fmt) -> jax.Array:
     against x (a per-tensor scalar, or per-row scales (..., N, 1))."""
     fmt = _target(fmt, "quantize")
     x = _finite_input(x, "quantize")
-    return _quantize(x, ops.carrier(scale), fmt)
+    return _quantize(x, ops.carrier(scale, np.float64), fmt)
 
 
 def dequantize(x_hat, scale) -> jax.Array:
     """x̂ · scale in float64 (exact for x̂ of <= 29 and scale of <= 24 significand bits)."""
-    return ops.carrier(x_hat) * ops.carrier(scale)
+    return ops.carrier(x_hat, np.float64) * ops.carrier(scale, np.float64)
 
 
 def quantize_per_tensor(x, fmt) -> tuple[jax.Array, jax.Array]:

@@ -47,6 +47,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fa_jax import ops
 from fa_jax._checks import positive_int
@@ -84,14 +85,33 @@ def running_max(m, block_max, fmt):
 _LOG2E = math.log2(math.e)
 
 
-def exp2_factor(scale, fmt):
+def exp2_factor(scale, fmt, dtype=None):
     """c = fl_fmt(scale · log2 e), the product taken in float64 (as a kernel's host
-    code computes it in double precision before storing it in FP32)."""
-    return ops.cast(jnp.asarray(scale, jnp.float64) * _LOG2E, fmt)
+    code computes it in double precision before storing it in FP32), as a carrier of
+    ``dtype`` (default: the carrier of ``scale`` if an array, else "auto").
+
+    A host ``scale`` (a number, or an array known at trace time) is multiplied on
+    the host; a traced one in its float64 carrier.  A traced float32 ``scale`` has
+    no float64 to multiply in, and raises."""
+    if dtype is None:
+        array = isinstance(scale, (jax.Array, np.ndarray))
+        dtype = jnp.result_type(scale) if array else ops.carrier_dtype()
+    if isinstance(scale, jax.core.Tracer):
+        if np.dtype(dtype) != np.float64:
+            raise ValueError(
+                "exp2_factor: expected a scale known at trace time on a float32 carrier "
+                "(scale · log2 e is taken in float64, on the host), got a traced one; "
+                "give the scale as a number, or use a float64 carrier"
+            )
+        return ops.cast(ops.carrier(scale, dtype) * _LOG2E, fmt)
+    with jax.ensure_compile_time_eval():
+        return ops.constant(float(np.float64(scale) * _LOG2E), fmt, dtype)
 
 
 def _log2_scale(policy: Policy, log2_scale):
-    return exp2_factor(1.0, policy.exp) if log2_scale is None else log2_scale
+    if log2_scale is None:
+        return exp2_factor(1.0, policy.exp, policy.carrier_dtype())
+    return log2_scale
 
 
 def shifted_exp(x, m, policy: Policy, *, log2_scale=None, shift_scale=None):
@@ -154,7 +174,7 @@ def normalise(num, den, fmt):
 
 
 def _prepare(x, policy: Policy, axis: int):
-    x = cast_scores(ops.carrier(x), policy.scores)
+    x = cast_scores(ops.carrier(x, policy.carrier_dtype()), policy.scores)
     return jnp.moveaxis(x, axis, -1)
 
 
@@ -187,7 +207,7 @@ def _online_softmax(x, *, policy: Policy, block: int, axis: int) -> jax.Array:
         m, d, _, _ = online_update(m, d, x_block, policy)
         return (m, d), None
 
-    init = (jnp.full(x.shape[:-1], -jnp.inf), jnp.zeros(x.shape[:-1]))
+    init = (jnp.full(x.shape[:-1], -jnp.inf, x.dtype), jnp.zeros(x.shape[:-1], x.dtype))
     (m, d), _ = jax.lax.scan(step, init, blocks)
     e = shifted_exp(x, m[..., None], policy)
     return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)

@@ -356,11 +356,13 @@ def test_inf_and_nan_pass_through():
 
 
 def test_errors():
-    with pytest.raises(TypeError, match="expected float64 carrier arrays"):
-        ops.exp(np.ones(2, np.float32), BF16)  # float32 carriers: elementwise ops only
+    with pytest.raises(TypeError, match="expected float64 or float32 carrier arrays"):
+        ops.exp(np.ones(2, np.int32), BF16)
     with pytest.raises(TypeError, match="expected operands of one carrier"):
         ops.add(np.ones(2, np.float32), np.ones(2), BF16)
-    with pytest.raises(TypeError, match="expected float64 carrier arrays"):
+    with pytest.raises(TypeError, match="expected operands of one carrier"):
+        ops.matmul(np.ones((2, 2), np.float32), np.ones((2, 2)), BF16)
+    with pytest.raises(TypeError, match="expected float64 or float32 carrier arrays"):
         ops.add(np.ones(2, np.int32), np.ones(2, np.int32), BF16)
     with pytest.raises(ValueError, match="contraction sizes differ"):
         ops.matmul(np.ones((2, 3)), np.ones((4, 2)), BF16)
@@ -368,7 +370,8 @@ def test_errors():
     jax.config.update("jax_enable_x64", False)
     try:
         with pytest.raises(RuntimeError, match="jax_enable_x64"):
-            ops.carrier(np.ones(2, np.float32))
+            ops.carrier(np.ones(2, np.float32), np.float64)
+        assert ops.carrier(np.ones(2, np.float32)).dtype == np.float32  # "auto" without x64
     finally:
         jax.config.update("jax_enable_x64", previous)
 

@@ -159,7 +159,7 @@ def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None
 def _math_forward(q, k, v, *, policy: Policy, causal, scale):
     """ATen's math SDPA on FP32 upcasts (module docstring), step by step."""
     fp32 = policy.scores
-    q, k, v = (ops.cast(ops.carrier(t), policy.inputs) for t in (q, k, v))
+    q, k, v = (ops.cast(ops.carrier(t, np.float64), policy.inputs) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)

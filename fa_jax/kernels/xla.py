@@ -373,7 +373,7 @@ def _exp_model(policy: Policy, shape: tuple[int, ...], causal: bool) -> ExpModel
 
 
 def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
-    q, k, v = (ops.carrier(t) for t in (q, k, v))
+    q, k, v = (ops.carrier(t, np.float64) for t in (q, k, v))
     n, d = q.shape[-2:]
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
