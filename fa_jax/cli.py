@@ -613,18 +613,25 @@ def _add_run_flags(parser) -> None:
         action="store_true",
         help="print compile (or cache load) and run seconds per program at the end",
     )
+    parser.add_argument(
+        "--carrier",
+        choices=("float64", "float32"),
+        default="float64",
+        help="what the flash runs compute on (the same bits; float32 holds no 64-bit type; "
+        "the FP64 golden and the baselines stay float64)",
+    )
 
 
 @contextlib.contextmanager
 def _run_options(args):
-    """The sweep options of ``--no-cache`` and ``--profile``; the profile's table goes
-    to standard error when the command ends, interrupted or not."""
+    """The sweep options of ``--no-cache``, ``--profile`` and ``--carrier``; the
+    profile's table goes to standard error when the command ends, interrupted or not."""
     if not hasattr(args, "no_cache"):
         yield
         return
     profile = Profile() if args.profile else None
     try:
-        with study_options(cache=not args.no_cache, profile=profile):
+        with study_options(cache=not args.no_cache, profile=profile, carrier=args.carrier):
             yield
     finally:
         if profile is not None:

@@ -2,13 +2,30 @@
 
 import importlib.util
 import pathlib
+import re
 
 from fa_jax._x64 import float64_enabled
 
 # Enable float64 for the duration of a block, restoring the previous setting.
 x64_enabled = float64_enabled
 
-__all__ = ["csv_has_rows", "largest_n_below", "load_experiment", "x64_enabled"]
+__all__ = ["csv_has_rows", "largest_n_below", "load_experiment", "wide_types", "x64_enabled"]
+
+_WIDE_TENSOR = re.compile(r"tensor<(?:[0-9]+x)+(f64|i64|ui64)>")  # of rank >= 1
+_WIDE_HLO = re.compile(r"\b(f64)\[|\b([su]64)\[[0-9]")
+
+
+def wide_types(lowered, compiled=None) -> list[str]:
+    """The 64-bit types of a ``jax.jit(...).lower(...)`` program (x64 on): in its
+    StableHLO, every array of rank >= 1; in its compiled HLO, every float64 and
+    every 64-bit integer array.  Python numbers lower as weakly typed 64-bit
+    scalars that XLA folds away, and a scan's loop counter is an int64 scalar
+    under x64 (int32 without it): scalars a TPU handles."""
+    found = _WIDE_TENSOR.findall(lowered.as_text())
+    compiled = lowered.compile() if compiled is None else compiled
+    found += ["".join(m) for m in _WIDE_HLO.findall(compiled.as_text())]
+    return sorted(set(found))
+
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 

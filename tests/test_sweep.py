@@ -18,6 +18,7 @@ from fa_jax.formats import custom, get_format
 from fa_jax.inputs import make_inputs
 from fa_jax.presets import golden, paper_uniform
 from fa_jax.rounding import round_to
+from fa_jax.studies.options import study_options
 from fa_jax.studies.sweep import (
     COLUMNS,
     COMPARISONS,
@@ -316,6 +317,14 @@ def test_length_buckets_bound_the_padding():
     assert length_buckets([100, 150, 199, 300, 401]) == [(100, 150, 199), (300, 401)]
     for bucket in length_buckets(range(1, 200, 7)):
         assert max(bucket) <= 2 * min(bucket)
+
+
+def test_float32_carrier_gives_the_same_rows(sweep_csv, tmp_path):
+    """Flash runs on float32 carriers (no 64-bit type): every row as on float64."""
+    with study_options(carrier="float32"):
+        rows = as_set(read_rows(run_sweep(eval(SMALL_SRC), tmp_path, quiet=True)))
+    assert len(rows) == 8 * len(COMPARISONS) * len(METRICS)
+    assert rows <= as_set(read_rows(sweep_csv))
 
 
 def test_memory_budget_pieces_equal_one_call(sweep_csv, tmp_path):

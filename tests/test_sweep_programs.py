@@ -2,9 +2,12 @@
 traced widths, put together again inside a program, gives the direct calls' bits;
 policies of one shape share one compiled program."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import wide_types
 
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.formats import FP32, get_format
@@ -78,6 +81,19 @@ def test_programs_equal_direct_calls_bitwise(x64):
     assert np.array_equal(_bits(run(reference_program, pol, causal=False)), _bits(base))
     got = run(flash_program, pol, variant="fa2", blocks=Blocks(8, 8), causal=False)
     assert np.array_equal(_bits(got), _bits(flash))
+
+
+def test_a_float32_flash_program_holds_no_64_bit_type(x64):
+    """With x64 on, so that a stray float64 or int64 would show: the lowered flash
+    program on a float32 carrier, traced widths and lengths, uses 32-bit types only."""
+    pol = fa2_kernel("bf16")
+    slots = stage_slots([pol])
+    shape = dataclasses.replace(policy_shape(pol, slots), carrier="float32")
+    q = jnp.zeros((2, 1, 1, 16, 8), jnp.float32)
+    widths = jnp.asarray(np.stack([policy_widths(pol, slots)] * 2))
+    lengths = jnp.array([16, 12], jnp.int32)
+    static = dict(shape=shape, variant="fa2", blocks=Blocks(8, 8), causal=True)
+    assert not wide_types(flash_program.lower(q, q, q, widths, lengths, **static))
 
 
 def test_presets_of_one_shape_share_programs(tmp_path):

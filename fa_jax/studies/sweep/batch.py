@@ -18,6 +18,12 @@ scores, so a piece is smaller where its estimated working memory (3 · 8 · N²
 bytes per configuration and head; 3 · 8 · N · (Bc + d) for flash) would pass
 the memory budget (default :data:`MEMORY_BUDGET`).
 
+Carriers: the golden and baseline programs compute on float64 carriers; the
+flash programs on the batch's ``carrier``.  A float32 one (:mod:`fa_jax.ops32`,
+the same bits, no 64-bit type in the program) reads Q, K, V rounded on the host
+to each configuration's input format, and its outputs are widened back (exactly)
+before the metrics.
+
 Devices: the configuration axis is padded (repeating its last entry) to a
 multiple of the device count and sharded over a 1-D
 :class:`jax.sharding.Mesh` (axis ``"cfg"``).  Each configuration is computed
@@ -26,11 +32,14 @@ by one device, so the results equal a single-device run bitwise.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from fa_jax.inputs import make_inputs
 from fa_jax.policy import STAGES
+from fa_jax.rounding import round_to
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import Grid, policy_for
 from fa_jax.studies.sweep.programs import (
@@ -106,12 +115,25 @@ class FormatBatch:
     """The flat (format × seq_len × seed) axis of formats whose policies share
     their shapes, its inputs (padded within length buckets, or one batch per
     length), and caches of the golden and baseline outputs that every variant
-    and tiling reuses.  A ``preset`` of None is the golden (:func:`golden_for`)."""
+    and tiling reuses.  A ``preset`` of None is the golden (:func:`golden_for`).
+    ``carrier``: the flash programs' ("float64" or "float32", module docstring)."""
 
-    def __init__(self, grid: Grid, fmts, pad: bool, memory_budget: int, executables: Executables):
+    def __init__(
+        self,
+        grid: Grid,
+        fmts,
+        pad: bool,
+        memory_budget: int,
+        executables: Executables,
+        carrier: str = "float64",
+    ):
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
-        self.executables = executables
+        self.executables, self.carrier = executables, carrier
         self.chunks = chunks_of(grid, pad)
+        if carrier == "float32":
+            for preset in grid.policies:
+                for f in fmts:  # the policy's own check, with its message
+                    policy_of(preset, f, grid.seq_lens[0], grid.d).replace(carrier="float32")
 
         def slots(presets):
             ns = [max(c) for c in self.chunks]
@@ -124,6 +146,7 @@ class FormatBatch:
             flash_program: slots(grid.policies),
         }
         self._inputs = {}
+        self._narrow_inputs = {}
         self._policies = {}
         self._golden = {}
         self._baseline = {}
@@ -148,6 +171,21 @@ class FormatBatch:
             lengths = np.array([n for _, n, _ in entries], np.int32)
             self._inputs[chunk] = (q, k, v, lengths)
         return self._inputs[chunk]
+
+    def narrow_inputs(self, chunk, preset):
+        """Q, K, V of :meth:`inputs` rounded on the host to each configuration's
+        input format (``preset``'s), as float32: exact, for a float32-carrier program."""
+        if (chunk, preset) not in self._narrow_inputs:
+            n, d = max(chunk), self.grid.d
+            by_format = {f: policy_of(preset, f, n, d).inputs for f in self.fmts}
+            fmts = [by_format[f] for f, _, _ in self.entries(chunk)]
+
+            def narrow(t):
+                return np.stack([host(round_to(x, f)).astype(np.float32) for x, f in zip(t, fmts)])
+
+            q, k, v, _ = self.inputs(chunk)
+            self._narrow_inputs[chunk, preset] = tuple(narrow(t) for t in (q, k, v))
+        return self._narrow_inputs[chunk, preset]
 
     def policies(self, chunk, preset, slots):
         """The shape every configuration's policy shares (in ``slots``) and their
@@ -179,6 +217,9 @@ class FormatBatch:
         program's label."""
         q, k, v, lengths = self.inputs(chunk)
         shape, widths = self.policies(chunk, preset, self.slots[program])
+        if program is flash_program and self.carrier != "float64":
+            shape = dataclasses.replace(shape, carrier=self.carrier)
+            q, k, v = self.narrow_inputs(chunk, preset)
         args = (q, k, v, widths, lengths)
         static = dict(static, shape=shape)
         total = len(lengths)
@@ -201,7 +242,7 @@ class FormatBatch:
         outs = []
         for n, args, full, label in self._pieces(program, chunk, preset, tile_cols, static):
             outs.append(host(self.executables.call(program, args, full, label=label))[:n])
-        return np.concatenate(outs)
+        return np.concatenate(outs).astype(np.float64)  # a float32 carrier's: exact
 
     def reference_plans(self, chunk, preset) -> list:
         """The :meth:`plan` of :meth:`golden` and of :meth:`baseline`."""

@@ -133,6 +133,7 @@ def _run(
             pad=pad,
             memory_budget=memory_budget,
             executables=executables,
+            carrier=options.carrier,
         )
 
 
@@ -144,6 +145,7 @@ def _sweep(
     pad: bool,
     memory_budget: int,
     executables: Executables,
+    carrier: str,
 ) -> pathlib.Path:
     check_out_dir(out, {"results.csv": COLUMNS})
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,7 @@ def _sweep(
         for bc in by_bc
     ]
     batches = {
-        kind: FormatBatch(grid, fmts, pad, memory_budget, executables)
+        kind: FormatBatch(grid, fmts, pad, memory_budget, executables, carrier)
         for kind, fmts in kinds.items()
     }
     profile = executables.profile

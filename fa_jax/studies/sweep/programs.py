@@ -67,12 +67,14 @@ class PolicyShape:
     scale: str
     exp_model: ExpModel
     normalise: str
+    carrier: str = "auto"
 
     def __repr__(self) -> str:  # the same in every process: it keys the program cache
         return (
             f"PolicyShape(slots={self.slots}, kinds={self.kinds}, "
             f"accumulation={self.accumulation!r}, scale={self.scale!r}, "
-            f"exp_model={self.exp_model.name!r}, normalise={self.normalise!r})"
+            f"exp_model={self.exp_model.name!r}, normalise={self.normalise!r}, "
+            f"carrier={self.carrier!r})"
         )
 
 
@@ -111,6 +113,7 @@ def policy_shape(pol: Policy, slots: tuple | None = None) -> PolicyShape:
         pol.scale,
         pol.exp_model,
         pol.normalise,
+        pol.carrier,
     )
 
 
@@ -136,6 +139,7 @@ def _policy(shape: PolicyShape, widths) -> Policy:
         name="sweep",
         exp_model=shape.exp_model,
         normalise=shape.normalise,
+        carrier=shape.carrier,
     )
 
 
