@@ -887,3 +887,59 @@ def _parse_tree(text: str) -> Tree:
     if peek() is not None:
         fail("the end")
     return result
+
+
+# -- evaluation schedules of summation trees (fa_jax.ops, fa_jax.sum32) --------------
+
+_FREE_PADDING = 4096  # padded node evaluations a segment may add before a new one starts
+
+
+@functools.lru_cache(maxsize=256)
+def tree_schedule(t: Tree, n: int):
+    """The nodes of ``t`` over ``n`` leaves as padded levels to evaluate in order.
+
+    A node's level is one more than its deepest child's.  Consecutive levels of
+    the same kind (at most two children, or some fused) form a segment as long
+    as padding them to its widest level costs at most twice their nodes plus
+    ``_FREE_PADDING`` (each segment is one more compiled scan); a segment is
+    evaluated by one scan over its levels, each level gathering its nodes'
+    children from a buffer of every value (leaves, then nodes, then a -0 pad and
+    a slot that absorbs the pads' writes) and scattering the results.
+    Returns (segments, buffer size, root id); a segment is (children (levels,
+    width, arity) int32, outputs (levels, width) int32).
+    """
+    nodes = tree_nodes(t, n)
+    size = n + len(nodes) + 2
+    zero, dump = size - 2, size - 1
+    depth = [0] * n
+    levels: list[list[int]] = []
+    for k, node in enumerate(nodes):
+        d = 1 + max(depth[c] for c in node)
+        depth.append(d)
+        if d > len(levels):
+            levels.append([])
+        levels[d - 1].append(n + k)
+    groups: list[list[list[int]]] = []
+    for level in levels:
+        binary = max(len(nodes[i - n]) for i in level) <= 2
+        last = groups[-1] if groups else None
+        if last is not None and (max(len(nodes[i - n]) for i in last[0]) <= 2) == binary:
+            width = max(len(level), *(len(x) for x in last))
+            real = len(level) + sum(len(x) for x in last)
+            if (len(last) + 1) * width <= 2 * real + _FREE_PADDING:
+                last.append(level)
+                continue
+        groups.append([level])
+    segments = []
+    for group in groups:
+        width = max(len(level) for level in group)
+        arity = max(2, *(len(nodes[i - n]) for level in group for i in level))
+        children = np.full((len(group), width, arity), zero, np.int32)
+        outputs = np.full((len(group), width), dump, np.int32)
+        for j, level in enumerate(group):
+            for w, i in enumerate(level):
+                node = nodes[i - n]
+                children[j, w, : len(node)] = node
+                outputs[j, w] = i
+        segments.append((children, outputs))
+    return tuple(segments), size, (n + len(nodes) - 1 if nodes else 0)

@@ -36,9 +36,12 @@ The elementwise ops round correctly for any float64 operands (for formats with a
 most 10 exponent bits, whose values never reach float64's subnormals).  ``matmul``
 needs operands of at most 26 significand bits (FP32 or narrower), so that its
 products are exact.  With ``fmt`` FP64 every op is plain float64 arithmetic (the
-golden policy).  Everything needs ``jax_enable_x64``, except the elementwise ops
-(``cast``, ``add``, ``sub``, ``mul``, ``fma``, ``div``, ``maximum``) on float32
-carriers, which :mod:`fa_jax.ops32` computes with the same bits and no float64.
+golden policy).  The float64 path needs ``jax_enable_x64``.  Every op also takes
+float32 carriers (all operands float32; a mix raises), for formats that fit
+float32, with no 64-bit type in the program: :mod:`fa_jax.ops32` (elementwise),
+:mod:`fa_jax.exp32`, :mod:`fa_jax.sum32` (sum, matmul) and :mod:`fa_jax.lse32`
+(``log_sum``, which the float64 path also uses: float64's log is not correctly
+rounded after a cancellation).  ``carrier`` and ``carrier_dtype`` choose one.
 
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
 model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
@@ -53,17 +56,16 @@ model, as for every op here).
 
 from __future__ import annotations
 
-import builtins
-import functools
 import typing
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
-from fa_jax import ops32
+from fa_jax import exp32, lse32, ops32, sum32
 from fa_jax._checks import one_of
-from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_nodes
+from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
 from fa_jax.widening import narrow, widen
@@ -156,7 +158,7 @@ def carrier(x, dtype=None) -> jax.Array:
 def _narrowed(x) -> jax.Array:
     """A float64 array of float32 values as float32; a concrete value that float32
     does not hold raises (a traced one cannot be checked: it is narrowed by the cast)."""
-    if not isinstance(x, jax.core.Tracer):
+    if not isinstance(x, Tracer):
         a = np.asarray(x)
         with np.errstate(over="ignore"):
             narrow = a.astype(np.float32)
@@ -382,8 +384,6 @@ def _two_product(a, b):
 def exp(x, fmt) -> jax.Array:
     """fl_fmt(exp(x)) from float64 exp (see the module docstring)."""
     if _float32(x):
-        from fa_jax import exp32
-
         return exp32.exp(x, fmt)
     _check(x)
     return round_to(jnp.exp(x), get_format(fmt))
@@ -392,8 +392,6 @@ def exp(x, fmt) -> jax.Array:
 def exp2(x, fmt) -> jax.Array:
     """fl_fmt(2^x) from float64 exp2 (as ``exp``: see the module docstring)."""
     if _float32(x):
-        from fa_jax import exp32
-
         return exp32.exp2(x, fmt)
     _check(x)
     return round_to(jnp.exp2(x), get_format(fmt))
@@ -405,8 +403,6 @@ def log_sum(m, l, fmt, *, scale=None) -> jax.Array:
     that fits float32, on either carrier; an FP64 ``fmt`` is float64 arithmetic,
     fl(fl(m · scale) + log l).  (float64's log, rounded twice, is not correctly
     rounded after a cancellation m ≈ -ln l, nor on a midpoint m · scale.)"""
-    from fa_jax import lse32
-
     fmt = get_format(fmt)
     operands = (m, l) if scale is None else (m, l, scale)
     if _float32(*operands):
@@ -484,8 +480,6 @@ def sum(
     from instead of 0 (a GEMM that adds into C).
     """
     if _float32(x, *(() if initial is None else (initial,))):
-        from fa_jax import sum32
-
         return sum32.sum(x, fmt, axis=axis, accumulation=accumulation, initial=initial)
     _check(x)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
@@ -551,8 +545,6 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
     dot before the one rounding.
     """
     if _float32(a, b, *(() if initial is None else (initial,))):
-        from fa_jax import sum32
-
         return sum32.matmul(a, b, fmt, accumulation=accumulation, initial=initial)
     _check(a, b)
     fmt, model = get_format(fmt), get_accumulation(accumulation)
@@ -701,60 +693,6 @@ def _tensor_core_matmul(a, b, fmt: Format, model: Accumulation, c):
 # -- summation trees (fa_jax.accumulation, "Summation trees") -------------------------
 
 
-_FREE_PADDING = 4096  # padded node evaluations a segment may add before a new one starts
-
-
-@functools.lru_cache(maxsize=256)
-def _tree_schedule(t: Tree, n: int):
-    """The nodes of ``t`` over ``n`` leaves as padded levels to evaluate in order.
-
-    A node's level is one more than its deepest child's.  Consecutive levels of
-    the same kind (at most two children, or some fused) form a segment as long
-    as padding them to its widest level costs at most twice their nodes plus
-    ``_FREE_PADDING`` (each segment is one more compiled scan); a segment is
-    evaluated by one scan over its levels, each level gathering its nodes'
-    children from a buffer of every value (leaves, then nodes, then a -0 pad and
-    a slot that absorbs the pads' writes) and scattering the results.
-    Returns (segments, buffer size, root id); a segment is (children (levels,
-    width, arity) int32, outputs (levels, width) int32).
-    """
-    nodes = tree_nodes(t, n)
-    size = n + len(nodes) + 2
-    zero, dump = size - 2, size - 1
-    depth = [0] * n
-    levels: list[list[int]] = []
-    for k, node in enumerate(nodes):
-        d = 1 + max(depth[c] for c in node)
-        depth.append(d)
-        if d > len(levels):
-            levels.append([])
-        levels[d - 1].append(n + k)
-    groups: list[list[list[int]]] = []
-    for level in levels:
-        binary = max(len(nodes[i - n]) for i in level) <= 2
-        last = groups[-1] if groups else None
-        if last is not None and (max(len(nodes[i - n]) for i in last[0]) <= 2) == binary:
-            width = max(len(level), *(len(x) for x in last))
-            real = len(level) + builtins.sum(len(x) for x in last)
-            if (len(last) + 1) * width <= 2 * real + _FREE_PADDING:
-                last.append(level)
-                continue
-        groups.append([level])
-    segments = []
-    for group in groups:
-        width = max(len(level) for level in group)
-        arity = max(2, *(len(nodes[i - n]) for level in group for i in level))
-        children = np.full((len(group), width, arity), zero, np.int32)
-        outputs = np.full((len(group), width), dump, np.int32)
-        for j, level in enumerate(group):
-            for w, i in enumerate(level):
-                node = nodes[i - n]
-                children[j, w, : len(node)] = node
-                outputs[j, w] = i
-        segments.append((children, outputs))
-    return tuple(segments), size, (n + len(nodes) - 1 if nodes else 0)
-
-
 def _tree_sum(x, fmt: Format, t: Tree):
     """Σ over the leading axis of ``x`` (n, ...) as the tree ``t`` gives: each node
     is fl(left + right) (``add``), or a fused node's exact sum rounded once."""
@@ -763,7 +701,7 @@ def _tree_sum(x, fmt: Format, t: Tree):
         return jnp.zeros(x.shape[1:], x.dtype)
     if n == 1:
         return round_to(x[0], fmt)
-    segments, size, root = _tree_schedule(t, n)
+    segments, size, root = tree_schedule(t, n)
     rest = jnp.zeros((size - n, *x.shape[1:]), x.dtype)
     buf = jnp.concatenate([x, rest.at[-2].set(-0.0)])
 

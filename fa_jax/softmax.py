@@ -48,6 +48,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from fa_jax import ops
 from fa_jax._checks import positive_int
@@ -96,7 +97,7 @@ def exp2_factor(scale, fmt, dtype=None):
     if dtype is None:
         array = isinstance(scale, (jax.Array, np.ndarray))
         dtype = jnp.result_type(scale) if array else ops.carrier_dtype()
-    if isinstance(scale, jax.core.Tracer):
+    if isinstance(scale, Tracer):
         if np.dtype(dtype) != np.float64:
             raise ValueError(
                 "exp2_factor: expected a scale known at trace time on a float32 carrier "

@@ -44,7 +44,7 @@ accumulator and the next chunk; "tensor_core" truncates every piece below its
 block's quantum (masking bits: truncation of a term is truncation of its
 pieces, which are disjoint bit ranges of one magnitude), sums them exactly in
 limbs and rounds in the normalisation mode (Fasi et al. 2021); "tree" follows
-``ops._tree_schedule``, each node the exact sum of its children rounded once.
+``accumulation.tree_schedule``, each node the exact sum of its children rounded once.
 Zeros and non-finite terms follow the float64 path: an exact zero is +0 but
 where that path's float64 arithmetic keeps -0 (a sum of one term, ``add`` of
 two -0, a one-term dot); a non-finite term gives IEEE arithmetic on the terms
@@ -66,9 +66,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import ops as _ops  # for _tree_schedule (at call time: ops may import this module)
 from fa_jax import ops32
-from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation
+from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format
 from fa_jax.ops32 import _check, _format
 from fa_jax.rounding import RoundingMode, round_to
@@ -754,7 +753,7 @@ def _tree_sum(leaves: _Leaves, out_shape, fmt: Format, t: Tree) -> jax.Array:
         return jnp.zeros(out_shape, jnp.float32)
     if n == 1:  # round_to(x[0]): x[0] + -0
         return _node(_with_pad(leaves, 1, [[0, 1]]), fmt)[0]
-    segments, size, root = _ops._tree_schedule(t, n)
+    segments, size, root = tree_schedule(t, n)
     buf = (*_with_pad(leaves, size - n, None), jnp.zeros((size, *out_shape), jnp.float32))
 
     def level(buf, idx):
