@@ -40,8 +40,7 @@ golden policy).  The float64 path needs ``jax_enable_x64``.  Every op also takes
 float32 carriers (all operands float32; a mix raises), for formats that fit
 float32, with no 64-bit type in the program: :mod:`fa_jax.ops32` (elementwise),
 :mod:`fa_jax.exp32`, :mod:`fa_jax.sum32` (sum, matmul) and :mod:`fa_jax.lse32`
-(``log_sum``, which the float64 path also uses: float64's log is not correctly
-rounded after a cancellation).  ``carrier`` and ``carrier_dtype`` choose one.
+(``log_sum``).  ``carrier`` and ``carrier_dtype`` choose one.
 
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
 model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
@@ -68,7 +67,7 @@ from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
-from fa_jax.widening import narrow, widen
+from fa_jax.widening import widen
 
 __all__ = [
     "CARRIERS",
@@ -399,28 +398,17 @@ def exp2(x, fmt) -> jax.Array:
 
 def log_sum(m, l, fmt, *, scale=None) -> jax.Array:
     """fl_fmt(m + ln l), or fl_fmt(m · scale + ln l): a log-sum-exp from its running
-    max and sum (l > 0), correctly rounded (:mod:`fa_jax.lse32`) for every format
-    that fits float32, on either carrier; an FP64 ``fmt`` is float64 arithmetic,
-    fl(fl(m · scale) + log l).  (float64's log, rounded twice, is not correctly
-    rounded after a cancellation m ≈ -ln l, nor on a midpoint m · scale.)"""
-    fmt = get_format(fmt)
+    max and sum (l > 0).  The float64 path rounds float64's m · scale (exact for
+    values of at most 26 significand bits) + log l: not correctly rounded after a
+    cancellation m ≈ -ln l, nor where m · scale is a midpoint that ln l breaks
+    (ln l lost in float64).  Float32 carriers go to :mod:`fa_jax.lse32`, correctly
+    rounded (the two can differ in those cases; it is not the float64 path's
+    default because its program costs seconds to compile)."""
     operands = (m, l) if scale is None else (m, l, scale)
     if _float32(*operands):
         return lse32.lse(m, l, fmt, scale)
     _check(*operands)
-    wide = round_to((m if scale is None else m * scale) + jnp.log(l), fmt)
-    if fmt.is_concrete and not fmt.fits(np.float32):
-        return wide
-    narrow_scale = None if scale is None else narrow(scale)
-    exact = widen(lse32.lse(narrow(m), narrow(l), fmt, narrow_scale), jnp.float64)
-    return exact if fmt.is_concrete else jnp.where(_fits_float32(fmt), exact, wide)
-
-
-def _fits_float32(fmt: Format):
-    """Format.fits(float32) for traced widths (a traced bool)."""
-    top = jnp.left_shift(np.int32(1), jnp.asarray(fmt.exp_bits, jnp.int32)) - 1
-    emax = top - (1 if fmt.specials == "ieee" else 0) - fmt.bias
-    return (fmt.man_bits <= 23) & (emax <= 127) & (1 - fmt.bias - fmt.man_bits >= -149)
+    return round_to((m if scale is None else m * scale) + jnp.log(l), get_format(fmt))
 
 
 def maximum(a, b, fmt) -> jax.Array:

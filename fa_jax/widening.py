@@ -1,4 +1,4 @@
-"""Exact conversion of narrow floats to float32/float64, and back (``narrow``).
+"""Exact conversion of narrow floats to float32/float64.
 
 XLA on CPU flushes float32 and bfloat16 subnormals to zero in its conversion to
 float64 (jax 0.10.2: ``float32(2**-140).astype(float64) == 0``).  ``widen``
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["narrow", "widen"]
+__all__ = ["widen"]
 
 
 def widen(x, dtype) -> jax.Array:
@@ -50,19 +50,6 @@ def _widen_float(x, dtype):
 def _widen_float_jvp(dtype, primals, tangents):
     (x,), (t,) = primals, tangents
     return _widen_float(x, dtype), t.astype(dtype)
-
-
-def narrow(x) -> jax.Array:
-    """A float64 array of float32 values as float32, exactly: float32 subnormals
-    are rebuilt from an integer code, which a flushing conversion would lose.
-    Other values are converted (rounded) as ``astype`` converts them."""
-    x = jnp.asarray(x)
-    if x.dtype != np.float64:
-        raise ValueError(f"narrow: expected a float64 array, got {x.dtype}")
-    code = jnp.abs(x) * np.float64(2.0**149)  # exact; an integer below 2**23 for a subnormal
-    bits = code.astype(jnp.int32) | jnp.where(jnp.signbit(x), np.int32(-(2**31)), np.int32(0))
-    tiny = jax.lax.bitcast_convert_type(bits, jnp.float32)
-    return jnp.where(jnp.abs(x) < np.float64(2.0**-126), tiny, x.astype(jnp.float32))
 
 
 def _to_float32(x):
