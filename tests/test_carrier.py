@@ -89,10 +89,12 @@ def test_fa2_kernel_with_masks_gives_the_same_bits():
     assert_same_bits(ATTENTION["fa2"], fa2_kernel("bf16"), *problem(1, lead=(3,)), **MASKS)
 
 
+@pytest.mark.slow
 def test_reference_gives_the_same_bits():
     assert_same_bits(ATTENTION["reference"], paper_uniform("fp16"), *problem(2))
 
 
+@pytest.mark.slow
 def test_extreme_values_give_the_same_bits():
     """Scores far apart (exp underflows to FP32 subnormals and zero) and large
     magnitudes: every value through the integer paths.  Sequential accumulation:
