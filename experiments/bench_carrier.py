@@ -23,8 +23,6 @@ import numpy as np
 
 from fa_jax import BF16, FP32, Blocks, fa2_kernel, flash_attention, ops, reference_attention
 
-jax.config.update("jax_enable_x64", True)
-
 
 def timed(fn, args, repeats: int):
     """(first call seconds, best warm seconds, result) of jit(fn)(*args)."""
@@ -90,6 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--d", type=int, default=64, help="head dimension of attention")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)  # the float64 carrier beside the float32 one
     print(f"{'case':<44} {'f64 first':>9} {'f32 first':>9} {'f64 warm':>9} {'f32 warm':>9} ratio")
     for name, (make, values) in cases(args.bh, args.n, args.d).items():
         runs = {}
