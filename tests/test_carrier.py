@@ -104,6 +104,7 @@ def test_extreme_values_give_the_same_bits():
     assert_same_bits(ATTENTION["rowwise"], policy, *problem(3, spread=30.0))
 
 
+@pytest.mark.slow
 def test_auto_carrier_without_x64_gives_the_float64_bits():
     """jax_enable_x64 off: "auto" is float32, and nothing is narrowed on the way."""
     args = problem(4)

@@ -319,6 +319,7 @@ def test_length_buckets_bound_the_padding():
         assert max(bucket) <= 2 * min(bucket)
 
 
+@pytest.mark.slow
 def test_float32_carrier_gives_the_same_rows(sweep_csv, tmp_path):
     """Flash runs on float32 carriers (no 64-bit type): every row as on float64."""
     with study_options(carrier="float32"):
