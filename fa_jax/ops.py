@@ -155,21 +155,25 @@ def carrier(x, dtype=None) -> jax.Array:
 
 
 def _narrowed(x) -> jax.Array:
-    """A float64 array of float32 values as float32; a concrete value that float32
-    does not hold raises (a traced one cannot be checked: it is narrowed by the cast)."""
-    if not isinstance(x, Tracer):
-        a = np.asarray(x)
-        with np.errstate(over="ignore"):
-            narrow = a.astype(np.float32)
-        lost = ~((narrow.astype(np.float64) == a) | np.isnan(a))
-        if lost.any():
-            raise ValueError(
-                "carrier: expected values that float32 holds exactly for a float32 carrier, "
-                f"got float64 values such as {a[lost].flat[0]!r}; round them first "
-                "(fa_jax.round_to(np.float64 values, fmt) rounds once), or use a float64 carrier"
-            )
-        return jnp.asarray(narrow)
-    return x.astype(jnp.float32)
+    """A float64 array of float32 values as float32; a value that float32 does not
+    hold raises, and so does a traced array (it cannot be checked, and XLA's
+    conversion would flush float32 subnormals)."""
+    if isinstance(x, Tracer):
+        raise TypeError(
+            "carrier: expected float32 values for a float32 carrier, got a traced float64 "
+            "array; pass float32 arrays (or host float64 values, checked here)"
+        )
+    a = np.asarray(x)
+    with np.errstate(over="ignore"):
+        narrow = a.astype(np.float32)
+    lost = ~((narrow.astype(np.float64) == a) | np.isnan(a))
+    if lost.any():
+        raise ValueError(
+            "carrier: expected values that float32 holds exactly for a float32 carrier, "
+            f"got float64 values such as {a[lost].flat[0]!r}; round them first "
+            "(fa_jax.round_to(np.float64 values, fmt) rounds once), or use a float64 carrier"
+        )
+    return jnp.asarray(narrow)
 
 
 def constant(value: float, fmt, dtype) -> jax.Array:
