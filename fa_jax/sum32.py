@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import ops32
+from fa_jax import ops32, slices32
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format
 from fa_jax.ops32 import _check, _format
@@ -241,9 +241,10 @@ class _Rounded(NamedTuple):
     safe: jax.Array  # the window decided the rounding
 
 
-def _round_limbs(s: _Sum, base, bits: int, fmt: Format, mode: str) -> _Rounded:
+def _round_limbs(s: _Sum, base, bits, fmt: Format, mode: str) -> _Rounded:
     """Round ``Σ limbs 2**(base + kD)`` (plus less than ``2**(base + bits)`` lost, see
     the module docstring) to ``fmt`` in ``mode``."""
+    bits = jnp.asarray(bits, jnp.int32)
     limbs = _carry(s.limbs)
     neg = limbs[-1] < _I32(0)
     negated = _carry([-limb for limb in limbs])
@@ -277,13 +278,13 @@ def _round_limbs(s: _Sum, base, bits: int, fmt: Format, mode: str) -> _Rounded:
         below = (_U32(1) << ops32._clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
         sticky = sticky | ((u & below) != _U32(0))
         width = 31 if k == len(umag) - 1 else _D
-        lo = ops32._clamp(_I32(bits - k * _D), 0, width).astype(jnp.uint32)
+        lo = ops32._clamp(bits - _I32(k * _D), 0, width).astype(jnp.uint32)
         hi = ops32._clamp(t - _I32(k * _D), 0, width).astype(jnp.uint32)
         mask = ((_U32(1) << hi) - _U32(1)) & ~((_U32(1) << lo) - _U32(1))
         all_zero = all_zero & ((u & mask) == _U32(0))
         all_one = all_one & ((u & mask) == mask)
     safe = (lost == _I32(0)) | (
-        (t > _I32(bits)) & ((opp == _I32(0)) | ~all_zero) & ((same == _I32(0)) | ~all_one)
+        (t > bits) & ((opp == _I32(0)) | ~all_zero) & ((same == _I32(0)) | ~all_one)
     )
     zero = top < _I32(0)
     sign = jnp.where(neg, ops32._SIGN, _U32(0))
@@ -424,7 +425,12 @@ def _exact_sum(terms, fmt: Format) -> jax.Array:
     n = terms.shape[0]
     if n == 0:
         return jnp.zeros(terms.shape[1:], jnp.float32)
-    r = _exact_pieces(_value_pieces(terms), _VALUES, fmt)
+    accumulated = lambda _: _exact_pieces(_value_pieces(terms), _VALUES, fmt)  # noqa: E731
+    if slices32.supports_sum(n):
+        sliced = _rounded_slices(slices32.sliced_sum(_operand(terms)), fmt)
+        r = jax.lax.cond(jnp.all(sliced.safe), lambda _: sliced, accumulated, None)
+    else:
+        r = accumulated(None)
     zero_neg = _is_neg_zero(terms[0]) if n == 1 else jnp.zeros(terms.shape[1:], bool)
     special = ~jnp.all(_finite(terms), axis=0)
     return _finish(r, zero_neg, special, _stand_in_sum(terms), fmt)
@@ -527,6 +533,21 @@ def _stand_in_dot(a, b) -> jax.Array:
     return jnp.matmul(ops32._stand_in(a), ops32._stand_in(b), precision=jax.lax.Precision.HIGHEST)
 
 
+def _sliced_matmul(a, b, fmt: Format) -> _Rounded:
+    """a @ b rounded to nearest from :func:`fa_jax.slices32.sliced_dot`'s pieces."""
+    return _rounded_slices(slices32.sliced_dot(_operand(a), _operand(b)), fmt)
+
+
+def _rounded_slices(s: slices32.Sliced, fmt: Format) -> _Rounded:
+    """The pieces of :mod:`fa_jax.slices32` summed in limbs and rounded to nearest;
+    ``safe`` where their loss bound decides the rounding."""
+    n_limbs = -(-s.width // _D) + 1
+    limbs = _limbs_of(_Pieces(s.neg, s.lsb, s.mag), s.base, n_limbs)
+    lost = s.inexact.astype(jnp.int32)  # of either sign
+    zero = jnp.zeros(s.base.shape, jnp.int32)
+    return _round_limbs(_Sum([*limbs, zero], lost, lost), s.base, s.lost, fmt, "nearest_even")
+
+
 def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
     k = a.shape[-1]
     out = int(np.prod(out_shape))
@@ -538,13 +559,20 @@ def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
         ea, eb = _pairs(_operand(a_s).exp, _operand(b_s).exp)
         return jnp.maximum(e_top, jnp.max(ea + eb + _I32(1), axis=0)), None
 
-    e_top = jnp.full(out_shape, _NO_EXPONENT, jnp.int32)
-    e_top, _ = _scan(top, e_top, steps)
-    first = None
-    if initial is not None:
-        first = _value_pieces(initial[None])
-        e_top = jnp.maximum(e_top, _top_exponent(first))
-    r = _exact(steps, _products_of, e_top, 2 * k + 1, _PRODUCTS, fmt, first)
+    def accumulated(_) -> _Rounded:
+        e_top = jnp.full(out_shape, _NO_EXPONENT, jnp.int32)
+        e_top, _ = _scan(top, e_top, steps)
+        first = None
+        if initial is not None:
+            first = _value_pieces(initial[None])
+            e_top = jnp.maximum(e_top, _top_exponent(first))
+        return _exact(steps, _products_of, e_top, 2 * k + 1, _PRODUCTS, fmt, first)
+
+    if initial is None and slices32.supports(k):
+        sliced = _sliced_matmul(a, b, fmt)
+        r = jax.lax.cond(jnp.all(sliced.safe), lambda _: sliced, accumulated, None)
+    else:
+        r = accumulated(None)
     si = _stand_in_dot(a, b)
     special = ~_finite(si)
     if initial is not None:

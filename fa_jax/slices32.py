@@ -1,0 +1,239 @@
+"""Exact dot products of float32 operands from float32 dots of digit slices.
+
+The fast path of :func:`fa_jax.sum32.matmul`'s "exact" model: ``a @ b`` as a
+few exact integer dots, in the manner of Ozaki et al. (2012), "Error-free
+transformations of matrix multiplication by using fast routines of matrix
+multiplication and its applications".
+
+* **Slices.**  Each row of ``a`` (each column of ``b``) is put on the
+  fixed-point grid ``2**g``, ``g = e + 1 - W`` for ``e`` the exponent of its
+  largest element, and truncated there: ``a_ik = 2**g_i Σ_t A_t[i, k] 2**(β(S-1-t))
+  + r_ik``, ``S`` signed digits of ``β`` bits (``W = Sβ >= 36``) and a residual
+  ``0 <= |r_ik| < 2**g_i``, zero unless ``a_ik`` has bits below the grid.
+* **Exact dots.**  A digit product has at most ``2β`` bits and a dot of ``c``
+  of them stays below ``c 2**(2β) <= 2**24`` (``β = 9`` for ``K <= 64``, 8 up
+  to 256): every partial sum of a float32 dot of digit matrices is an integer a
+  float32 holds, in any order, with or without fused multiply-adds, and far
+  from subnormals.  ``K`` beyond 256 is cut into chunks of ``c = 256`` whose
+  dots are summed in int32 (``K`` up to 6605).  All ``S**2`` digit
+  products are computed; those of one diagonal ``t + u`` share a weight and are
+  summed in int32.  The result is a few *pieces* ``±mag 2**lsb`` per output,
+  whose sum is ``Σ_k A_ik B_kj 2**(g_i + h_j)`` exactly.
+* **What is lost.**  ``a_k b_k - A_k B_k 2**(g + h) = a_k ρ_k + r_k B_k 2**h``
+  (``ρ`` the residuals of ``b``), so in units of ``2**(g_i + h_j)`` the pieces
+  miss less than ``2**W (R_i + P_j)``, with ``R_i = Σ_k |r_ik| 2**-g_i`` (and
+  ``P_j`` likewise).  ``R`` is summed in float32 from residuals rounded up to at
+  least ``2**-100`` grid units (no subnormal, so no flush); its rounding error
+  is covered by a factor of 2.  An output whose row and column have no residual
+  is exact.
+* **Sums** (:func:`sliced_sum`) are dots with ones: digits of ``β = 24 -
+  log2 c`` bits (16 for ``c = 256``), summed in float32 then int32, and a loss
+  below ``R 2**g``.
+
+:func:`fa_jax.sum32` accumulates the pieces in int32 limbs and rounds them; where
+the loss bound cannot decide a rounding (cancellation of more than a few bits
+below the largest product), it falls back to its own exact accumulator.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Sliced", "sliced_dot", "sliced_sum", "supports", "supports_sum"]
+
+_U32 = np.uint32
+_I32 = np.int32
+_W = 36  # grid bits a row or column keeps at least (S digits of β bits)
+_CHUNK = 256  # contraction terms a float32 dot of digits sums (β = 8 digits)
+_INT32 = 1 << 31
+_MIN_RESIDUAL = -100  # a residual is rounded up to at least 2**-100 grid units
+_NONE = -(1 << 20)  # the exponent of a row or column with no nonzero element
+
+
+class Sliced(NamedTuple):
+    """``Σ pieces`` approximating ``a @ b``: pieces ``(-1)**neg mag 2**lsb`` on a
+    leading axis; ``|a @ b - Σ pieces| < 2**(base + lost)`` where ``inexact``, and 0
+    elsewhere; every piece's bits lie in ``[2**base, 2**(base + width))``."""
+
+    neg: jax.Array  # bool (P, ..., n, m)
+    lsb: jax.Array  # int32 (P, ..., n, m)
+    mag: jax.Array  # uint32 (P, ..., n, m), below 2**31
+    base: jax.Array  # int32 (..., n, m)
+    lost: jax.Array  # int32 (..., n, m)
+    inexact: jax.Array  # bool (..., n, m)
+    width: int
+
+
+class _Plan(NamedTuple):
+    c: int  # contraction terms a dot of digits sums
+    q: int  # chunks of c
+    beta: int  # bits a digit
+    s: int  # digits a value
+
+
+def _plan(k: int) -> _Plan:
+    """How a contraction of ``k`` terms is cut: ``c (2**β - 1)**2 < 2**24``."""
+    c = min(k, _CHUNK)
+    beta = min(12, (24 - max(c - 1, 1).bit_length()) // 2)
+    return _Plan(c, -(-k // c), beta, -(-_W // beta))
+
+
+def _diagonal_bound(k: int) -> int:
+    """A bound on |Σ| of one diagonal's digit products (int32 it must fit)."""
+    p = _plan(k)
+    return p.s * k * ((1 << p.beta) - 1) ** 2
+
+
+def supports(k: int) -> bool:
+    """Whether a contraction of ``k`` terms fits the int32 sums of this scheme."""
+    return 1 <= k and _diagonal_bound(k) < _INT32
+
+
+def _sum_plan(n: int) -> _Plan:
+    """How a sum of ``n`` terms is cut: ``c (2**β - 1) < 2**24``."""
+    c = min(n, _CHUNK)
+    beta = 24 - (c - 1).bit_length()
+    return _Plan(c, -(-n // c), beta, -(-_W // beta))
+
+
+def supports_sum(n: int) -> bool:
+    """Whether a sum of ``n`` terms fits the int32 sums of this scheme."""
+    p = _sum_plan(max(n, 1))
+    return 1 <= n and p.q * p.c * ((1 << p.beta) - 1) < _INT32
+
+
+def _clamp(x, lo: int, hi: int) -> jax.Array:
+    return jax.lax.clamp(_I32(lo), x, _I32(hi))
+
+
+def _shifted(sig, s) -> jax.Array:
+    """``sig * 2**s`` truncated to an integer (uint32; ``s`` int32 of any range)."""
+    left = sig << _clamp(s, 0, 31).astype(jnp.uint32)
+    right = sig >> _clamp(-s, 0, 31).astype(jnp.uint32)
+    return jnp.where(s >= _I32(0), left, right)
+
+
+def _pow2(e) -> jax.Array:
+    """float32 ``2**e`` for ``e`` in [-126, 127] (int32)."""
+    bits = (e + _I32(127)).astype(jnp.uint32) << _U32(23)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+class _Digits(NamedTuple):
+    digits: list[jax.Array]  # S float32 arrays of signed β-bit integers, most significant first
+    grid: jax.Array  # int32 g, the contraction axis dropped
+    residual: jax.Array  # float32 Σ |r| 2**-g over the contraction axis (an upper bound)
+
+
+def _digits(sign, exp, sig, axis: int, beta: int, s: int) -> _Digits:
+    """An operand (``±sig 2**(exp - 23)``, ``sig`` 0 for zeros) as ``s`` digits on
+    its grid along the contraction ``axis``."""
+    w = s * beta
+    e = jnp.max(jnp.where(sig != _U32(0), exp, _I32(_NONE)), axis=axis, keepdims=True)
+    g = e + _I32(1 - w)
+    shift = exp - _I32(23) - g  # where sig's bit 0 lies on the grid
+    neg = sign != _U32(0)
+    mask = _U32((1 << beta) - 1)
+    digits = []
+    for t in range(s):
+        d = (_shifted(sig, shift - _I32(beta * (s - 1 - t))) & mask).astype(jnp.int32)
+        digits.append(jnp.where(neg, -d, d).astype(jnp.float32))
+    below = (_U32(1) << _clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
+    rest = jnp.where(shift < _I32(0), sig & below, _U32(0))  # < 2**24
+    r = rest.astype(jnp.float32) * _pow2(_clamp(shift, _MIN_RESIDUAL, 0))
+    return _Digits(digits, jnp.squeeze(g, axis), jnp.sum(r, axis=axis))
+
+
+def _dot(x, y, c: int, q: int) -> jax.Array:
+    """The exact integer ``x @ y`` (int32) of digit matrices, in chunks of ``c``."""
+    if q == 1:
+        p = jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST)
+        return p.astype(jnp.int32)
+    pad = q * c - x.shape[-1]
+    zero = np.float32(0)
+    x = jax.lax.pad(x, zero, [(0, 0, 0)] * (x.ndim - 1) + [(0, pad, 0)])
+    y = jax.lax.pad(y, zero, [(0, 0, 0)] * (y.ndim - 2) + [(0, pad, 0), (0, 0, 0)])
+    xs = x.reshape(*x.shape[:-1], q, c)
+    ys = y.reshape(*y.shape[:-2], q, c, y.shape[-1])
+    p = jnp.einsum("...nqc,...qcm->...qnm", xs, ys, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sum(p.astype(jnp.int32), axis=-3, dtype=jnp.int32)
+
+
+def _chunk_sum(x, c: int, q: int) -> jax.Array:
+    """The exact integer Σ of digits ``x`` (n, ...) over the first axis (int32)."""
+    pad = q * c - x.shape[0]
+    x = jax.lax.pad(x, np.float32(0), [(0, pad, 0)] + [(0, 0, 0)] * (x.ndim - 1))
+    p = jnp.sum(x.reshape(q, c, *x.shape[1:]), axis=1)
+    return jnp.sum(p.astype(jnp.int32), axis=0, dtype=jnp.int32)
+
+
+def _floor_log2(x) -> jax.Array:
+    """floor(log2 x) of a positive normal float32 (int32)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return (bits >> _U32(23)).astype(jnp.int32) - _I32(127)
+
+
+def sliced_dot(a, b) -> Sliced:
+    """``a @ b`` as pieces: ``a = (sign, exp, sig)`` arrays (..., n, k), ``b`` (..., k, m),
+    each value ``±sig 2**(exp - 23)`` (``sig`` a uint32 below 2**24, 0 for zeros)."""
+    k = a[2].shape[-1]
+    if not supports(k):
+        raise ValueError(f"sliced_dot: 1..{_longest(supports)} contraction terms expected, got {k}")
+    c, q, beta, s = _plan(k)
+    da, db = (_digits(*x, axis=axis, beta=beta, s=s) for x, axis in ((a, -1), (b, -2)))
+    base = da.grid[..., :, None] + db.grid[..., None, :]
+    diagonals: list[jax.Array | None] = [None] * (2 * s - 1)
+    for t in range(s):
+        for u in range(s):
+            p = _dot(da.digits[t], db.digits[u], c, q)
+            acc = diagonals[t + u]
+            diagonals[t + u] = p if acc is None else acc + p
+    sums = jnp.stack(diagonals)  # diagonal t + u weighs 2**(β(2s - 2 - t - u))
+    lsb = base[None] + jnp.asarray(
+        [beta * (2 * s - 2 - i) for i in range(2 * s - 1)], jnp.int32
+    ).reshape(-1, *(1,) * base.ndim)
+    residual = da.residual[..., :, None] + db.residual[..., None, :]
+    inexact = residual > np.float32(0)
+    lost = _I32(s * beta + 2) + _floor_log2(jnp.where(inexact, residual, np.float32(1)))
+    width = beta * (2 * s - 2) + _diagonal_bound(k).bit_length()
+    return Sliced(
+        sums < _I32(0),
+        lsb,
+        jnp.abs(sums).astype(jnp.uint32),
+        base,
+        lost,
+        inexact,
+        width,
+    )
+
+
+def _longest(fits) -> int:
+    """The largest ``n`` with ``fits(n)`` (which holds for 1..n and no more)."""
+    lo, hi = 1, 1 << 20
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def sliced_sum(x) -> Sliced:
+    """``Σ x`` over the first axis as pieces: ``x = (sign, exp, sig)`` arrays (n, ...),
+    as for :func:`sliced_dot` (a sum is a dot with ones: one digit each, no product)."""
+    n = x[2].shape[0]
+    if not supports_sum(n):
+        raise ValueError(f"sliced_sum: 1..{_longest(supports_sum)} terms expected, got {n}")
+    c, q, beta, s = _sum_plan(n)
+    d = _digits(*x, axis=0, beta=beta, s=s)
+    sums = jnp.stack([_chunk_sum(digit, c, q) for digit in d.digits])
+    lsb = d.grid[None] + jnp.asarray([beta * (s - 1 - t) for t in range(s)], jnp.int32).reshape(
+        -1, *(1,) * d.grid.ndim
+    )
+    inexact = d.residual > np.float32(0)
+    lost = _I32(2) + _floor_log2(jnp.where(inexact, d.residual, np.float32(1)))
+    width = beta * (s - 1) + (q * c * ((1 << beta) - 1)).bit_length()
+    mag = jnp.abs(sums).astype(jnp.uint32)
+    return Sliced(sums < _I32(0), lsb, mag, d.grid, lost, inexact, width)
