@@ -37,6 +37,7 @@ below the largest product), it falls back to its own exact accumulator.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -186,13 +187,12 @@ def sliced_dot(a, b) -> Sliced:
     c, q, beta, s = _plan(k)
     da, db = (_digits(*x, axis=axis, beta=beta, s=s) for x, axis in ((a, -1), (b, -2)))
     base = da.grid[..., :, None] + db.grid[..., None, :]
-    diagonals: list[jax.Array | None] = [None] * (2 * s - 1)
+    products: list[list[jax.Array]] = [[] for _ in range(2 * s - 1)]
     for t in range(s):
         for u in range(s):
-            p = _dot(da.digits[t], db.digits[u], c, q)
-            acc = diagonals[t + u]
-            diagonals[t + u] = p if acc is None else acc + p
-    sums = jnp.stack(diagonals)  # diagonal t + u weighs 2**(β(2s - 2 - t - u))
+            products[t + u].append(_dot(da.digits[t], db.digits[u], c, q))
+    # diagonal t + u weighs 2**(β(2s - 2 - t - u))
+    sums = jnp.stack([functools.reduce(jnp.add, ps) for ps in products])
     lsb = base[None] + jnp.asarray(
         [beta * (2 * s - 2 - i) for i in range(2 * s - 1)], jnp.int32
     ).reshape(-1, *(1,) * base.ndim)
