@@ -548,10 +548,12 @@ def _rounded_slices(s: slices32.Sliced, fmt: Format) -> _Rounded:
     return _round_limbs(_Sum([*limbs, zero], lost, lost), s.base, s.lost, fmt, "nearest_even")
 
 
-def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
+def _accumulated_matmul(a, b, fmt: Format, initial) -> _Rounded:
+    """a @ b (+ initial) rounded to nearest by the limb accumulator (window, then
+    the full range where needed)."""
     k = a.shape[-1]
-    out = int(np.prod(out_shape))
-    c = max(1, min(k, _PER_STEP // 2, _OUT_TERMS // max(out, 1)))
+    out_shape = (*a.shape[:-1], b.shape[-1])
+    c = max(1, min(k, _PER_STEP // 2, _OUT_TERMS // max(int(np.prod(out_shape)), 1)))
     steps = _k_steps(a, b, c)
 
     def top(e_top, step):
@@ -559,20 +561,58 @@ def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
         ea, eb = _pairs(_operand(a_s).exp, _operand(b_s).exp)
         return jnp.maximum(e_top, jnp.max(ea + eb + _I32(1), axis=0)), None
 
-    def accumulated(_) -> _Rounded:
-        e_top = jnp.full(out_shape, _NO_EXPONENT, jnp.int32)
-        e_top, _ = _scan(top, e_top, steps)
-        first = None
-        if initial is not None:
-            first = _value_pieces(initial[None])
-            e_top = jnp.maximum(e_top, _top_exponent(first))
-        return _exact(steps, _products_of, e_top, 2 * k + 1, _PRODUCTS, fmt, first)
+    e_top = jnp.full(out_shape, _NO_EXPONENT, jnp.int32)
+    e_top, _ = _scan(top, e_top, steps)
+    first = None
+    if initial is not None:
+        first = _value_pieces(initial[None])
+        e_top = jnp.maximum(e_top, _top_exponent(first))
+    return _exact(steps, _products_of, e_top, 2 * k + 1, _PRODUCTS, fmt, first)
 
+
+_FALLBACK_OUTPUTS = 1 << 9  # outputs the fallback accumulates at once
+
+
+def _in_row_blocks(f: Callable, a, b):
+    """``f(a, b)`` (a pytree of (..., n, m) arrays) computed over blocks of ``a``'s
+    rows of about _FALLBACK_OUTPUTS outputs, one after another: a fallback inside
+    a ``lax.cond`` whose temporaries are not allocated whole at every call
+    (XLA's CPU runtime made an untaken fallback over all outputs cost more than
+    the fast path it guards)."""
+    *batch, n, k = a.shape
+    r = max(1, min(n, _FALLBACK_OUTPUTS // max(int(np.prod(batch)) * b.shape[-1], 1)))
+    q = -(-n // r)
+    if q == 1:
+        return f(a, b)
+    a = _pad(a, -2, q * r - n)
+    blocks = jnp.moveaxis(a.reshape(*batch, q, r, k), -3, 0)  # (q, ..., r, k)
+    shapes = jax.eval_shape(f, blocks[0], b)
+    init = jax.tree_util.tree_map(lambda x: jnp.zeros((q, *x.shape), x.dtype), shapes)
+
+    def body(i, out):
+        got = f(jax.lax.dynamic_index_in_dim(blocks, i, keepdims=False), b)
+        return jax.tree_util.tree_map(
+            lambda o, g: jax.lax.dynamic_update_index_in_dim(o, g, i, 0), out, got
+        )
+
+    out = jax.lax.fori_loop(_I32(0), _I32(q), body, init)
+    return jax.tree_util.tree_map(
+        lambda x: jnp.moveaxis(x, 0, -3).reshape(*batch, q * r, x.shape[-1])[..., :n, :], out
+    )
+
+
+def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
+    k = a.shape[-1]
     if initial is None and slices32.supports(k):
         sliced = _sliced_matmul(a, b, fmt)
-        r = jax.lax.cond(jnp.all(sliced.safe), lambda _: sliced, accumulated, None)
+        r = jax.lax.cond(
+            jnp.all(sliced.safe),
+            lambda _: sliced,
+            lambda _: _in_row_blocks(lambda x, y: _accumulated_matmul(x, y, fmt, None), a, b),
+            None,
+        )
     else:
-        r = accumulated(None)
+        r = _accumulated_matmul(a, b, fmt, initial)
     si = _stand_in_dot(a, b)
     special = ~_finite(si)
     if initial is not None:

@@ -309,3 +309,22 @@ def test_arguments_are_checked():
         sum32.matmul(x, x, FP32)
     with pytest.raises(ValueError, match="<= 53"):
         sum32.sum(x, FP32, accumulation="tensor_core(k=4, extra_bits=30)")
+
+
+def test_the_exact_matmul_falls_back_block_by_block_where_the_slices_cannot_decide():
+    """Operands spread over 2**±60 defeat the digit slices' loss bound for some
+    outputs: the limb accumulator then computes every output, over blocks of
+    rows (the last one padded), and each is the exact sum rounded once."""
+    rng = np.random.default_rng(8)
+    spread = 2.0 ** rng.integers(-60, 60, (23, 40))
+    a = np.asarray(rng.standard_normal((23, 40)) * spread, np.float32)
+    b = np.asarray(rng.standard_normal((40, 100)), np.float32)
+    assert not np.asarray(jax.jit(lambda x, y: sum32._sliced_matmul(x, y, FP32).safe)(a, b)).all()
+    assert sum32._FALLBACK_OUTPUTS // b.shape[1] < a.shape[0]  # more than one block
+    got = np.asarray(jax.jit(lambda x, y: sum32.matmul(x, y, FP32))(a, b))
+    fa = [[Fraction(float(v)) for v in row] for row in a]
+    fb = [[Fraction(float(v)) for v in col] for col in b.T]
+    want = np.asarray(
+        [[round_exact(sum(x * y for x, y in zip(r, c)), FP32) for c in fb] for r in fa], np.float32
+    )
+    assert_same(got, want, "blocked fallback")
