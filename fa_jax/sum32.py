@@ -141,6 +141,21 @@ def _top_exponent(p: _Pieces) -> jax.Array:
     return jnp.max(jnp.where(p.sig != _U32(0), p.lsb + _I32(23), _I32(_NO_EXPONENT)), axis=0)
 
 
+@jax.custom_batching.custom_vmap
+def _all(x) -> jax.Array:
+    """``jnp.all(x)``, taken over the whole batch under ``vmap``: the predicate of a
+    fallback's ``lax.cond`` stays a scalar, so the fallback stays a branch, not a
+    ``select`` that runs it always.  Where any configuration of a batch needs the
+    fallback, all take it; the fallback is exact for every output."""
+    return jnp.all(x)
+
+
+@_all.def_vmap
+def _all_batched(axis_size: int, in_batched, x):
+    del axis_size, in_batched
+    return jnp.all(x), False
+
+
 def _zeros(shape) -> jax.Array:
     """+0 accumulators, hidden from XLA's simplifier, which folds ``0 + x`` to ``x``
     (-0 where x is -0: IEEE gives +0)."""
@@ -369,7 +384,7 @@ def _exact(
         return r.value, r.zero
 
     value, zero = jax.lax.cond(
-        jnp.all(window.safe), lambda _: (window.value, window.zero), full_range, None
+        _all(window.safe), lambda _: (window.value, window.zero), full_range, None
     )
     return _Rounded(value, zero, jnp.ones_like(zero))
 
@@ -428,7 +443,7 @@ def _exact_sum(terms, fmt: Format) -> jax.Array:
     accumulated = lambda _: _exact_pieces(_value_pieces(terms), _VALUES, fmt)  # noqa: E731
     if slices32.supports_sum(n):
         sliced = _rounded_slices(slices32.sliced_sum(_operand(terms)), fmt)
-        r = jax.lax.cond(jnp.all(sliced.safe), lambda _: sliced, accumulated, None)
+        r = jax.lax.cond(_all(sliced.safe), lambda _: sliced, accumulated, None)
     else:
         r = accumulated(None)
     zero_neg = _is_neg_zero(terms[0]) if n == 1 else jnp.zeros(terms.shape[1:], bool)
@@ -606,7 +621,7 @@ def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
     if initial is None and slices32.supports(k):
         sliced = _sliced_matmul(a, b, fmt)
         r = jax.lax.cond(
-            jnp.all(sliced.safe),
+            _all(sliced.safe),
             lambda _: sliced,
             lambda _: _in_row_blocks(lambda x, y: _accumulated_matmul(x, y, fmt, None), a, b),
             None,

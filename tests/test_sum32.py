@@ -328,3 +328,17 @@ def test_the_exact_matmul_falls_back_block_by_block_where_the_slices_cannot_deci
         [[round_exact(sum(x * y for x, y in zip(r, c)), FP32) for c in fb] for r in fa], np.float32
     )
     assert_same(got, want, "blocked fallback")
+
+
+def test_under_vmap_the_fallback_stays_a_branch_and_the_bits_stay():
+    """A batched ``lax.cond`` predicate would become a ``select`` that runs the
+    fallback always: the predicate is taken over the whole batch instead."""
+    rng = np.random.default_rng(9)
+    a = np.asarray(rng.standard_normal((3, 8, 64)), np.float32)
+    b = np.asarray(rng.standard_normal((3, 64, 8)), np.float32)
+    a[1] *= 2.0 ** rng.integers(-60, 60, a[1].shape)  # this configuration needs the fallback
+    safe = jax.jit(lambda x, y: sum32._sliced_matmul(x, y, FP32).safe)(a, b)
+    assert np.asarray(safe)[[0, 2]].all() and not np.asarray(safe)[1].all()
+    f = lambda x, y: sum32.matmul(x, y, FP32)  # noqa: E731
+    assert "cond[" in str(jax.make_jaxpr(jax.vmap(f))(a, b))
+    assert_same(jax.jit(jax.vmap(f))(a, b), jax.jit(f)(a, b), "vmap")
