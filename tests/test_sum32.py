@@ -311,34 +311,28 @@ def test_arguments_are_checked():
         sum32.sum(x, FP32, accumulation="tensor_core(k=4, extra_bits=30)")
 
 
-def test_the_exact_matmul_falls_back_block_by_block_where_the_slices_cannot_decide():
-    """Operands spread over 2**±60 defeat the digit slices' loss bound for some
-    outputs: the limb accumulator then computes every output, over blocks of
-    rows (the last one padded), and each is the exact sum rounded once."""
-    rng = np.random.default_rng(8)
-    spread = 2.0 ** rng.integers(-60, 60, (23, 40))
-    a = np.asarray(rng.standard_normal((23, 40)) * spread, np.float32)
-    b = np.asarray(rng.standard_normal((40, 100)), np.float32)
-    assert not np.asarray(jax.jit(lambda x, y: sum32._sliced_matmul(x, y, FP32).safe)(a, b)).all()
-    assert sum32._FALLBACK_OUTPUTS // b.shape[1] < a.shape[0]  # more than one block
-    got = np.asarray(jax.jit(lambda x, y: sum32.matmul(x, y, FP32))(a, b))
+def exactly_rounded_matmul(a, b, fmt) -> np.ndarray:
+    """The exact a @ b (``fractions.Fraction``), each output rounded once."""
     fa = [[Fraction(float(v)) for v in row] for row in a]
     fb = [[Fraction(float(v)) for v in col] for col in b.T]
-    want = np.asarray(
-        [[round_exact(sum(x * y for x, y in zip(r, c)), FP32) for c in fb] for r in fa], np.float32
-    )
-    assert_same(got, want, "blocked fallback")
+    rows = [[round_exact(sum(x * y for x, y in zip(r, c)), fmt) for c in fb] for r in fa]
+    return np.asarray(rows, np.float32)
 
 
-def test_under_vmap_the_fallback_stays_a_branch_and_the_bits_stay():
-    """A batched ``lax.cond`` predicate would become a ``select`` that runs the
-    fallback always: the predicate is taken over the whole batch instead."""
-    rng = np.random.default_rng(9)
-    a = np.asarray(rng.standard_normal((3, 8, 64)), np.float32)
-    b = np.asarray(rng.standard_normal((3, 64, 8)), np.float32)
-    a[1] *= 2.0 ** rng.integers(-60, 60, a[1].shape)  # this configuration needs the fallback
-    safe = jax.jit(lambda x, y: sum32._sliced_matmul(x, y, FP32).safe)(a, b)
-    assert np.asarray(safe)[[0, 2]].all() and not np.asarray(safe)[1].all()
+def test_the_fallback_is_exact_over_blocks_of_rows_and_stays_a_branch_under_vmap():
+    """Operands spread over 2**±60 defeat the digit slices' loss bound for some
+    outputs of one configuration: the limb accumulator then computes every output,
+    over blocks of rows (the last one padded), each the exact sum rounded once.
+    Under ``vmap`` the predicate is taken over the whole batch, so the fallback
+    stays a ``lax.cond`` branch instead of a ``select`` that would run it always."""
+    rng = np.random.default_rng(8)
+    a = np.array(values(BF16, (3, 23, 40), rng, spread=2))
+    b = values(BF16, (3, 40, 100), rng, spread=2)
+    a[1] *= 2.0 ** rng.integers(-60, 60, a[1].shape)
+    safe = np.asarray(jax.jit(lambda x, y: sum32._sliced_matmul(x, y, FP32).safe)(a, b))
+    assert safe[[0, 2]].all() and not safe[1].all()
+    assert sum32._FALLBACK_OUTPUTS // (3 * b.shape[-1]) < a.shape[1]  # more than one block
     f = lambda x, y: sum32.matmul(x, y, FP32)  # noqa: E731
     assert "cond[" in str(jax.make_jaxpr(jax.vmap(f))(a, b))
-    assert_same(jax.jit(jax.vmap(f))(a, b), jax.jit(f)(a, b), "vmap")
+    want = np.stack([exactly_rounded_matmul(x, y, FP32) for x, y in zip(a, b)])
+    assert_same(jax.jit(jax.vmap(f))(a, b), want, "vmap")
