@@ -80,6 +80,10 @@ ATT_GOLDEN = f"{_A}::test_golden_flash_equals_reference"
 ATT_ZERO_ROWS = f"{_A}::test_fully_masked_rows_are_zero_with_lse_minus_inf"
 ATT_NO_INF = f"{_A}::test_formats_without_infinities_mask_cleanly"
 BWD_GOLDEN = "tests/test_backward.py::test_golden_gradients_match_float64_autodiff"
+_SL = "tests/test_slices32.py"
+SLICED_DOT = f"{_SL}::test_the_fast_path_rounds_the_exact_sum_where_it_decides"
+SLICED_SUM = f"{_SL}::test_the_fast_sum_rounds_the_exact_sum_where_it_decides"
+FALLBACK = "tests/test_sum32.py::test_the_fallback_is_exact_in_row_blocks_and_a_branch_under_vmap"
 
 
 class Mutant(NamedTuple):
@@ -741,6 +745,50 @@ MUTANTS: tuple[Mutant, ...] = (
         "p_j = shifted_exp(scores(k_j, col0), lse[..., None] + 1.0, policy,",
         "recomputed P shifted by L + 1",
         ATT_SIM,
+    ),
+    # -- slices32.py / sum32.py: the float32 carrier's fast exact matmul -----------
+    _m(
+        "slices32",
+        "    inexact = residual > np.float32(0)\n",
+        "    inexact = residual < np.float32(0)\n",
+        "an output with residuals below the grid called exact",
+        SLICED_DOT,
+    ),
+    _m(
+        "slices32",
+        "lost = _I32(s * beta + 2) + _floor_log2",
+        "lost = _I32(s * beta - 4) + _floor_log2",
+        "the loss bound 64x too small",
+        SLICED_DOT,
+    ),
+    _m(
+        "slices32",
+        "beta = min(12, (24 - max(c - 1, 1).bit_length()) // 2)",
+        "beta = min(12, (24 - max(c - 1, 1).bit_length()) // 2 + 1)",
+        "digits a bit too wide for an exact float32 dot",
+        SLICED_DOT,
+    ),
+    _m(
+        "slices32",
+        "d = (_shifted(sig, shift - _I32(beta * (s - 1 - t))) & mask)",
+        "d = (_shifted(sig, shift - _I32(beta * (s - t))) & mask)",
+        "digits cut one place off",
+        SLICED_DOT,
+        SLICED_SUM,
+    ),
+    _m(
+        "sum32",
+        "    lost = s.inexact.astype(jnp.int32)  # of either sign\n",
+        "    lost = jnp.zeros_like(s.inexact, jnp.int32)\n",
+        "the slices' loss ignored by the window test",
+        FALLBACK,
+    ),
+    _m(
+        "sum32",
+        "            _all(sliced.safe),\n",
+        "            jnp.bool_(True),\n",
+        "the fast path taken where it cannot decide",
+        FALLBACK,
     ),
 )
 

@@ -30,9 +30,12 @@ def _x64():
 
 def draw(kind: str, shape, rng) -> np.ndarray:
     """float32 operands: bf16 or FP32 normals, a wide spread, attention-like
-    probabilities, subnormals; a row and a column of zeros."""
+    probabilities, subnormals, full significands of one sign and binade (digit
+    dots as large as they can be); a row and a column of zeros."""
     x = rng.standard_normal(shape)
-    if kind == "wide":
+    if kind == "positive":
+        x = rng.uniform(1, 2, shape)
+    elif kind == "wide":
         x = x * 2.0 ** rng.integers(-60, 20, shape)
     elif kind == "probabilities":
         x = np.exp(-rng.exponential(8, shape))
@@ -64,8 +67,8 @@ def test_the_plans_keep_every_float32_sum_exact_and_int32_in_range():
     assert not slices32.supports(0) and not slices32.supports_sum(0)
 
 
-KINDS = ["bf16", "fp32", "wide", "probabilities", "subnormal"]
-DECIDED = {"bf16", "subnormal"}  # kinds whose every output must take the fast path
+KINDS = ["bf16", "fp32", "wide", "probabilities", "subnormal", "positive"]
+DECIDED = {"bf16", "subnormal", "positive"}  # kinds whose every output must take the fast path
 
 
 def pieces_sum(s: slices32.Sliced, index) -> Fraction:
@@ -118,7 +121,7 @@ def test_the_fast_path_rounds_the_exact_sum_where_it_decides(k):
 @pytest.mark.parametrize("n", [3, 1000, *slow(1, 256)])
 def test_the_fast_sum_rounds_the_exact_sum_where_it_decides(n):
     rng = np.random.default_rng(n)
-    x = np.concatenate([draw(kind, (7, n), rng) for kind in KINDS]).T.copy()  # (n, 35)
+    x = np.concatenate([draw(kind, (7, n), rng) for kind in KINDS]).T.copy()  # (n, 7 per kind)
     s = jax.jit(slices32.sliced_sum)(sum32._operand(jnp.asarray(x)))
     r = jax.jit(lambda v: sum32._rounded_slices(slices32.sliced_sum(sum32._operand(v)), FP32))(x)
     for j in range(x.shape[1]):

@@ -319,7 +319,7 @@ def exactly_rounded_matmul(a, b, fmt) -> np.ndarray:
     return np.asarray(rows, np.float32)
 
 
-def test_the_fallback_is_exact_over_blocks_of_rows_and_stays_a_branch_under_vmap():
+def test_the_fallback_is_exact_in_row_blocks_and_a_branch_under_vmap():
     """Operands spread over 2**±60 defeat the digit slices' loss bound for some
     outputs of one configuration: the limb accumulator then computes every output,
     over blocks of rows (the last one padded), each the exact sum rounded once.
