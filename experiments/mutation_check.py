@@ -749,16 +749,23 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- slices32.py / sum32.py: the float32 carrier's fast exact matmul -----------
     _m(
         "slices32",
-        "    inexact = residual > np.float32(0)\n",
-        "    inexact = residual < np.float32(0)\n",
+        "    below = residual > np.float32(0)\n",
+        "    below = residual < np.float32(0)\n",
         "an output with residuals below the grid called exact",
         SLICED_DOT,
     ),
     _m(
         "slices32",
-        "lost = _I32(s * beta + 2) + _floor_log2",
-        "lost = _I32(s * beta - 4) + _floor_log2",
+        "lost_below = _I32(s * beta + 2) + _floor_log2",
+        "lost_below = _I32(s * beta - 4) + _floor_log2",
         "the loss bound 64x too small",
+        SLICED_DOT,
+    ),
+    _m(
+        "slices32",
+        "dropped = da.last[..., :, None] + db.last[..., None, :] > _I32(s)",
+        "dropped = da.last[..., :, None] + db.last[..., None, :] > _I32(s + 1)",
+        "an output missing low digit products called exact",
         SLICED_DOT,
     ),
     _m(

@@ -15,17 +15,21 @@ multiplication and its applications".
   to 256): every partial sum of a float32 dot of digit matrices is an integer a
   float32 holds, in any order, with or without fused multiply-adds, and far
   from subnormals.  ``K`` beyond 256 is cut into chunks of ``c = 256`` whose
-  dots are summed in int32 (``K`` up to 6605).  All ``S**2`` digit
-  products are computed; those of one diagonal ``t + u`` share a weight and are
-  summed in int32.  The result is a few *pieces* ``±mag 2**lsb`` per output,
-  whose sum is ``Σ_k A_ik B_kj 2**(g_i + h_j)`` exactly.
+  dots are summed in int32 (``K`` up to 6605).  The digit products with
+  ``t + u <= S`` are computed (13 of 16 for ``S = 4``, 19 of 25 for 5); those
+  of one diagonal ``t + u`` share a weight and are summed in int32.  The result
+  is a few *pieces* ``±mag 2**lsb`` per output, whose sum is ``Σ_k A_ik B_kj
+  2**(g_i + h_j)`` but for the products left out.
 * **What is lost.**  ``a_k b_k - A_k B_k 2**(g + h) = a_k ρ_k + r_k B_k 2**h``
   (``ρ`` the residuals of ``b``), so in units of ``2**(g_i + h_j)`` the pieces
   miss less than ``2**W (R_i + P_j)``, with ``R_i = Σ_k |r_ik| 2**-g_i`` (and
   ``P_j`` likewise).  ``R`` is summed in float32 from residuals rounded up to at
   least ``2**-100`` grid units (no subnormal, so no flush); its rounding error
-  is covered by a factor of 2.  An output whose row and column have no residual
-  is exact.
+  is covered by a factor of 2.  The products left out weigh at most
+  ``2**(β(S - 3))`` and are bounded statically, ``K (2**β - 1)**2 Σ 2**(β(2S -
+  2 - t - u))``; they are nonzero only where a row's last nonzero digit ``t``
+  and a column's ``u`` have ``t + u > S``.  Two bounds ``2**x`` and ``2**y``
+  together are below ``2**(max(x, y) + 1)``.  An output with neither is exact.
 * **Sums** (:func:`sliced_sum`) are dots with ones: digits of ``β = 24 -
   log2 c`` bits (16 for ``c = 256``), summed in float32 then int32, and a loss
   below ``R 2**g``.
@@ -89,6 +93,13 @@ def _diagonal_bound(k: int) -> int:
     return p.s * k * ((1 << p.beta) - 1) ** 2
 
 
+def _dropped_bound(k: int) -> int:
+    """A bound on |Σ| of the digit products left out (``t + u > s``), in grid units."""
+    _, _, beta, s = _plan(k)
+    top = k * ((1 << beta) - 1) ** 2
+    return sum(top << (beta * (2 * s - 2 - t - u)) for t in range(s) for u in range(s) if t + u > s)
+
+
 def supports(k: int) -> bool:
     """Whether a contraction of ``k`` terms fits the int32 sums of this scheme."""
     return 1 <= k and _diagonal_bound(k) < _INT32
@@ -128,6 +139,7 @@ class _Digits(NamedTuple):
     digits: list[jax.Array]  # S float32 arrays of signed β-bit integers, most significant first
     grid: jax.Array  # int32 g, the contraction axis dropped
     residual: jax.Array  # float32 Σ |r| 2**-g over the contraction axis (an upper bound)
+    last: jax.Array  # int32: the last digit nonzero somewhere along the axis (-1: none)
 
 
 def _digits(sign, exp, sig, axis: int, beta: int, s: int) -> _Digits:
@@ -146,7 +158,10 @@ def _digits(sign, exp, sig, axis: int, beta: int, s: int) -> _Digits:
     below = (_U32(1) << _clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
     rest = jnp.where(shift < _I32(0), sig & below, _U32(0))  # < 2**24
     r = rest.astype(jnp.float32) * _pow2(_clamp(shift, _MIN_RESIDUAL, 0))
-    return _Digits(digits, jnp.squeeze(g, axis), jnp.sum(r, axis=axis))
+    last = _I32(-1)
+    for t, d in enumerate(digits):
+        last = jnp.where(jnp.any(d != np.float32(0), axis=axis), _I32(t), last)
+    return _Digits(digits, jnp.squeeze(g, axis), jnp.sum(r, axis=axis), last)
 
 
 def _dot(x, y, c: int, q: int) -> jax.Array:
@@ -187,28 +202,28 @@ def sliced_dot(a, b) -> Sliced:
     c, q, beta, s = _plan(k)
     da, db = (_digits(*x, axis=axis, beta=beta, s=s) for x, axis in ((a, -1), (b, -2)))
     base = da.grid[..., :, None] + db.grid[..., None, :]
-    products: list[list[jax.Array]] = [[] for _ in range(2 * s - 1)]
+    products: list[list[jax.Array]] = [[] for _ in range(s + 1)]
     for t in range(s):
-        for u in range(s):
+        for u in range(min(s, s + 1 - t)):
             products[t + u].append(_dot(da.digits[t], db.digits[u], c, q))
     # diagonal t + u weighs 2**(β(2s - 2 - t - u))
     sums = jnp.stack([functools.reduce(jnp.add, ps) for ps in products])
     lsb = base[None] + jnp.asarray(
-        [beta * (2 * s - 2 - i) for i in range(2 * s - 1)], jnp.int32
+        [beta * (2 * s - 2 - i) for i in range(s + 1)], jnp.int32
     ).reshape(-1, *(1,) * base.ndim)
     residual = da.residual[..., :, None] + db.residual[..., None, :]
-    inexact = residual > np.float32(0)
-    lost = _I32(s * beta + 2) + _floor_log2(jnp.where(inexact, residual, np.float32(1)))
-    width = beta * (2 * s - 2) + _diagonal_bound(k).bit_length()
-    return Sliced(
-        sums < _I32(0),
-        lsb,
-        jnp.abs(sums).astype(jnp.uint32),
-        base,
-        lost,
-        inexact,
-        width,
+    below = residual > np.float32(0)
+    lost_below = _I32(s * beta + 2) + _floor_log2(jnp.where(below, residual, np.float32(1)))
+    dropped = da.last[..., :, None] + db.last[..., None, :] > _I32(s)
+    lost_dropped = _I32(_dropped_bound(k).bit_length())
+    lost = jnp.where(
+        below & dropped,
+        jnp.maximum(lost_below, lost_dropped) + _I32(1),
+        jnp.where(below, lost_below, lost_dropped),
     )
+    width = beta * (2 * s - 2) + _diagonal_bound(k).bit_length()
+    mag = jnp.abs(sums).astype(jnp.uint32)
+    return Sliced(sums < _I32(0), lsb, mag, base, lost, below | dropped, width)
 
 
 def _longest(fits) -> int:
