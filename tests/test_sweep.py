@@ -237,13 +237,15 @@ def test_rerun_skips_everything(sweep_csv, tmp_path):
 # -- subprocesses: kill + resume, multiple devices -----------------------------------
 
 
-def _script(out_dir, grid_src=GRID_SRC, memory_budget=None):
+def _script(out_dir, grid_src=GRID_SRC, memory_budget=None, carrier="float64"):
     budget = "" if memory_budget is None else f", memory_budget={memory_budget}"
     return (
         "import jax\n"
         "from fa_jax.attention import Blocks\n"
+        "from fa_jax.studies.options import study_options\n"
         "from fa_jax.studies.sweep import Grid, SramBlocks, run_sweep\n"
-        f"run_sweep({grid_src}, {str(out_dir)!r}{budget})\n"
+        f"with study_options(carrier={carrier!r}):\n"
+        f"    run_sweep({grid_src}, {str(out_dir)!r}{budget})\n"
         "print(len(jax.devices()))\n"
     )
 
@@ -292,14 +294,15 @@ def test_killed_sweep_resumes_to_the_same_rows(sweep_csv, tmp_path, capfd):
 SMALL_BUDGET = 3 * (3 * 8 * 24 * 24)
 
 
-def test_three_devices_equal_single_device(sweep_csv, tmp_path):
+@pytest.mark.parametrize("carrier", ["float64", pytest.param("float32", marks=pytest.mark.slow)])
+def test_three_devices_equal_single_device(sweep_csv, tmp_path, carrier):
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"
     done = subprocess.run(
-        [sys.executable, "-c", _script(tmp_path, SMALL_SRC, SMALL_BUDGET)],
+        [sys.executable, "-c", _script(tmp_path, SMALL_SRC, SMALL_BUDGET, carrier)],
         env=_env(XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=180 if carrier == "float64" else 900,
         check=False,
     )
     assert done.returncode == 0, done.stderr
