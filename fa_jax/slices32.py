@@ -180,11 +180,11 @@ def _dot(x, y, c: int, q: int) -> jax.Array:
 
 
 def _chunk_sum(x, c: int, q: int) -> jax.Array:
-    """The exact integer Σ of digits ``x`` (n, ...) over the first axis (int32)."""
-    pad = q * c - x.shape[0]
-    x = jax.lax.pad(x, np.float32(0), [(0, pad, 0)] + [(0, 0, 0)] * (x.ndim - 1))
-    p = jnp.sum(x.reshape(q, c, *x.shape[1:]), axis=1)
-    return jnp.sum(p.astype(jnp.int32), axis=0, dtype=jnp.int32)
+    """The exact integer Σ of digits ``x`` (..., n) over the last axis (int32)."""
+    pad = q * c - x.shape[-1]
+    x = jax.lax.pad(x, np.float32(0), [(0, 0, 0)] * (x.ndim - 1) + [(0, pad, 0)])
+    p = jnp.sum(x.reshape(*x.shape[:-1], q, c), axis=-1)
+    return jnp.sum(p.astype(jnp.int32), axis=-1, dtype=jnp.int32)
 
 
 def _floor_log2(x) -> jax.Array:
@@ -236,13 +236,14 @@ def _longest(fits) -> int:
 
 
 def sliced_sum(x) -> Sliced:
-    """``Σ x`` over the first axis as pieces: ``x = (sign, exp, sig)`` arrays (n, ...),
-    as for :func:`sliced_dot` (a sum is a dot with ones: one digit each, no product)."""
-    n = x[2].shape[0]
+    """``Σ x`` over the last axis as pieces: ``x = (sign, exp, sig)`` arrays (..., n),
+    as for :func:`sliced_dot` (a sum is a dot with ones: one digit each, no product;
+    the last axis, where XLA's CPU reductions run several times faster)."""
+    n = x[2].shape[-1]
     if not supports_sum(n):
         raise ValueError(f"sliced_sum: 1..{_longest(supports_sum)} terms expected, got {n}")
     c, q, beta, s = _sum_plan(n)
-    d = _digits(*x, axis=0, beta=beta, s=s)
+    d = _digits(*x, axis=-1, beta=beta, s=s)
     sums = jnp.stack([_chunk_sum(digit, c, q) for digit in d.digits])
     lsb = d.grid[None] + jnp.asarray([beta * (s - 1 - t) for t in range(s)], jnp.int32).reshape(
         -1, *(1,) * d.grid.ndim

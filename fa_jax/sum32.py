@@ -442,7 +442,7 @@ def _exact_sum(terms, fmt: Format) -> jax.Array:
         return jnp.zeros(terms.shape[1:], jnp.float32)
     accumulated = lambda _: _exact_pieces(_value_pieces(terms), _VALUES, fmt)  # noqa: E731
     if slices32.supports_sum(n):
-        sliced = _rounded_slices(slices32.sliced_sum(_operand(terms)), fmt)
+        sliced = _rounded_slices(slices32.sliced_sum(_operand(jnp.moveaxis(terms, 0, -1))), fmt)
         r = jax.lax.cond(_all(sliced.safe), lambda _: sliced, accumulated, None)
     else:
         r = accumulated(None)

@@ -122,8 +122,8 @@ def test_the_fast_path_rounds_the_exact_sum_where_it_decides(k):
 def test_the_fast_sum_rounds_the_exact_sum_where_it_decides(n):
     rng = np.random.default_rng(n)
     x = np.concatenate([draw(kind, (7, n), rng) for kind in KINDS]).T.copy()  # (n, 7 per kind)
-    s = jax.jit(slices32.sliced_sum)(sum32._operand(jnp.asarray(x)))
-    r = jax.jit(lambda v: sum32._rounded_slices(slices32.sliced_sum(sum32._operand(v)), FP32))(x)
+    s = jax.jit(slices32.sliced_sum)(sum32._operand(jnp.asarray(x.T)))
+    r = jax.jit(lambda v: sum32._rounded_slices(slices32.sliced_sum(sum32._operand(v)), FP32))(x.T)
     for j in range(x.shape[1]):
         truth = sum((Fraction(float(v)) for v in x[:, j]), Fraction(0))
         check_pieces(s, truth, (j,))
@@ -148,4 +148,4 @@ def test_unsupported_lengths_are_refused():
     with pytest.raises(ValueError, match="contraction terms expected, got 0"):
         slices32.sliced_dot(x, sum32._operand(jnp.ones((0, 2), jnp.float32)))
     with pytest.raises(ValueError, match="terms expected, got 0"):
-        slices32.sliced_sum(sum32._operand(jnp.ones((0, 2), jnp.float32)))
+        slices32.sliced_sum(sum32._operand(jnp.ones((2, 0), jnp.float32)))
