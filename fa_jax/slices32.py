@@ -48,6 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fa_jax import ops32
+from fa_jax.ops32 import _clamp
+
 __all__ = ["Sliced", "sliced_dot", "sliced_sum", "supports", "supports_sum"]
 
 _U32 = np.uint32
@@ -118,10 +121,6 @@ def supports_sum(n: int) -> bool:
     return 1 <= n and p.q * p.c * ((1 << p.beta) - 1) < _INT32
 
 
-def _clamp(x, lo: int, hi: int) -> jax.Array:
-    return jax.lax.clamp(_I32(lo), x, _I32(hi))
-
-
 def _shifted(sig, s) -> jax.Array:
     """``sig * 2**s`` truncated to an integer (uint32; ``s`` int32 of any range)."""
     left = sig << _clamp(s, 0, 31).astype(jnp.uint32)
@@ -131,8 +130,7 @@ def _shifted(sig, s) -> jax.Array:
 
 def _pow2(e) -> jax.Array:
     """float32 ``2**e`` for ``e`` in [-126, 127] (int32)."""
-    bits = (e + _I32(127)).astype(jnp.uint32) << _U32(23)
-    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return ops32._float((e + _I32(127)).astype(jnp.uint32) << _U32(23))
 
 
 class _Digits(NamedTuple):
