@@ -156,10 +156,11 @@ def _digits(sign, exp, sig, axis: int, beta: int, s: int) -> _Digits:
     below = (_U32(1) << _clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
     rest = jnp.where(shift < _I32(0), sig & below, _U32(0))  # < 2**24
     r = rest.astype(jnp.float32) * _pow2(_clamp(shift, _MIN_RESIDUAL, 0))
-    last = _I32(-1)
+    grid = jnp.squeeze(g, axis)
+    last = jnp.full(grid.shape, -1, jnp.int32)
     for t, d in enumerate(digits):
         last = jnp.where(jnp.any(d != np.float32(0), axis=axis), _I32(t), last)
-    return _Digits(digits, jnp.squeeze(g, axis), jnp.sum(r, axis=axis), last)
+    return _Digits(digits, grid, jnp.sum(r, axis=axis), last)
 
 
 def _dot(x, y, c: int, q: int) -> jax.Array:
