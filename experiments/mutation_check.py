@@ -756,8 +756,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "slices32",
-        "lost_below = _I32(s * beta + 2) + _floor_log2",
-        "lost_below = _I32(s * beta - 4) + _floor_log2",
+        "return below, _I32(w + 2) + _floor_log2(",
+        "return below, _I32(w - 4) + _floor_log2(",
         "the loss bound 64x too small",
         SLICED_DOT,
     ),

@@ -106,6 +106,28 @@ def _clamp(x, lo: int, hi: int) -> jax.Array:
     return jax.lax.clamp(_I32(lo), x, _I32(hi))
 
 
+def _shifted(x, s) -> jax.Array:
+    """``x * 2**s`` truncated to an integer (uint32 ``x``; ``s`` int32 of any range,
+    bits shifted past the word lost)."""
+    left = x << _clamp(s, 0, 31).astype(jnp.uint32)
+    right = x >> _clamp(-s, 0, 31).astype(jnp.uint32)
+    return jnp.where(s >= _I32(0), left, right)
+
+
+def _pow2_bits(k) -> jax.Array:
+    """float32 bits of 2**k for k in [-149, 127]."""
+    normal = (_clamp(k, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
+    sub = _U32(1) << _clamp(k + _I32(149), 0, 22).astype(jnp.uint32)
+    return jnp.where(k >= _I32(-126), normal, sub)
+
+
+def _pad(x, axis: int, n: int) -> jax.Array:
+    """``x`` with ``n`` zeros appended along ``axis`` (no int64 pad width under x64)."""
+    config = [(0, 0, 0)] * x.ndim
+    config[axis] = (0, n, 0)
+    return jax.lax.pad(x, jnp.zeros((), x.dtype), config)
+
+
 def _int32(v) -> jax.Array:
     """A format width as int32: a constant when concrete, else the traced value."""
     return jnp.asarray(_I32(v) if is_int(v) else v, jnp.int32)

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops32
-from fa_jax.ops32 import _clamp
+from fa_jax.ops32 import _clamp, _pad, _pow2_bits, _shifted
 
 __all__ = ["Sliced", "sliced_dot", "sliced_sum", "supports", "supports_sum"]
 
@@ -121,18 +121,6 @@ def supports_sum(n: int) -> bool:
     return 1 <= n and p.q * p.c * ((1 << p.beta) - 1) < _INT32
 
 
-def _shifted(sig, s) -> jax.Array:
-    """``sig * 2**s`` truncated to an integer (uint32; ``s`` int32 of any range)."""
-    left = sig << _clamp(s, 0, 31).astype(jnp.uint32)
-    right = sig >> _clamp(-s, 0, 31).astype(jnp.uint32)
-    return jnp.where(s >= _I32(0), left, right)
-
-
-def _pow2(e) -> jax.Array:
-    """float32 ``2**e`` for ``e`` in [-126, 127] (int32)."""
-    return ops32._float((e + _I32(127)).astype(jnp.uint32) << _U32(23))
-
-
 class _Digits(NamedTuple):
     digits: list[jax.Array]  # S float32 arrays of signed β-bit integers, most significant first
     grid: jax.Array  # int32 g, the contraction axis dropped
@@ -155,7 +143,7 @@ def _digits(sign, exp, sig, axis: int, beta: int, s: int) -> _Digits:
         digits.append(jnp.where(neg, -d, d).astype(jnp.float32))
     below = (_U32(1) << _clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
     rest = jnp.where(shift < _I32(0), sig & below, _U32(0))  # < 2**24
-    r = rest.astype(jnp.float32) * _pow2(_clamp(shift, _MIN_RESIDUAL, 0))
+    r = rest.astype(jnp.float32) * ops32._float(_pow2_bits(_clamp(shift, _MIN_RESIDUAL, 0)))
     grid = jnp.squeeze(g, axis)
     last = jnp.full(grid.shape, -1, jnp.int32)
     for t, d in enumerate(digits):
@@ -169,9 +157,7 @@ def _dot(x, y, c: int, q: int) -> jax.Array:
         p = jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST)
         return p.astype(jnp.int32)
     pad = q * c - x.shape[-1]
-    zero = np.float32(0)
-    x = jax.lax.pad(x, zero, [(0, 0, 0)] * (x.ndim - 1) + [(0, pad, 0)])
-    y = jax.lax.pad(y, zero, [(0, 0, 0)] * (y.ndim - 2) + [(0, pad, 0), (0, 0, 0)])
+    x, y = _pad(x, -1, pad), _pad(y, -2, pad)
     xs = x.reshape(*x.shape[:-1], q, c)
     ys = y.reshape(*y.shape[:-2], q, c, y.shape[-1])
     p = jnp.einsum("...nqc,...qcm->...qnm", xs, ys, precision=jax.lax.Precision.HIGHEST)
@@ -180,8 +166,7 @@ def _dot(x, y, c: int, q: int) -> jax.Array:
 
 def _chunk_sum(x, c: int, q: int) -> jax.Array:
     """The exact integer Σ of digits ``x`` (..., n) over the last axis (int32)."""
-    pad = q * c - x.shape[-1]
-    x = jax.lax.pad(x, np.float32(0), [(0, 0, 0)] * (x.ndim - 1) + [(0, pad, 0)])
+    x = _pad(x, -1, q * c - x.shape[-1])
     p = jnp.sum(x.reshape(*x.shape[:-1], q, c), axis=-1)
     return jnp.sum(p.astype(jnp.int32), axis=-1, dtype=jnp.int32)
 
@@ -190,6 +175,21 @@ def _floor_log2(x) -> jax.Array:
     """floor(log2 x) of a positive normal float32 (int32)."""
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     return (bits >> _U32(23)).astype(jnp.int32) - _I32(127)
+
+
+def _below_grid(residual, w: int) -> tuple[jax.Array, jax.Array]:
+    """(where the digits miss something, ``x``): they miss less than ``2**(w + x)``
+    grid units given ``residual`` (grid units, summed in float32 from upper bounds:
+    ``2**(floor(log2 R) + 2)`` covers R and its rounding)."""
+    below = residual > np.float32(0)
+    return below, _I32(w + 2) + _floor_log2(jnp.where(below, residual, np.float32(1)))
+
+
+def _sliced(sums: list, weights: list[int], base, lost, inexact, width: int) -> Sliced:
+    """The int32 ``sums`` (each weighing ``2**(base + weight)``) as :class:`Sliced` pieces."""
+    v = jnp.stack(sums)
+    lsb = base[None] + jnp.asarray(weights, jnp.int32).reshape(-1, *(1,) * base.ndim)
+    return Sliced(v < _I32(0), lsb, jnp.abs(v).astype(jnp.uint32), base, lost, inexact, width)
 
 
 def sliced_dot(a, b) -> Sliced:
@@ -206,13 +206,9 @@ def sliced_dot(a, b) -> Sliced:
         for u in range(min(s, s + 1 - t)):
             products[t + u].append(_dot(da.digits[t], db.digits[u], c, q))
     # diagonal t + u weighs 2**(β(2s - 2 - t - u))
-    sums = jnp.stack([functools.reduce(jnp.add, ps) for ps in products])
-    lsb = base[None] + jnp.asarray(
-        [beta * (2 * s - 2 - i) for i in range(s + 1)], jnp.int32
-    ).reshape(-1, *(1,) * base.ndim)
+    sums = [functools.reduce(jnp.add, ps) for ps in products]
     residual = da.residual[..., :, None] + db.residual[..., None, :]
-    below = residual > np.float32(0)
-    lost_below = _I32(s * beta + 2) + _floor_log2(jnp.where(below, residual, np.float32(1)))
+    below, lost_below = _below_grid(residual, s * beta)
     dropped = da.last[..., :, None] + db.last[..., None, :] > _I32(s)
     lost_dropped = _I32(_dropped_bound(k).bit_length())
     lost = jnp.where(
@@ -221,8 +217,8 @@ def sliced_dot(a, b) -> Sliced:
         jnp.where(below, lost_below, lost_dropped),
     )
     width = beta * (2 * s - 2) + _diagonal_bound(k).bit_length()
-    mag = jnp.abs(sums).astype(jnp.uint32)
-    return Sliced(sums < _I32(0), lsb, mag, base, lost, below | dropped, width)
+    weights = [beta * (2 * s - 2 - i) for i in range(s + 1)]
+    return _sliced(sums, weights, base, lost, below | dropped, width)
 
 
 def _longest(fits) -> int:
@@ -243,12 +239,8 @@ def sliced_sum(x) -> Sliced:
         raise ValueError(f"sliced_sum: 1..{_longest(supports_sum)} terms expected, got {n}")
     c, q, beta, s = _sum_plan(n)
     d = _digits(*x, axis=-1, beta=beta, s=s)
-    sums = jnp.stack([_chunk_sum(digit, c, q) for digit in d.digits])
-    lsb = d.grid[None] + jnp.asarray([beta * (s - 1 - t) for t in range(s)], jnp.int32).reshape(
-        -1, *(1,) * d.grid.ndim
-    )
-    inexact = d.residual > np.float32(0)
-    lost = _I32(2) + _floor_log2(jnp.where(inexact, d.residual, np.float32(1)))
+    sums = [_chunk_sum(digit, c, q) for digit in d.digits]
+    below, lost = _below_grid(d.residual, 0)
     width = beta * (s - 1) + (q * c * ((1 << beta) - 1)).bit_length()
-    mag = jnp.abs(sums).astype(jnp.uint32)
-    return Sliced(sums < _I32(0), lsb, mag, d.grid, lost, inexact, width)
+    weights = [beta * (s - 1 - t) for t in range(s)]
+    return _sliced(sums, weights, d.grid, lost, below, width)

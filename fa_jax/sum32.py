@@ -69,7 +69,7 @@ import numpy as np
 from fa_jax import ops32, slices32
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format
-from fa_jax.ops32 import _check, _format
+from fa_jax.ops32 import _check, _format, _pad, _pow2_bits, _shifted
 from fa_jax.rounding import RoundingMode, round_to
 
 __all__ = ["matmul", "sum"]
@@ -162,13 +162,6 @@ def _zeros(shape) -> jax.Array:
     return jax.lax.optimization_barrier(jnp.zeros(shape, jnp.float32))
 
 
-def _pad(x, axis: int, n: int) -> jax.Array:
-    """``x`` with ``n`` zeros appended along ``axis`` (no int64 pad width under x64)."""
-    config = [(0, 0, 0)] * x.ndim
-    config[axis] = (0, n, 0)
-    return jax.lax.pad(x, jnp.zeros((), x.dtype), config)
-
-
 def _scan(f: Callable, init, xs):
     """``lax.scan(f, init, xs)`` for an ``f`` without outputs, counting in int32 (a
     scan's counter is int64 under ``jax_enable_x64``)."""
@@ -192,10 +185,7 @@ def _limbs_of(p: _Pieces, base, n_limbs: int) -> list[jax.Array]:
     s0 = p.lsb - base[None]
     out = []
     for k in range(n_limbs - 1):
-        s = s0 - _I32(k * _D)
-        left = p.sig << ops32._clamp(s, 0, 31).astype(jnp.uint32)
-        right = p.sig >> ops32._clamp(-s, 0, 31).astype(jnp.uint32)
-        v = (jnp.where(s >= _I32(0), left, right) & _MASK).astype(jnp.int32)
+        v = (_shifted(p.sig, s0 - _I32(k * _D)) & _MASK).astype(jnp.int32)
         out.append(jnp.sum(jnp.where(p.neg, -v, v), axis=0, dtype=jnp.int32))
     return out
 
@@ -285,11 +275,7 @@ def _round_limbs(s: _Sum, base, bits, fmt: Format, mode: str) -> _Rounded:
     all_zero = all_one = jnp.ones(top.shape, bool)
     for k, u in enumerate(umag):
         shift = _I32(k * _D) - t
-        g = g + jnp.where(
-            shift >= _I32(0),
-            u << ops32._clamp(shift, 0, 31).astype(jnp.uint32),
-            u >> ops32._clamp(-shift, 0, 31).astype(jnp.uint32),
-        )
+        g = g + _shifted(u, shift)
         below = (_U32(1) << ops32._clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
         sticky = sticky | ((u & below) != _U32(0))
         width = 31 if k == len(umag) - 1 else _D
@@ -312,13 +298,6 @@ def _round_limbs(s: _Sum, base, bits, fmt: Format, mode: str) -> _Rounded:
     else:
         value = _round_directed(sign, exp, kept, (dropped != _U32(0)) | sticky, zero, fmt, mode)
     return _Rounded(value, zero & (lost == _I32(0)), safe)
-
-
-def _pow2_bits(k) -> jax.Array:
-    """float32 bits of 2**k for k in [-149, 127]."""
-    normal = (ops32._clamp(k, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
-    sub = _U32(1) << ops32._clamp(k + _I32(149), 0, 22).astype(jnp.uint32)
-    return jnp.where(k >= _I32(-126), normal, sub)
 
 
 def _round_directed(sign, exp, sig, inexact, zero, fmt: Format, mode: str) -> jax.Array:
@@ -588,21 +567,20 @@ def _accumulated_matmul(a, b, fmt: Format, initial) -> _Rounded:
 _FALLBACK_OUTPUTS = 1 << 9  # outputs the fallback accumulates at once
 
 
-def _in_row_blocks(f: Callable, a, b):
-    """``f(a, b)`` (a pytree of (..., n, m) arrays) computed over blocks of ``a``'s
-    rows of about _FALLBACK_OUTPUTS outputs, one after another: a fallback inside
-    a ``lax.cond`` whose temporaries are not allocated whole at every call
-    (XLA's CPU runtime made an untaken fallback over all outputs cost more than
-    the fast path it guards)."""
+def _in_row_blocks(f: Callable[..., _Rounded], a, b) -> _Rounded:
+    """``f(a, b)`` computed over blocks of ``a``'s rows of about _FALLBACK_OUTPUTS
+    outputs, one after another: a fallback inside a ``lax.cond`` whose temporaries
+    are not allocated whole at every call (XLA's CPU runtime made an untaken
+    fallback over all outputs cost more than the fast path it guards)."""
     *batch, n, k = a.shape
-    r = max(1, min(n, _FALLBACK_OUTPUTS // max(int(np.prod(batch)) * b.shape[-1], 1)))
+    m = b.shape[-1]
+    r = max(1, min(n, _FALLBACK_OUTPUTS // max(int(np.prod(batch)) * m, 1)))
     q = -(-n // r)
     if q == 1:
         return f(a, b)
     a = _pad(a, -2, q * r - n)
     blocks = jnp.moveaxis(a.reshape(*batch, q, r, k), -3, 0)  # (q, ..., r, k)
-    shapes = jax.eval_shape(f, blocks[0], b)
-    init = jax.tree_util.tree_map(lambda x: jnp.zeros((q, *x.shape), x.dtype), shapes)
+    init = _Rounded(*(jnp.zeros((q, *batch, r, m), t) for t in (jnp.float32, bool, bool)))
 
     def body(i, out):
         got = f(jax.lax.dynamic_index_in_dim(blocks, i, keepdims=False), b)
@@ -612,7 +590,7 @@ def _in_row_blocks(f: Callable, a, b):
 
     out = jax.lax.fori_loop(_I32(0), _I32(q), body, init)
     return jax.tree_util.tree_map(
-        lambda x: jnp.moveaxis(x, 0, -3).reshape(*batch, q * r, x.shape[-1])[..., :n, :], out
+        lambda x: jnp.moveaxis(x, 0, -3).reshape(*batch, q * r, m)[..., :n, :], out
     )
 
 
