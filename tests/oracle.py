@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
+
 from fa_jax.formats import Format
 
 
@@ -85,3 +87,16 @@ def round_exact(
     out = float(r)
     assert Fraction(out) == r
     return -out if neg else out
+
+
+def exact_matmul(a, b) -> list[list[Fraction]]:
+    """The exact product of two 2-D arrays of floats, as rows of Fractions."""
+    fa = [[Fraction(float(v)) for v in row] for row in a]
+    fb = [[Fraction(float(v)) for v in col] for col in zip(*b)]
+    return [[sum((x * y for x, y in zip(r, c)), Fraction(0)) for c in fb] for r in fa]
+
+
+def exactly_rounded_matmul(a, b, fmt: Format):
+    """:func:`exact_matmul` with each output rounded once to ``fmt`` (float32 array)."""
+    rows = [[round_exact(v, fmt) for v in row] for row in exact_matmul(a, b)]
+    return np.asarray(rows, np.float32)

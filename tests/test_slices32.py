@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import x64_enabled
-from oracle import round_exact
+from oracle import exact_matmul, exactly_rounded_matmul, round_exact
 
 from fa_jax import get_format, slices32, sum32
 from fa_jax.rounding import round_to
@@ -46,12 +46,6 @@ def draw(kind: str, shape, rng) -> np.ndarray:
         x = np.array(round_to(jnp.asarray(x), BF16))
     x[..., 0, :] = 0
     return x
-
-
-def exact(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
-    fa = [[Fraction(float(v)) for v in row] for row in a]
-    fb = [[Fraction(float(v)) for v in col] for col in b.T]
-    return [[sum((x * y for x, y in zip(r, c)), Fraction(0)) for c in fb] for r in fa]
 
 
 def test_the_plans_keep_every_float32_sum_exact_and_int32_in_range():
@@ -109,7 +103,7 @@ def test_the_fast_path_rounds_the_exact_sum_where_it_decides(k):
     matmul = lambda x, y, f: sum32._sliced_matmul(x, y, f)  # noqa: E731
     rounded = {fmt: jax.jit(matmul, static_argnums=2)(a, b, fmt) for fmt in (FP32, BF16)}
     for w, kind in enumerate(KINDS):
-        for (i, j), truth in np.ndenumerate(np.asarray(exact(a[w], b[w]), object)):
+        for (i, j), truth in np.ndenumerate(np.asarray(exact_matmul(a[w], b[w]), object)):
             check_pieces(s, truth, (w, i, j))
             for fmt, r in rounded.items():
                 check_rounding(r, truth, fmt, (w, i, j))
@@ -138,7 +132,7 @@ def test_sum32_takes_the_fast_path_eagerly_too():
     a, b = draw("bf16", (8, 64), rng), draw("bf16", (64, 8), rng)
     eager = sum32.matmul(jnp.asarray(a), jnp.asarray(b), FP32)
     jitted = jax.jit(lambda x, y: sum32.matmul(x, y, FP32))(a, b)
-    want = np.asarray([[round_exact(v, FP32) for v in row] for row in exact(a, b)], np.float32)
+    want = exactly_rounded_matmul(a, b, FP32)
     assert (np.asarray(eager).view(np.uint32) == want.view(np.uint32)).all()
     assert (np.asarray(jitted).view(np.uint32) == want.view(np.uint32)).all()
 

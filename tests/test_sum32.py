@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import x64_enabled
-from oracle import round_exact
+from oracle import exact_matmul, exactly_rounded_matmul, round_exact
 
 from fa_jax import custom, get_format, ops, sum32
 from fa_jax.rounding import round_to
@@ -215,12 +215,8 @@ def test_exact_matmul_is_the_exact_sum_of_the_products_rounded_once():
     a[0] = [1.0, 2.0**-100, -1.0, 2.0**-149, -(2.0**-149), 3.0]  # products below float32
     b[:, 0] = [1.0, 1.0, 1.0, 2.0**-149, 2.0**-149, 2.0**-149]
     got = np.asarray(jax.jit(lambda a, b: sum32.matmul(a, b, FP32))(a, b))
-    for i in range(4):
-        for j in range(3):
-            total = sum(
-                (Fraction(float(a[i, t])) * Fraction(float(b[t, j])) for t in range(6)), Fraction(0)
-            )
-            assert bits(got[i, j]) == bits(np.float32(round_exact(total, FP32))), (i, j)
+    for (i, j), total in np.ndenumerate(np.asarray(exact_matmul(a, b), object)):
+        assert bits(got[i, j]) == bits(np.float32(round_exact(total, FP32))), (i, j)
 
 
 @pytest.mark.slow
@@ -309,14 +305,6 @@ def test_arguments_are_checked():
         sum32.matmul(x, x, FP32)
     with pytest.raises(ValueError, match="<= 53"):
         sum32.sum(x, FP32, accumulation="tensor_core(k=4, extra_bits=30)")
-
-
-def exactly_rounded_matmul(a, b, fmt) -> np.ndarray:
-    """The exact a @ b (``fractions.Fraction``), each output rounded once."""
-    fa = [[Fraction(float(v)) for v in row] for row in a]
-    fb = [[Fraction(float(v)) for v in col] for col in b.T]
-    rows = [[round_exact(sum(x * y for x, y in zip(r, c)), fmt) for c in fb] for r in fa]
-    return np.asarray(rows, np.float32)
 
 
 def test_the_fallback_is_exact_in_row_blocks_and_a_branch_under_vmap():
