@@ -28,10 +28,13 @@ from fa_jax import BF16, Blocks, fa2_kernel, flash_attention
 
 def native_attention(q, k, v):
     """Plain float32 attention in XLA: einsum, softmax, einsum."""
-    s = jnp.einsum("bqd,bkd->bqk", q, k, precision=jax.lax.Precision.HIGHEST) / np.sqrt(q.shape[-1])
-    return jnp.einsum(
+    scale = q.shape[-1] ** -0.5  # a Python float: weakly typed, float32 even under x64
+    s = jnp.einsum("bqd,bkd->bqk", q, k, precision=jax.lax.Precision.HIGHEST) * scale
+    o = jnp.einsum(
         "bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v, precision=jax.lax.Precision.HIGHEST
     )
+    assert o.dtype == jnp.float32, o.dtype
+    return o
 
 
 def best_time(fn, *args, repeats: int) -> float:
