@@ -84,6 +84,7 @@ _SL = "tests/test_slices32.py"
 SLICED_DOT = f"{_SL}::test_the_fast_path_rounds_the_exact_sum_where_it_decides"
 SLICED_SUM = f"{_SL}::test_the_fast_sum_rounds_the_exact_sum_where_it_decides"
 FALLBACK = "tests/test_sum32.py::test_the_fallback_is_exact_in_row_blocks_and_a_branch_under_vmap"
+NATIVE_CHECKS = "tests/test_native32.py::test_each_check_sends_the_matmul_to_the_fallback"
 
 
 class Mutant(NamedTuple):
@@ -792,10 +793,32 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "sum32",
-        "            _all(sliced.safe),\n",
+        "            batch_all(sliced.safe),\n",
         "            jnp.bool_(True),\n",
         "the fast path taken where it cannot decide",
         FALLBACK,
+    ),
+    # -- native32.py --------------------------------------------------------------
+    _m(
+        "native32",
+        "    return (lo_a * lo_b >= _PRODUCT_FLOOR) & (hi_a * hi_b <= _MAX)\n",
+        "    return hi_a * hi_b <= _MAX\n",
+        "products below 2**-102 (partial sums that may go subnormal) on the hardware",
+        NATIVE_CHECKS,
+    ),
+    _m(
+        "native32",
+        "bits & _LOW_BITS if short else np.uint32(0)",
+        "np.uint32(0)",
+        "13-bit and wider significands (inexact products) on the hardware",
+        NATIVE_CHECKS,
+    ),
+    _m(
+        "native32",
+        "    beyond = jnp.where(tiny, fraction,",
+        "    beyond = jnp.where(tiny, 0 * fraction,",
+        "subnormal operands (flushed) on the hardware",
+        NATIVE_CHECKS,
     ),
 )
 

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from fa_jax import exp32, lse32, ops32, sum32
+from fa_jax import exp32, lse32, native32, ops32, sum32
 from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format, get_format
@@ -579,8 +579,12 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
     def step(acc, ab):
         return add(acc, dot(*ab), fmt), None
 
-    acc, _ = jax.lax.scan(step, start, (a_chunks, b_chunks))
-    return acc
+    def emulated():
+        return jax.lax.scan(step, start, (a_chunks, b_chunks))[0]
+
+    if c == 1 and native32.is_binary32(fmt):
+        return native32.sequential_matmul(a, b, start, emulated)
+    return emulated()
 
 
 # -- the tensor-core block FMA (fa_jax.accumulation, Fasi et al. 2021) ----------------

@@ -66,7 +66,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import ops32, slices32
+from fa_jax import native32, ops32, slices32
+from fa_jax._fallback import batch_all
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format
 from fa_jax.ops32 import _check, _format, _pad, _pow2_bits, _shifted
@@ -139,21 +140,6 @@ def _product_pieces(a: _Operand, b: _Operand) -> _Pieces:
 def _top_exponent(p: _Pieces) -> jax.Array:
     """An upper bound on the exponent of the largest piece (over the last axis)."""
     return jnp.max(jnp.where(p.sig != _U32(0), p.lsb + _I32(23), _I32(_NO_EXPONENT)), axis=0)
-
-
-@jax.custom_batching.custom_vmap
-def _all(x) -> jax.Array:
-    """``jnp.all(x)``, taken over the whole batch under ``vmap``: the predicate of a
-    fallback's ``lax.cond`` stays a scalar, so the fallback stays a branch, not a
-    ``select`` that runs it always.  Where any configuration of a batch needs the
-    fallback, all take it; the fallback is exact for every output."""
-    return jnp.all(x)
-
-
-@_all.def_vmap
-def _all_batched(axis_size: int, in_batched, x):
-    del axis_size, in_batched
-    return jnp.all(x), False
 
 
 def _zeros(shape) -> jax.Array:
@@ -363,7 +349,7 @@ def _exact(
         return r.value, r.zero
 
     value, zero = jax.lax.cond(
-        _all(window.safe), lambda _: (window.value, window.zero), full_range, None
+        batch_all(window.safe), lambda _: (window.value, window.zero), full_range, None
     )
     return _Rounded(value, zero, jnp.ones_like(zero))
 
@@ -422,7 +408,7 @@ def _exact_sum(terms, fmt: Format) -> jax.Array:
     accumulated = lambda _: _exact_pieces(_value_pieces(terms), _VALUES, fmt)  # noqa: E731
     if slices32.supports_sum(n):
         sliced = _rounded_slices(slices32.sliced_sum(_operand(jnp.moveaxis(terms, 0, -1))), fmt)
-        r = jax.lax.cond(_all(sliced.safe), lambda _: sliced, accumulated, None)
+        r = jax.lax.cond(batch_all(sliced.safe), lambda _: sliced, accumulated, None)
     else:
         r = accumulated(None)
     zero_neg = _is_neg_zero(terms[0]) if n == 1 else jnp.zeros(terms.shape[1:], bool)
@@ -599,7 +585,7 @@ def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
     if initial is None and slices32.supports(k):
         sliced = _sliced_matmul(a, b, fmt)
         r = jax.lax.cond(
-            _all(sliced.safe),
+            batch_all(sliced.safe),
             lambda _: sliced,
             lambda _: _in_row_blocks(lambda x, y: _accumulated_matmul(x, y, fmt, None), a, b),
             None,
@@ -643,8 +629,12 @@ def _sequential_matmul(a, b, fmt: Format, start) -> jax.Array:
         a_t, b_t = _pairs(ab[0][0], ab[1][0])  # (..., n, 1), (..., 1, m)
         return ops32.fma(a_t, b_t, acc, fmt), None
 
-    acc, _ = _scan(step, start, (a_steps, b_steps))
-    return acc
+    def emulated():
+        return _scan(step, start, (a_steps, b_steps))[0]
+
+    if native32.is_binary32(fmt):
+        return native32.sequential_matmul(a, b, start, emulated)
+    return emulated()
 
 
 def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None) -> jax.Array:
