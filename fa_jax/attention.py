@@ -74,6 +74,7 @@ from jax.core import Tracer
 
 from fa_jax import ops
 from fa_jax._checks import one_of, positive_int
+from fa_jax._fusion import materialised
 from fa_jax._jit import jit_config
 from fa_jax.backward import flash_backward, reference_backward
 from fa_jax.exponential import CORRECTLY_ROUNDED
@@ -198,7 +199,7 @@ def _masked_scores(q, k, scale, policy: Policy, causal, q_lengths, kv_lengths, c
     backward's recomputation."""
     s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
     keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2], col0)
-    return jnp.where(keep, s, -jnp.inf)
+    return materialised(jnp.where(keep, s, -jnp.inf))  # read by the row max and the exp
 
 
 def _mask(n, m, causal, q_lengths, kv_lengths, lead, col0=0):

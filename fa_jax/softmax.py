@@ -52,6 +52,7 @@ from jax.core import Tracer
 
 from fa_jax import ops
 from fa_jax._checks import positive_int
+from fa_jax._fusion import materialised
 from fa_jax._jit import jit_config
 from fa_jax.policy import Policy
 
@@ -133,7 +134,8 @@ def shifted_exp(x, m, policy: Policy, *, log2_scale=None, shift_scale=None):
         shifted = ops.fma(x, jnp.broadcast_to(c, x.shape), -shift, policy.exp)
     else:
         shifted = ops.sub(x, m, policy.exp)
-    return jnp.where(masked, 0.0, policy.exp_model.fn(shifted, policy.exp))
+    e = jnp.where(masked, 0.0, policy.exp_model.fn(shifted, policy.exp))
+    return materialised(e)  # read by the row sum and by P: computed once
 
 
 def rescale_factor(m_old, m_new, policy: Policy, *, log2_scale=None):
