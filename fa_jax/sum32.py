@@ -68,6 +68,7 @@ import numpy as np
 
 from fa_jax import native32, ops32, slices32
 from fa_jax._fallback import batch_all
+from fa_jax._fusion import materialised
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format
 from fa_jax.ops32 import _check, _format, _pad, _pow2_bits, _shifted
@@ -515,6 +516,7 @@ def _stand_in_dot(a, b) -> jax.Array:
 
 def _sliced_matmul(a, b, fmt: Format) -> _Rounded:
     """a @ b rounded to nearest from :func:`fa_jax.slices32.sliced_dot`'s pieces."""
+    a, b = materialised(a), materialised(b)  # each read by every digit: computed once
     return _rounded_slices(slices32.sliced_dot(_operand(a), _operand(b)), fmt)
 
 

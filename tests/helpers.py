@@ -9,12 +9,27 @@ from fa_jax._x64 import float64_enabled
 # Enable float64 for the duration of a block, restoring the previous setting.
 x64_enabled = float64_enabled
 
-__all__ = ["csv_has_rows", "largest_n_below", "load_experiment", "wide_types", "x64_enabled"]
+__all__ = [
+    "csv_has_rows",
+    "largest_n_below",
+    "load_experiment",
+    "wide_tensors",
+    "wide_types",
+    "x64_enabled",
+]
 
 _WIDE_TENSOR = re.compile(r"tensor<(?:[0-9]+x)+(f64|i64|ui64)>")  # of rank >= 1
+_WIDE_ANY = re.compile(r"tensor<[0-9?x]*(?:f64|i64|ui64)>")
 # reduce_window's padding, an attribute StableHLO always types i64: no array on the device
 _PADDING_ATTRIBUTE = re.compile(r"padding = dense<[^>]*> : tensor<[0-9x]+i64>")
 _WIDE_HLO = re.compile(r"\b(f64)\[|\b([su]64)\[[0-9]")
+
+
+def wide_tensors(stablehlo: str, *, scalars: bool = False) -> list[str]:
+    """The 64-bit array types in StableHLO text: of rank >= 1, or of any rank with
+    ``scalars``."""
+    pattern = _WIDE_ANY if scalars else _WIDE_TENSOR
+    return pattern.findall(_PADDING_ATTRIBUTE.sub("", stablehlo))
 
 
 def wide_types(lowered, compiled=None) -> list[str]:
@@ -24,7 +39,7 @@ def wide_types(lowered, compiled=None) -> list[str]:
     scalars that XLA folds away, and a scan's loop counter is an int64 scalar
     under x64 (int32 without it): scalars a TPU handles.  A ``reduce_window``'s
     padding attribute is i64 in every program and is not an array."""
-    found = _WIDE_TENSOR.findall(_PADDING_ATTRIBUTE.sub("", lowered.as_text()))
+    found = wide_tensors(lowered.as_text())
     compiled = lowered.compile() if compiled is None else compiled
     found += ["".join(m) for m in _WIDE_HLO.findall(compiled.as_text())]
     return sorted(set(found))

@@ -8,14 +8,13 @@ The programs hold no 64-bit type, with ``jax_enable_x64`` on or off.
 """
 
 import math
-import re
 from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import x64_enabled
+from helpers import wide_tensors, x64_enabled
 from oracle import exact_matmul, exactly_rounded_matmul, round_exact
 
 from fa_jax import custom, get_format, ops, sum32
@@ -291,7 +290,7 @@ def test_the_programs_hold_no_64_bit_type(slow):
             .lower(a, b)
             .as_text()
         )
-        found = re.findall(r"tensor<[0-9?x]*(?:f64|i64|ui64)>", text)
+        found = wide_tensors(text, scalars=True)
         assert not found, (model, found[:3])
 
 
