@@ -37,6 +37,7 @@ from fa_jax.formats import Format, get_format
 from fa_jax.widening import widen
 
 __all__ = [
+    "abs_diff_summary",
     "max_abs_diff",
     "max_rel_diff",
     "mean_abs_diff",
@@ -165,11 +166,47 @@ def rmse(a, b) -> jax.Array:
       ``[]`` in the computation dtype.
     """
     d = _abs_diff(a, b, "rmse")
-    s = jnp.max(d)
-    safe = jnp.where((s > 0) & jnp.isfinite(s), s, jnp.ones_like(s))
-    scaled = safe * jnp.sqrt(jnp.mean(jnp.square(d / safe)))
+    return _rmse(d, jnp.max(d))
+
+
+def _rmse(d, s) -> jax.Array:
+    """rmse from ``d = |a - b|`` and ``s = max d``: the array operations one call
+    each, as they always ran eagerly (fused into one program, the square could
+    contract into the sum), the scalar ones in one program (exact either way)."""
+    safe = _rmse_scale(s)
+    return _rmse_finish(s, safe, jnp.mean(jnp.square(d / safe)))
+
+
+@jax.jit
+def _rmse_scale(s):
+    return jnp.where((s > 0) & jnp.isfinite(s), s, jnp.ones_like(s))
+
+
+@jax.jit
+def _rmse_finish(s, safe, mean_square):
     # s == 0 -> 0; s == inf -> inf; s NaN -> NaN (from max).
-    return jnp.where((s > 0) & jnp.isfinite(s), scaled, s)
+    return jnp.where((s > 0) & jnp.isfinite(s), safe * jnp.sqrt(mean_square), s)
+
+
+def abs_diff_summary(a, b) -> dict[str, jax.Array]:
+    """``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff`` and ``rmse`` of ``a``
+    against ``b``, each bit for bit the function of that name, from one ``|a - b|``
+    (and one max) instead of four: what a sweep computes for every configuration.
+
+    Args:
+      a: ``[...]`` measured.  b: ``[...]`` reference, same shape.
+
+    Returns:
+      A dict of ``[]`` arrays in the computation dtype.
+    """
+    d = _abs_diff(a, b, "abs_diff_summary")
+    s = jnp.max(d)
+    return {
+        "max_abs_diff": s,
+        "mean_abs_diff": jnp.mean(d),
+        "std_abs_diff": jnp.std(d, ddof=0),
+        "rmse": _rmse(d, s),
+    }
 
 
 def max_rel_diff(a, b, *, eps=None) -> jax.Array:
@@ -418,10 +455,4 @@ def summary(a, b) -> dict[str, jax.Array]:
     function of that name.  A dict of arrays is a pytree, so ``summary`` jits
     and vmaps.
     """
-    return {
-        "max_abs_diff": max_abs_diff(a, b),
-        "mean_abs_diff": mean_abs_diff(a, b),
-        "std_abs_diff": std_abs_diff(a, b),
-        "rmse": rmse(a, b),
-        "max_rel_diff": max_rel_diff(a, b),
-    }
+    return {**abs_diff_summary(a, b), "max_rel_diff": max_rel_diff(a, b)}

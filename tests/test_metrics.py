@@ -166,6 +166,24 @@ def test_summary():
     assert all(v.shape == (a.shape[0],) for v in sv.values())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_abs_diff_summary_is_each_function_bit_for_bit(dtype, x64):
+    """The sweep's CSV holds these values: they must be the public functions' own,
+    on random pairs, identical pairs, and pairs with inf and NaN differences."""
+    a, b = sample_pair(11, (4, 1024, 8))
+    identical = (b, b)
+    with_inf = (np.where(np.arange(a.size).reshape(a.shape) == 5, np.inf, a), b)
+    with_nan = (np.where(np.arange(a.size).reshape(a.shape) == 7, np.nan, a), b)
+    for x, y in ((a, b), identical, with_inf, with_nan):
+        x, y = jnp.asarray(x, dtype), jnp.asarray(y, dtype)
+        got = M.abs_diff_summary(x, y)
+        assert sorted(got) == ["max_abs_diff", "mean_abs_diff", "rmse", "std_abs_diff"]
+        for name, value in got.items():
+            want = np.asarray(getattr(M, name)(x, y))
+            bits = f"u{want.itemsize}"
+            np.testing.assert_array_equal(np.asarray(value).view(bits), want.view(bits), name)
+
+
 # -- ULP distance --------------------------------------------------------------------
 
 

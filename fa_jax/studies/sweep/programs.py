@@ -164,6 +164,9 @@ def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal):
 
 
 def metric_values(a, b):
-    """The public metric functions, called eagerly as a user would: fused under one
-    jit, rmse's last bit can change, and the CSV must equal direct calls."""
-    return [getattr(metrics, m)(a, b) for m in METRICS]
+    """The public metric functions' values, computed eagerly as a user's calls
+    would be (:func:`~fa_jax.metrics.abs_diff_summary`: one ``|a - b|`` for all
+    four): fused under one jit, rmse's last bit can change, and the CSV must
+    equal direct calls."""
+    summary = metrics.abs_diff_summary(a, b)
+    return [summary[m] for m in METRICS]
