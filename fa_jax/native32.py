@@ -80,7 +80,7 @@ def _binary32(x, *, short: bool) -> tuple[jax.Array, jax.Array]:
 def _magnitudes(x32) -> tuple[jax.Array, jax.Array]:
     """The smallest nonzero and the largest magnitude (inf and 0 where all are 0)."""
     mag = jnp.abs(x32)
-    return jnp.min(jnp.where(mag > 0, mag, jnp.inf)), jnp.max(mag)
+    return jnp.min(jnp.where(mag > 0, mag, np.float32(np.inf))), jnp.max(mag)
 
 
 def _on_grid(x32) -> jax.Array:
@@ -111,9 +111,15 @@ def sequential_matmul(a, b, start, fallback: Callable[[], jax.Array]) -> jax.Arr
     b_steps = jnp.moveaxis(b32, -2, 0)[..., None, :]  # (K, ..., 1, m)
 
     def hardware(_):
+        def step(state):  # a loop counted in int32: a scan's counter is int64 under x64
+            k, acc = state
+            return k + np.int32(1), acc + a_steps[k] * b_steps[k]
+
+        def more(state):
+            return state[0] < np.int32(a_steps.shape[0])
+
         acc = jax.lax.optimization_barrier(c32)  # XLA folds 0 + x to x (-0 for x = -0)
-        for_each_k = lambda acc, ab: (acc + ab[0] * ab[1], None)  # noqa: E731
-        acc, _ = jax.lax.scan(for_each_k, acc, (a_steps, b_steps))
+        _, acc = jax.lax.while_loop(more, step, (np.int32(0), acc))
         return jax.lax.convert_element_type(acc, start.dtype)
 
     return jax.lax.cond(batch_all(ok), hardware, lambda _: fallback(), None)
