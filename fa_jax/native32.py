@@ -39,6 +39,7 @@ import numpy as np
 
 from fa_jax._fallback import batch_all
 from fa_jax.formats import FP32, Format
+from fa_jax.ops32 import _scan
 
 __all__ = ["is_binary32", "sequential_matmul"]
 
@@ -111,15 +112,8 @@ def sequential_matmul(a, b, start, fallback: Callable[[], jax.Array]) -> jax.Arr
     b_steps = jnp.moveaxis(b32, -2, 0)[..., None, :]  # (K, ..., 1, m)
 
     def hardware(_):
-        def step(state):  # a loop counted in int32: a scan's counter is int64 under x64
-            k, acc = state
-            return k + np.int32(1), acc + a_steps[k] * b_steps[k]
-
-        def more(state):
-            return state[0] < np.int32(a_steps.shape[0])
-
         acc = jax.lax.optimization_barrier(c32)  # XLA folds 0 + x to x (-0 for x = -0)
-        _, acc = jax.lax.while_loop(more, step, (np.int32(0), acc))
+        acc, _ = _scan(lambda acc, ab: (acc + ab[0] * ab[1], None), acc, (a_steps, b_steps))
         return jax.lax.convert_element_type(acc, start.dtype)
 
     return jax.lax.cond(batch_all(ok), hardware, lambda _: fallback(), None)

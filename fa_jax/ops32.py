@@ -54,6 +54,7 @@ change which sign survives), then ``round_to``.  ``cast`` is ``round_to``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -119,6 +120,20 @@ def _pow2_bits(k) -> jax.Array:
     normal = (_clamp(k, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
     sub = _U32(1) << _clamp(k + _I32(149), 0, 22).astype(jnp.uint32)
     return jnp.where(k >= _I32(-126), normal, sub)
+
+
+def _scan(f: Callable, init, xs):
+    """``lax.scan(f, init, xs)`` for an ``f`` without outputs, counting in int32 (a
+    scan's counter is int64 under ``jax_enable_x64``)."""
+    n = jax.tree_util.tree_leaves(xs)[0].shape[0]
+
+    def body(state):
+        i, carry = state
+        x = jax.tree_util.tree_map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), xs)
+        return i + _I32(1), f(carry, x)[0]
+
+    _, carry = jax.lax.while_loop(lambda s: s[0] < _I32(n), body, (_I32(0), init))
+    return carry, None
 
 
 def _pad(x, axis: int, n: int) -> jax.Array:

@@ -71,7 +71,7 @@ from fa_jax._fallback import batch_all
 from fa_jax._fusion import materialised
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
 from fa_jax.formats import Format
-from fa_jax.ops32 import _check, _format, _pad, _pow2_bits, _shifted
+from fa_jax.ops32 import _check, _format, _pad, _pow2_bits, _scan, _shifted
 from fa_jax.rounding import RoundingMode, round_to
 
 __all__ = ["matmul", "sum"]
@@ -147,20 +147,6 @@ def _zeros(shape) -> jax.Array:
     """+0 accumulators, hidden from XLA's simplifier, which folds ``0 + x`` to ``x``
     (-0 where x is -0: IEEE gives +0)."""
     return jax.lax.optimization_barrier(jnp.zeros(shape, jnp.float32))
-
-
-def _scan(f: Callable, init, xs):
-    """``lax.scan(f, init, xs)`` for an ``f`` without outputs, counting in int32 (a
-    scan's counter is int64 under ``jax_enable_x64``)."""
-    n = jax.tree_util.tree_leaves(xs)[0].shape[0]
-
-    def body(state):
-        i, carry = state
-        x = jax.tree_util.tree_map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), xs)
-        return i + _I32(1), f(carry, x)[0]
-
-    _, carry = jax.lax.while_loop(lambda s: s[0] < _I32(n), body, (_I32(0), init))
-    return carry, None
 
 
 # -- the limb accumulator ------------------------------------------------------------
