@@ -173,19 +173,21 @@ def _rmse(d, s) -> jax.Array:
     """rmse from ``d = |a - b|`` and ``s = max d``: the array operations one call
     each, as they always ran eagerly (fused into one program, the square could
     contract into the sum), the scalar ones in one program (exact either way)."""
-    safe = _rmse_scale(s)
-    return _rmse_finish(s, safe, jnp.mean(jnp.square(d / safe)))
+    scaled, safe = _rmse_scale(s)
+    return _rmse_finish(s, scaled, safe, jnp.mean(jnp.square(d / safe)))
 
 
 @jax.jit
 def _rmse_scale(s):
-    return jnp.where((s > 0) & jnp.isfinite(s), s, jnp.ones_like(s))
+    """Whether ``s`` can scale (finite, > 0), and the scale: ``s`` or 1."""
+    scaled = (s > 0) & jnp.isfinite(s)
+    return scaled, jnp.where(scaled, s, jnp.ones_like(s))
 
 
 @jax.jit
-def _rmse_finish(s, safe, mean_square):
+def _rmse_finish(s, scaled, safe, mean_square):
     # s == 0 -> 0; s == inf -> inf; s NaN -> NaN (from max).
-    return jnp.where((s > 0) & jnp.isfinite(s), safe * jnp.sqrt(mean_square), s)
+    return jnp.where(scaled, safe * jnp.sqrt(mean_square), s)
 
 
 def abs_diff_summary(a, b) -> dict[str, jax.Array]:
