@@ -185,7 +185,6 @@ def test_ops_give_the_bits_of_the_emulation(carrier, monkeypatch):
     rng = np.random.default_rng(2)
     calls = {
         "matmul": lambda a, b: ops.matmul(a, b, FP32, accumulation="sequential"),
-        "chunked(1)": lambda a, b: ops.matmul(a, b, FP32, accumulation="chunked(1)"),
     }
     for a, b in operand_sets(rng):
         a, b = a.astype(carrier), b.astype(carrier)

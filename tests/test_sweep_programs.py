@@ -83,6 +83,7 @@ def test_programs_equal_direct_calls_bitwise(x64):
     assert np.array_equal(_bits(got), _bits(flash))
 
 
+@pytest.mark.slow  # attention's float32 programs are checked by default in test_carrier.py
 def test_a_float32_flash_program_holds_no_64_bit_type(x64):
     """With x64 on, so that a stray float64 or int64 would show: the lowered flash
     program on a float32 carrier, traced widths and lengths, uses 32-bit types only."""
