@@ -50,8 +50,8 @@ Masks: ``causal`` keeps key j for query i when j <= i (top-left aligned, as
 PyTorch's ``is_causal``); ``q_lengths``/``kv_lengths`` (broadcastable to the
 leading dimensions) keep rows i < q_len and keys j < kv_len.  Sequence lengths
 need not be multiples of the block sizes: K and V are padded to a multiple of
-``Bc`` and the padding is masked.  A fully masked row has output 0 and
-log-sum-exp -inf.
+``Bc`` and masked; flash's key loop ends at the last block holding a kept key.
+A fully masked row has output 0 and log-sum-exp -inf.
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
 under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for
@@ -448,6 +448,33 @@ def _key_blocks(k, v, bc: int):
     return k_blocks, v_blocks, jnp.arange(n_blocks, dtype=jnp.int32) * bc
 
 
+def _over_key_blocks(step, init, blocks, last, bc: int):
+    """``step`` over the key blocks in order; with ``last`` (the largest kept key
+    length), only over the first ceil(last / Bc), as FlashAttention kernels bound
+    their key loop by the sequence length.  A block past every key would only
+    rescale by α = 1 and add zeros; skipping it gives a padded call the unpadded
+    numbers at the unpadded cost: the trip count is a traced value (per
+    configuration under ``vmap``), so one program serves every length up to its
+    padded one."""
+    if last is None:
+        return jax.lax.scan(step, init, blocks)[0]
+    n_blocks = blocks[0].shape[0]
+    live = jnp.clip(-(-last // bc), 0, n_blocks).astype(jnp.int32)
+
+    def body(j, carry):
+        return step(carry, jax.tree_util.tree_map(lambda x: x[j], blocks))[0]
+
+    return jax.lax.fori_loop(jnp.int32(0), live, body, init)
+
+
+def _unless_past(last, col0: int, update, carry):
+    """``update(carry)`` for the block starting at ``col0``, unless it lies past
+    every key (``last``, None for all kept)."""
+    if last is None:
+        return update(carry)
+    return jax.lax.cond(col0 < last, update, lambda c: c, carry)
+
+
 def _unblock(x_blocks, mk: int):
     """(n_blocks, ..., Bc, c) blocks back to (..., M, c), the padding dropped."""
     x = jnp.moveaxis(x_blocks, 0, -3)
@@ -480,11 +507,13 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         jnp.zeros((*lead, n), q.dtype),
         jnp.zeros((*lead, n, dv), q.dtype),
     )
+    last = None if kv_lengths is None else jnp.max(kv_len)  # past it no block holds a key
     if full:
-        k_blocks, v_blocks, col0s = _key_blocks(k[..., :full, :], v[..., :full, :], bc)
-        init, _ = jax.lax.scan(step, init, (k_blocks, v_blocks, col0s))
+        blocks = _key_blocks(k[..., :full, :], v[..., :full, :], bc)
+        init = _over_key_blocks(step, init, blocks, last, bc)
     if full < mk:
-        init, _ = step(init, (k[..., full:, :], v[..., full:, :], full))
+        rest = (k[..., full:, :], v[..., full:, :], full)
+        init = _unless_past(last, full, lambda c: step(c, rest)[0], init)
     m, l, o = init
     if variant in ("fa2", *_LANES):
         out = _normalise_output(o, l[..., None], policy)

@@ -194,6 +194,41 @@ def test_sweep_equals_direct_calls_bitwise(
     assert got[("flash_vs_golden", "max_abs_diff")] > 0
 
 
+def test_lengths_far_apart_share_flash_programs_and_equal_direct_calls(x64, tmp_path):
+    """Flash programs pad lengths up to 8x apart (they skip the key blocks past a
+    configuration's length; the reference programs keep 2x buckets), and every
+    row still equals unpadded direct calls; kernel models, whose policies change
+    with the length, keep the reference buckets."""
+    from fa_jax.studies.sweep.batch import chunks_of, flash_chunks_of
+
+    g = Grid(formats=("bf16",), seq_lens=(8, 20, 64), blocks=(Blocks(8, 8),), d=8)
+    assert chunks_of(g, True) == [(8,), (20,), (64,)]
+    assert flash_chunks_of(g, True) == [(8, 20, 64)]
+    kernel = Grid(
+        formats=("bf16",), seq_lens=(32, 512), blocks=(Blocks(8, 8),), d=8, policies=("kernel:xla",)
+    )
+    assert flash_chunks_of(kernel, True) == chunks_of(kernel, True) == [(32,), (512,)]
+    rows = read_rows(run_sweep(g, tmp_path, quiet=True))
+    pol = paper_uniform("bf16")
+    for n in g.seq_lens:
+        q, k, v = make_inputs(0, n, d=8)
+        outs = {
+            "flash": flash_attention(q, k, v, pol, Blocks(8, 8))[0],
+            "baseline": reference_attention(q, k, v, pol),
+            "golden": reference_attention(*(round_to(t, "bf16") for t in (q, k, v)), golden()),
+        }
+        got = {
+            (r["comparison"], r["metric"]): float(r["value"])
+            for r in rows
+            if r["seq_len"] == str(n)
+        }
+        want = {}
+        for comp in COMPARISONS:
+            a, b = comp.split("_vs_")
+            want.update({(comp, m): float(getattr(metrics, m)(outs[a], outs[b])) for m in METRICS})
+        assert got == want, n
+
+
 def test_causal_sweep_equals_direct_call(x64, tmp_path):
     # Two tilings with the same Bc share one flash run in the sweep (Br does not
     # change the numbers); each label must still equal its own direct call.

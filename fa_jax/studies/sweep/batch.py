@@ -5,9 +5,14 @@ whose policies share their shapes (:class:`~.programs.PolicyShape`), and gives
 each program its inputs and each configuration's policy widths.  Lengths are
 padded only within buckets whose longest length is at most :data:`PAD_RATIO`
 times the shortest (:func:`length_buckets`), one program per bucket: padding
-a short length to a much longer one costs quadratically.  The inputs of each
-(seed, seq_len) are :func:`fa_jax.inputs.make_inputs`, so every program sees
-the values a direct call would.
+a short length to a much longer one costs the reference programs
+quadratically.  Flash programs visit only the key blocks a configuration's
+length holds (:func:`fa_jax.attention.flash_attention`), so padding costs them
+only the padded query rows, linearly: they take wider buckets
+(:data:`FLASH_PAD_RATIO`), and fewer programs, wherever the policies do not
+depend on the length (kernel models' do).  The inputs of each (seed, seq_len)
+are :func:`fa_jax.inputs.make_inputs`, so every program sees the values a
+direct call would.
 
 Pieces: each call runs over its configurations in pieces of
 :data:`PIECE` configurations per device, the last one padded, so that a
@@ -51,9 +56,19 @@ from fa_jax.studies.sweep.programs import (
     stage_slots,
 )
 
-__all__ = ["MEMORY_BUDGET", "PAD_RATIO", "PIECE", "FormatBatch", "host", "length_buckets", "shard"]
+__all__ = [
+    "FLASH_PAD_RATIO",
+    "MEMORY_BUDGET",
+    "PAD_RATIO",
+    "PIECE",
+    "FormatBatch",
+    "host",
+    "length_buckets",
+    "shard",
+]
 
 PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
+FLASH_PAD_RATIO = 8  # flash's padded work is linear in the ratio, the reference's quadratic
 PIECE = 2  # configurations per device in one call
 MEMORY_BUDGET = 4 * 2**30  # bytes of working memory per compiled call
 
@@ -130,26 +145,29 @@ class FormatBatch:
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
         self.executables, self.carrier = executables, carrier
         self.chunks = chunks_of(grid, pad)
+        self.flash_chunks = flash_chunks_of(grid, pad)
         if carrier == "float32":
             for preset in grid.policies:
                 for f in fmts:  # the policy's own check, with its message
                     policy_of(preset, f, grid.seq_lens[0], grid.d).replace(carrier="float32")
 
-        def slots(presets):
-            ns = [max(c) for c in self.chunks]
+        def slots(presets, chunks):
+            ns = [max(c) for c in chunks]
             pols = [policy_of(p, f, n, grid.d) for p in presets for f in fmts for n in ns]
             return stage_slots(pols)
 
         # The reference program serves the golden too; flash programs the presets only.
         self.slots = {
-            reference_program: slots((None, *grid.policies)),
-            flash_program: slots(grid.policies),
+            reference_program: slots((None, *grid.policies), self.chunks),
+            flash_program: slots(grid.policies, self.flash_chunks),
         }
         self._inputs = {}
         self._narrow_inputs = {}
         self._policies = {}
         self._golden = {}
         self._baseline = {}
+        self._flash: dict = {}  # one flash run's outputs by flash chunk
+        self._flash_run = None  # (preset, static) of those outputs
 
     def entries(self, chunk):
         return [(f, n, s) for f in self.fmts for n in chunk for s in self.grid.seeds]
@@ -252,6 +270,34 @@ class FormatBatch:
             self.plan(reference_program, chunk, preset, causal=causal),
         ]
 
+    def _flash_chunks_for(self, chunk) -> list[tuple]:
+        """The flash chunks that hold the lengths of the (reference) ``chunk``."""
+        return [fc for fc in self.flash_chunks if set(fc) & set(chunk)]
+
+    def flash_plans(self, chunk, preset, *, tile_cols, **static) -> list:
+        """The :meth:`plan` of every flash chunk that :meth:`flash` runs for ``chunk``."""
+        return [
+            self.plan(flash_program, fc, preset, tile_cols=tile_cols, **static)
+            for fc in self._flash_chunks_for(chunk)
+        ]
+
+    def flash(self, chunk, preset, *, tile_cols, **static):
+        """The flash outputs of the (reference) ``chunk``'s entries, padded to its
+        longest length: from runs over the flash chunks that hold them.  The runs
+        of one (preset, static) are kept until another is asked for."""
+        run = (preset, tile_cols, sorted(static.items()))
+        if run != self._flash_run:
+            self._flash, self._flash_run = {}, run
+        where = {}  # entry -> (its flash chunk, its index there)
+        for fc in self._flash_chunks_for(chunk):
+            if fc not in self._flash:
+                self._flash[fc] = self.run(flash_program, fc, preset, tile_cols=tile_cols, **static)
+            where.update((e, (fc, i)) for i, e in enumerate(self.entries(fc)))
+        n_max = max(chunk)
+        return np.stack(
+            [self._flash[fc][i, ..., :n_max, :] for fc, i in map(where.get, self.entries(chunk))]
+        )
+
     def golden(self, chunk):
         if chunk not in self._golden:
             self._golden[chunk] = self.run(reference_program, chunk, None, causal=self.grid.causal)
@@ -266,10 +312,23 @@ class FormatBatch:
         return self._baseline[key]
 
 
-def chunks_of(grid: Grid, pad: bool) -> list[tuple]:
+def chunks_of(grid: Grid, pad: bool, ratio: float = PAD_RATIO) -> list[tuple]:
     """The grid's lengths in padded buckets (``pad``), or one length each."""
     lens = sorted(grid.seq_lens)
-    return length_buckets(lens, PAD_RATIO) if pad else [(n,) for n in lens]
+    return length_buckets(lens, ratio) if pad else [(n,) for n in lens]
+
+
+def flash_chunks_of(grid: Grid, pad: bool) -> list[tuple]:
+    """The flash programs' buckets: :data:`FLASH_PAD_RATIO` wide where no policy of
+    the grid changes with the length, else the reference programs' buckets (a
+    configuration's policy is taken at its bucket's padded length)."""
+    lens = grid.seq_lens
+    by_length = any(
+        len({policy_of(p, f, n, grid.d) for n in lens}) > 1
+        for p in grid.policies
+        for f in grid.resolved_formats()
+    )
+    return chunks_of(grid, pad, PAD_RATIO if by_length else FLASH_PAD_RATIO)
 
 
 def policy_of(preset, f, n: int, d: int):
@@ -281,7 +340,7 @@ def policy_of(preset, f, n: int, d: int):
 def batch_key(grid: Grid, f, pad: bool) -> tuple:
     """Formats with equal keys share a :class:`FormatBatch`: the shapes of their
     golden and of every preset's policy at every padded length, a slot per stage."""
-    ns = [max(c) for c in chunks_of(grid, pad)]
+    ns = sorted({max(c) for c in (*chunks_of(grid, pad), *flash_chunks_of(grid, pad))})
     every_stage = tuple(range(len(STAGES)))
     return tuple(
         policy_shape(policy_of(p, f, n, grid.d), every_stage)

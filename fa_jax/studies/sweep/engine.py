@@ -71,7 +71,7 @@ from fa_jax.studies.sweep.batch import (
 )
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
-from fa_jax.studies.sweep.programs import flash_program, metric_values
+from fa_jax.studies.sweep.programs import metric_values
 
 __all__ = ["MEMORY_BUDGET", "length_buckets", "run_sweep"]
 
@@ -193,8 +193,7 @@ def _sweep(
     for kind, preset, variant, bc, chunk in todo:
         kb = batches[kind]
         plans += kb.reference_plans(chunk, preset)
-        static = flash_static(variant, bc)
-        plans.append(kb.plan(flash_program, chunk, preset, tile_cols=bc, **static))
+        plans += kb.flash_plans(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
     executables.prepare(plans)
 
     for kind, preset, variant, bc in track(groups, desc="sweep", unit="group", quiet=quiet):
@@ -209,7 +208,7 @@ def _sweep(
             entries = kb.entries(chunk)
             gold = kb.golden(chunk)
             base = kb.baseline(chunk, preset)
-            flash = kb.run(flash_program, chunk, preset, tile_cols=bc, **flash_static(variant, bc))
+            flash = kb.flash(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
             for j, ((_, n, _), ks) in enumerate(zip(entries, keys)):
                 outs = {
                     name: a[j, :, :, :n]
