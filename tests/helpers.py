@@ -13,6 +13,7 @@ __all__ = [
     "csv_has_rows",
     "largest_n_below",
     "load_experiment",
+    "wide_names",
     "wide_tensors",
     "wide_types",
     "x64_enabled",
@@ -23,6 +24,9 @@ _WIDE_ANY = re.compile(r"tensor<[0-9?x]*(?:f64|i64|ui64)>")
 # reduce_window's padding, an attribute StableHLO always types i64: no array on the device
 _PADDING_ATTRIBUTE = re.compile(r"padding = dense<[^>]*> : tensor<[0-9x]+i64>")
 _WIDE_HLO = re.compile(r"\b(f64)\[|\b([su]64)\[[0-9]")
+# Any 64-bit type named in StableHLO or HLO text, but not in ``array<i64: ...>``
+# attributes (a gather's slice sizes): metadata, not values.
+_WIDE_NAME = re.compile(r"(?<!array<)\b(f64|i64|ui64|s64|u64)\b")
 
 
 def wide_tensors(stablehlo: str, *, scalars: bool = False) -> list[str]:
@@ -30,6 +34,12 @@ def wide_tensors(stablehlo: str, *, scalars: bool = False) -> list[str]:
     ``scalars``."""
     pattern = _WIDE_ANY if scalars else _WIDE_TENSOR
     return pattern.findall(_PADDING_ATTRIBUTE.sub("", stablehlo))
+
+
+def wide_names(text: str) -> list[str]:
+    """Every 64-bit type in program text, scalars included (the strict check for
+    programs that are wholly 32-bit); attributes aside."""
+    return _WIDE_NAME.findall(_PADDING_ATTRIBUTE.sub("", text))
 
 
 def wide_types(lowered, compiled=None) -> list[str]:

@@ -13,7 +13,6 @@ input, and checks every one whose computed result lies within twice the error
 bound of a number of at most 25 significant bits against 200-bit arithmetic.
 """
 
-import re
 from fractions import Fraction
 
 import jax
@@ -22,7 +21,7 @@ import ml_dtypes
 import mpmath
 import numpy as np
 import pytest
-from helpers import x64_enabled
+from helpers import wide_names, x64_enabled
 from oracle import round_exact
 
 from fa_jax import FP32, custom, exp32, get_format, ops
@@ -35,9 +34,6 @@ SMALL = ("e4m3fn", "e4m3fnuz", "e5m2", "e3m2fn", "e2m3fn", "e2m1fn")
 # Inputs past these give 0 and inf in every format (the functions clamp to them).
 RANGE = {"exp": (-110.0, 90.0), "exp2": (-160.0, 130.0)}
 N = 1 << 17
-WIDE_TYPES = re.compile(r"\b(f64|i64|ui64|s64|u64)\b")
-# The table lookup's static slice sizes: an attribute of the gather, not a value.
-SLICE_SIZES = re.compile(r"slice_sizes = array<i64(: [0-9, ]*)?>")
 
 
 @pytest.fixture(autouse=True)
@@ -213,12 +209,8 @@ def _lowered():
     return jax.jit(lambda v: (exp32.exp(v, FP32), exp32.exp2(v, "bf16"))).lower(x)
 
 
-def wide_types(text: str) -> list[str]:
-    return WIDE_TYPES.findall(SLICE_SIZES.sub("", text))
-
-
 def test_programs_have_no_64_bit_types_under_x64():
-    assert not wide_types(_lowered().as_text())
+    assert not wide_names(_lowered().as_text())
 
 
 def test_programs_have_no_64_bit_types_without_x64():
@@ -227,7 +219,7 @@ def test_programs_have_no_64_bit_types_without_x64():
         text = _lowered().as_text()
     finally:
         jax.config.update("jax_enable_x64", True)
-    assert not wide_types(text)
+    assert not wide_names(text)
 
 
 def test_float64_carriers_and_wide_formats_are_refused():

@@ -9,14 +9,13 @@ x64 off, traced formats, and no 64-bit type in the program.
 
 import functools
 import math
-import re
 
 import jax
 import jax.numpy as jnp
 import mpmath
 import numpy as np
 import pytest
-from helpers import x64_enabled
+from helpers import wide_names, x64_enabled
 from mpmath.libmp import mpf_pos, round_down
 
 from fa_jax import FP32, FP64, custom, get_format, lse32
@@ -227,11 +226,6 @@ def test_results_do_not_depend_on_x64():
     np.testing.assert_array_equal(with_x64.view(np.uint32), without.view(np.uint32))
 
 
-# A 64-bit value's type (attributes such as a gather's ``slice_sizes = array<i64: 1>``
-# are metadata, not values).
-WIDE_TYPES = re.compile(r"(?<!array<)\b(f64|i64|ui64|s64|u64)\b")
-
-
 @pytest.mark.parametrize("x64", [False, True])
 def test_programs_have_no_64_bit_types(x64):
     x = jnp.zeros(8, jnp.float32)
@@ -240,7 +234,7 @@ def test_programs_have_no_64_bit_types(x64):
         text = jax.jit(lse32.lse, static_argnums=2).lower(x, x, FP32, x).as_text()
     finally:
         jax.config.update("jax_enable_x64", True)
-    assert not WIDE_TYPES.findall(text)
+    assert not wide_names(text)
 
 
 def test_float64_carriers_and_wide_formats_are_refused():

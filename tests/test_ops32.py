@@ -8,14 +8,12 @@ exact ties, signed zeros, infinities, NaNs, arbitrary float32 bit patterns and
 huge/tiny mixes; eagerly, under ``jit`` and under ``vmap``.
 """
 
-import re
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import x64_enabled
+from helpers import wide_names, x64_enabled
 
 from fa_jax import BF16, FP32, FP64, custom, get_format, ops, ops32
 from fa_jax.rounding import round_to
@@ -286,9 +284,6 @@ def test_results_do_not_depend_on_x64():
         np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=op)
 
 
-WIDE_TYPES = re.compile(r"\b(f64|i64|ui64|s64|u64)\b")
-
-
 def _lowered(fmt, ops_=ALL_OPS):
     x = jnp.zeros(8, jnp.float32)
     return jax.jit(every_op(fmt, ops_)).lower((x, x), (x, x, x))
@@ -300,18 +295,18 @@ def test_programs_have_no_64_bit_types_without_x64():
         text = _lowered(FP32).as_text()
     finally:
         jax.config.update("jax_enable_x64", True)
-    assert not WIDE_TYPES.findall(text)
+    assert not wide_names(text)
 
 
 def test_compiled_programs_have_no_64_bit_types_under_x64():
     """With x64 on (inputs float32) nothing 64-bit is left once XLA has folded the
     constants."""
     text = _lowered(get_format("bf16")).compile().as_text()
-    assert text is not None and not WIDE_TYPES.findall(text)
+    assert text is not None and not wide_names(text)
 
 
 def test_lowered_programs_have_no_64_bit_types_under_x64():
-    assert not WIDE_TYPES.findall(_lowered(FP32, ("add",)).as_text())
+    assert not wide_names(_lowered(FP32, ("add",)).as_text())
 
 
 def test_float64_carriers_are_refused():
