@@ -26,7 +26,7 @@ _PADDING_ATTRIBUTE = re.compile(r"padding = dense<[^>]*> : tensor<[0-9x]+i64>")
 _WIDE_HLO = re.compile(r"\b(f64)\[|\b([su]64)\[[0-9]")
 # Any 64-bit type named in StableHLO or HLO text, but not in ``array<i64: ...>``
 # attributes (a gather's slice sizes): metadata, not values.
-_WIDE_NAME = re.compile(r"(?<!array<)\b(f64|i64|ui64|s64|u64)\b")
+_WIDE_NAME = re.compile(r"(?<!array<)(?:(?<=[0-9?]x)|\b)(f64|i64|ui64|s64|u64)\b")
 
 
 def wide_tensors(stablehlo: str, *, scalars: bool = False) -> list[str]:

@@ -309,6 +309,14 @@ def test_lowered_programs_have_no_64_bit_types_under_x64():
     assert not wide_names(_lowered(FP32, ("add",)).as_text())
 
 
+def test_the_64_bit_check_sees_arrays_and_scalars_but_not_attributes():
+    """The check above finds what it looks for: a float64 program's arrays."""
+    x = jnp.zeros(8, jnp.float64)
+    assert "f64" in wide_names(jax.jit(lambda x: x + 1).lower(x).as_text())
+    assert wide_names("tensor<2x?xui64> tensor<i64> s64[3]") == ["ui64", "i64", "s64"]
+    assert not wide_names("slice_sizes = array<i64: 1>")
+
+
 def test_float64_carriers_are_refused():
     with pytest.raises(TypeError, match="expected float32 carrier arrays, got float64"):
         ops32.add(jnp.ones(2), jnp.ones(2, jnp.float32), "bf16")
