@@ -17,7 +17,8 @@ accumulator's value is then exactly the sum of the bits at or above ``2**B``.
 
 * Full range: ``B`` below every piece (``2**-344``, the last bit of a product
   of two float32 subnormals; ``2**-172`` for values) and limbs up to ``2**256``
-  (products) lose nothing: the value is the exact sum.
+  (products) lose nothing: the value is the exact sum.  Its 15 or 28 limbs are
+  visited by a loop (one copy of the code in the program), the windows' unrolled.
 * Window (the fast path): ``B = e + 1 - 69`` for ``e`` the exponent of the
   output's largest piece, 4 limbs.  A piece reaching below ``B`` loses less than
   ``2**B``; with ``c`` such pieces, ``|lost| < c 2**B <= 2**(G + B)``
@@ -82,6 +83,7 @@ _D = 23  # bits a limb
 _MASK = _U32((1 << _D) - 1)
 _PER_STEP = 255  # pieces added between carry propagations: 256 * 2**23 = 2**31
 _WINDOW_LIMBS = 4  # 3 limbs of pieces (69 bits) and a limb of carries
+_UNROLL = 8  # limb loops this long are unrolled (the windows); longer ones (full range) loop
 _NO_EXPONENT = -(1 << 20)  # below every piece: the exponent of an output with no piece
 _VALUES = (-172, 128)  # last bit of a float32's 24-bit significand, first power above
 _PRODUCTS = (-344, 256)  # the same for exact products of two float32
@@ -152,15 +154,46 @@ def _zeros(shape) -> jax.Array:
 # -- the limb accumulator ------------------------------------------------------------
 
 
+def _over_limbs(step: Callable, carry, xs: list) -> tuple:
+    """``(carry, ys)``: ``carry, y = step(carry, x)`` for each limb's ``x`` in order,
+    the ``y`` in a list.  Unrolled for at most _UNROLL limbs (the windows: the fast
+    paths); else one int32-counted loop over the stacked ``xs``, so that the full
+    range's 15 or 28 limbs are one copy of ``step`` in the program, not one each."""
+    if len(xs) <= _UNROLL:
+        ys = []
+        for x in xs:
+            carry, y = step(carry, x)
+            ys.append(y)
+        return carry, ys
+    n = len(xs)
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack([jnp.asarray(e) for e in v]), *xs)
+    at = lambda k: jax.tree_util.tree_map(  # noqa: E731
+        lambda x: jax.lax.dynamic_index_in_dim(x, k, keepdims=False), stacked
+    )
+    y0 = jax.eval_shape(lambda c: step(c, at(_I32(0)))[1], carry)
+
+    def body(state):  # a while loop: fori_loop's concrete bounds make an int64 scan
+        k, carry, ys = state
+        carry, y = step(carry, at(k))
+        if ys is not None:
+            ys = jax.lax.dynamic_update_index_in_dim(ys, y, k, 0)
+        return k + _I32(1), carry, ys
+
+    ys = None if y0 is None else jnp.zeros((n, *y0.shape), y0.dtype)
+    _, carry, ys = jax.lax.while_loop(lambda s: s[0] < _I32(n), body, (_I32(0), carry, ys))
+    return carry, [None if ys is None else ys[k] for k in range(n)]
+
+
 def _limbs_of(p: _Pieces, base, n_limbs: int) -> list[jax.Array]:
     """Σ over the pieces of the bits of ``m 2**(lsb - base)`` in each of the lower
     ``n_limbs - 1`` limbs, signed (int32; at most _PER_STEP pieces)."""
     s0 = p.lsb - base[None]
-    out = []
-    for k in range(n_limbs - 1):
-        v = (_shifted(p.sig, s0 - _I32(k * _D)) & _MASK).astype(jnp.int32)
-        out.append(jnp.sum(jnp.where(p.neg, -v, v), axis=0, dtype=jnp.int32))
-    return out
+
+    def limb(_, k_d):
+        v = (_shifted(p.sig, s0 - k_d) & _MASK).astype(jnp.int32)
+        return None, jnp.sum(jnp.where(p.neg, -v, v), axis=0, dtype=jnp.int32)
+
+    return _over_limbs(limb, None, [_I32(k * _D) for k in range(n_limbs - 1)])[1]
 
 
 def _lost(p: _Pieces, base) -> tuple[jax.Array, jax.Array]:
@@ -173,12 +206,13 @@ def _lost(p: _Pieces, base) -> tuple[jax.Array, jax.Array]:
 
 def _carry(limbs: list[jax.Array]) -> list[jax.Array]:
     """Carries propagated: every limb but the top one in [0, 2**D)."""
-    out, carry = [], None
-    for limb in limbs[:-1]:
-        v = limb if carry is None else limb + carry
-        carry = v >> _I32(_D)  # floor division (arithmetic shift)
-        out.append(v & _I32((1 << _D) - 1))
-    return [*out, limbs[-1] if carry is None else limbs[-1] + carry]
+
+    def step(carry, limb):
+        v = limb + carry
+        return v >> _I32(_D), v & _I32((1 << _D) - 1)  # floor division (arithmetic shift)
+
+    carry, out = _over_limbs(step, jnp.zeros_like(limbs[0]), limbs[:-1])
+    return [*out, limbs[-1] + carry]
 
 
 class _Sum(NamedTuple):
@@ -243,20 +277,30 @@ def _round_limbs(s: _Sum, base, bits, fmt: Format, mode: str) -> _Rounded:
         axis=0,
     )
     t = top - _I32(24)  # the guard bit's position
-    g = jnp.zeros_like(umag[0])
-    sticky = lost > _I32(0)
-    all_zero = all_one = jnp.ones(top.shape, bool)
-    for k, u in enumerate(umag):
-        shift = _I32(k * _D) - t
-        g = g + _shifted(u, shift)
+
+    def read(state, limb):
+        """A limb's bits into g (the guard bit and above) and sticky (below it), and
+        whether its bits between 2**bits and 2**t are all zero, all one."""
+        g, sticky, all_zero, all_one = state
+        u, k_d, width = limb
+        shift = k_d - t
         below = (_U32(1) << ops32._clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
-        sticky = sticky | ((u & below) != _U32(0))
-        width = 31 if k == len(umag) - 1 else _D
-        lo = ops32._clamp(bits - _I32(k * _D), 0, width).astype(jnp.uint32)
-        hi = ops32._clamp(t - _I32(k * _D), 0, width).astype(jnp.uint32)
+        lo = jnp.minimum(ops32._clamp(bits - k_d, 0, 31), width).astype(jnp.uint32)
+        hi = jnp.minimum(ops32._clamp(t - k_d, 0, 31), width).astype(jnp.uint32)
         mask = ((_U32(1) << hi) - _U32(1)) & ~((_U32(1) << lo) - _U32(1))
-        all_zero = all_zero & ((u & mask) == _U32(0))
-        all_one = all_one & ((u & mask) == mask)
+        return (
+            g + _shifted(u, shift),
+            sticky | ((u & below) != _U32(0)),
+            all_zero & ((u & mask) == _U32(0)),
+            all_one & ((u & mask) == mask),
+        ), None
+
+    ones = jnp.ones(top.shape, bool)
+    limbs_in = [
+        (u, _I32(k * _D), _I32(31 if k == len(umag) - 1 else _D)) for k, u in enumerate(umag)
+    ]
+    state = (jnp.zeros_like(umag[0]), lost > _I32(0), ones, ones)
+    (g, sticky, all_zero, all_one), _ = _over_limbs(read, state, limbs_in)
     safe = (lost == _I32(0)) | (
         (t > bits) & ((opp == _I32(0)) | ~all_zero) & ((same == _I32(0)) | ~all_one)
     )
