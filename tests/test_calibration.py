@@ -22,6 +22,7 @@ def test_knobs_apply_and_read_back():
             assert knob.current(knob.apply(model, value)) == value, (knob.name, value)
 
 
+@pytest.mark.slow  # test_cli_calibrate runs the ablation by default, on one knob
 def test_ablation_and_search_measure_real_shares():
     """A knob that changes the numbers (scores stored in BF16 instead of FP32) costs
     share, measured on the real kernel; one that changes no bit says so."""
