@@ -295,7 +295,10 @@ class FormatBatch:
             where.update((e, (fc, i)) for i, e in enumerate(self.entries(fc)))
         n_max = max(chunk)
         return np.stack(
-            [self._flash[fc][i, ..., :n_max, :] for fc, i in map(where.get, self.entries(chunk))]
+            [
+                self._flash[fc][i, ..., :n_max, :]
+                for fc, i in (where[e] for e in self.entries(chunk))
+            ]
         )
 
     def golden(self, chunk):
@@ -312,7 +315,7 @@ class FormatBatch:
         return self._baseline[key]
 
 
-def chunks_of(grid: Grid, pad: bool, ratio: float = PAD_RATIO) -> list[tuple]:
+def chunks_of(grid: Grid, pad: bool, ratio: int = PAD_RATIO) -> list[tuple]:
     """The grid's lengths in padded buckets (``pad``), or one length each."""
     lens = sorted(grid.seq_lens)
     return length_buckets(lens, ratio) if pad else [(n,) for n in lens]
