@@ -137,20 +137,23 @@ def test_fa2_kernel_bf16_gradients_within_3x_of_torch_math():
 def test_jit_equals_eager_bitwise():
     """The backward run op by op (jax.disable_jit: no fusion, no excess precision)
     gives the bits of the compiled forward-and-backward program; a fully masked row
-    gets zero gradient, not NaN.  (test_attention compares the forward; eager
+    gets zero gradient, not NaN, and so do masked keys, whose block the forward's
+    key loop skips.  The forward too: its key loop stops short in both.  (Eager
     compiles every op for every shape it meets, so the shapes are tiny.)"""
     q, k, v, d_o, d_lse = problem(3, lead=(1,), n=2, m=4, d=2)
-    pol, ql = paper_uniform(BF16), np.array([1])  # row 1 fully masked
-    flash = lambda q, k, v: flash_attention(q, k, v, pol, Blocks(1, 2), q_lengths=ql)  # noqa: E731
-    jitted = jit_vjp_of(flash, q, k, v, d_o, d_lse)
-    backward = jax.vjp(flash, q, k, v)[1]
+    pol, ql, kl = paper_uniform(BF16), np.array([1]), np.array([2])  # row 1, keys 2, 3 masked
+    flash = lambda q, k, v: flash_attention(  # noqa: E731
+        q, k, v, pol, Blocks(1, 2), q_lengths=ql, kv_lengths=kl
+    )
+    jitted = (*jax.jit(flash)(q, k, v), *jit_vjp_of(flash, q, k, v, d_o, d_lse))
     with jax.disable_jit():
-        eager = backward((d_o, d_lse))
+        eager = (*flash(q, k, v), *vjp_of(flash, q, k, v, d_o, d_lse))
     for a, b in zip(jitted, eager):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    d_q, d_k, d_v = (np.asarray(g) for g in jitted)
+    d_q, d_k, d_v = (np.asarray(g) for g in jitted[2:])
     assert np.isfinite(d_q).all() and (d_q[:, 1] == 0).all() and (d_q[:, 0] != 0).all()
-    assert (d_k != 0).any() and (d_v != 0).all()
+    assert (d_k[:, 2:] == 0).all() and (d_v[:, 2:] == 0).all()
+    assert (d_k[:, :2] != 0).any() and (d_v[:, :2] != 0).all()
 
 
 def test_vmap_over_mantissa_width_equals_separate_calls():
