@@ -739,3 +739,17 @@ def test_initial_value_starts_every_accumulator():
 
     for model, (got, want) in zip(models, jax.jit(run)(a, b, c, products)):
         assert np.array_equal(np.asarray(got), np.asarray(want)), model
+
+
+@pytest.mark.parametrize("model", ["sequential", "chunked(4)"])
+def test_an_empty_sum_is_its_start_eagerly_as_under_jit(model):
+    """No terms: the accumulator's start (0, or ``initial``), op by op as in the
+    compiled program (eagerly, ``lax.scan`` refuses a scan of length zero)."""
+    x = np.zeros((0, 3))
+    for initial in (None, np.array([1.0, -2.5, 0.375])):
+        run = lambda x, i=initial: ops.sum(x, BF16, axis=0, accumulation=model, initial=i)  # noqa: E731
+        jitted = np.asarray(jax.jit(run)(x))
+        with jax.disable_jit():
+            eager = np.asarray(run(x))
+        np.testing.assert_array_equal(eager, jitted)
+        np.testing.assert_array_equal(jitted, np.zeros(3) if initial is None else initial)
