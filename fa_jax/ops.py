@@ -423,22 +423,13 @@ def maximum(a, b, fmt) -> jax.Array:
     return round_to(jnp.maximum(a, b), get_format(fmt))
 
 
-def _accumulated(step, start, xs):
-    """The accumulator after ``step`` over the leading axis of ``xs`` (a pytree), from
-    ``start``: ``start`` itself for no steps, as ``lax.scan`` gives under ``jit``
-    (eagerly, it refuses a scan of length zero)."""
-    if jax.tree_util.tree_leaves(xs)[0].shape[0] == 0:
-        return start
-    return jax.lax.scan(step, start, xs)[0]
-
-
 def _sequential(terms, fmt: Format, start):
     """acc_k = fl(acc_{k-1} + terms[k]) over the leading axis, from acc_0 = start."""
 
     def step(acc, t):
         return add(acc, t, fmt), None
 
-    return _accumulated(step, start, terms)
+    return ops32._scan(step, start, terms)[0]
 
 
 def _sum_and_error(x, axis: int = 0) -> tuple[jax.Array, jax.Array]:
@@ -523,7 +514,7 @@ def _sequential_pairs(s, e, fmt: Format, start):
         total, err = _two_sum(acc, s_k)
         return _round_to_odd_then(total, err + e_k, fmt), None
 
-    return _accumulated(step, start, (s, e))
+    return ops32._scan(step, start, (s, e))[0]
 
 
 def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None) -> jax.Array:
@@ -587,7 +578,7 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
         return add(acc, dot(*ab), fmt), None
 
     def emulated():
-        return _accumulated(step, start, (a_chunks, b_chunks))
+        return ops32._scan(step, start, (a_chunks, b_chunks))[0]
 
     if c == 1 and native32.is_binary32(fmt):
         return native32.sequential_matmul(a, b, start, emulated)
@@ -660,7 +651,7 @@ def _tensor_core_scan(c, blocks, products, fmt: Format, model: Accumulation):
             return _tensor_core_block(jnp.concatenate([c[..., None], p], axis=-1), fmt, model), None
         return add(c, _tensor_core_block(p, fmt, model), fmt), None
 
-    return _accumulated(step, c, blocks)
+    return ops32._scan(step, c, blocks)[0]
 
 
 def _tensor_core_sum(x, fmt: Format, model: Accumulation, c):

@@ -124,8 +124,12 @@ def _pow2_bits(k) -> jax.Array:
 
 def _scan(f: Callable, init, xs):
     """``lax.scan(f, init, xs)`` for an ``f`` without outputs, counting in int32 (a
-    scan's counter is int64 under ``jax_enable_x64``)."""
+    scan's counter is int64 under ``jax_enable_x64``); no steps give ``init``, as
+    ``lax.scan`` gives under ``jit`` (it refuses a zero-length scan under
+    ``disable_jit``).  The loop of every accumulator, on both carriers."""
     n = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    if n == 0:
+        return init, None
 
     def body(state):
         i, carry = state

@@ -157,8 +157,8 @@ def _zeros(shape) -> jax.Array:
 def _over_limbs(step: Callable, carry, xs: list) -> tuple:
     """``(carry, ys)``: ``carry, y = step(carry, x)`` for each limb's ``x`` in order,
     the ``y`` in a list.  Unrolled for at most _UNROLL limbs (the windows: the fast
-    paths); else one int32-counted loop over the stacked ``xs``, so that the full
-    range's 15 or 28 limbs are one copy of ``step`` in the program, not one each."""
+    paths); else one int32-counted loop (``_scan``) over the stacked ``xs``, so that
+    the full range's 15 or 28 limbs are one copy of ``step`` in the program."""
     if len(xs) <= _UNROLL:
         ys = []
         for x in xs:
@@ -167,20 +167,19 @@ def _over_limbs(step: Callable, carry, xs: list) -> tuple:
         return carry, ys
     n = len(xs)
     stacked = jax.tree_util.tree_map(lambda *v: jnp.stack([jnp.asarray(e) for e in v]), *xs)
-    at = lambda k: jax.tree_util.tree_map(  # noqa: E731
-        lambda x: jax.lax.dynamic_index_in_dim(x, k, keepdims=False), stacked
-    )
-    y0 = jax.eval_shape(lambda c: step(c, at(_I32(0)))[1], carry)
+    y0 = jax.eval_shape(lambda c, x: step(c, x)[1], carry, xs[0])
 
-    def body(state):  # a while loop: fori_loop's concrete bounds make an int64 scan
-        k, carry, ys = state
-        carry, y = step(carry, at(k))
-        if ys is not None:
-            ys = jax.lax.dynamic_update_index_in_dim(ys, y, k, 0)
-        return k + _I32(1), carry, ys
+    def body(state, kx):  # y_k written into the stacked outputs, carried along
+        carry, ys = state
+        k, x = kx
+        carry, y = step(carry, x)
+        return (
+            carry,
+            None if ys is None else jax.lax.dynamic_update_index_in_dim(ys, y, k, 0),
+        ), None
 
     ys = None if y0 is None else jnp.zeros((n, *y0.shape), y0.dtype)
-    _, carry, ys = jax.lax.while_loop(lambda s: s[0] < _I32(n), body, (_I32(0), carry, ys))
+    (carry, ys), _ = _scan(body, (carry, ys), (np.arange(n, dtype=_I32), stacked))
     return carry, [None if ys is None else ys[k] for k in range(n)]
 
 

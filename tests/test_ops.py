@@ -741,12 +741,14 @@ def test_initial_value_starts_every_accumulator():
         assert np.array_equal(np.asarray(got), np.asarray(want)), model
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("model", ["sequential", "chunked(4)"])
-def test_an_empty_sum_is_its_start_eagerly_as_under_jit(model):
+def test_an_empty_sum_is_its_start_eagerly_as_under_jit(model, dtype):
     """No terms: the accumulator's start (0, or ``initial``), op by op as in the
-    compiled program (eagerly, ``lax.scan`` refuses a scan of length zero)."""
-    x = np.zeros((0, 3))
-    for initial in (None, np.array([1.0, -2.5, 0.375])):
+    compiled program (eagerly, ``lax.scan`` refuses a scan of length zero), on
+    both carriers."""
+    x = np.zeros((0, 3), dtype)
+    for initial in (None, np.array([1.0, -2.5, 0.375], dtype)):
         run = lambda x, i=initial: ops.sum(x, BF16, axis=0, accumulation=model, initial=i)  # noqa: E731
         jitted = np.asarray(jax.jit(run)(x))
         with jax.disable_jit():
