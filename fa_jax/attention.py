@@ -38,7 +38,7 @@ Per key block j, with scores S_j (rows × Bc):
 
 ``torch_avx2``, PyTorch's CPU flash loop on AVX2 (ATen's ``cpu_flash_attention``),
 is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
-:mod:`fa_jax.kernels.torch_cpu`); ``_torch_step`` says what it does.
+:mod:`fa_jax.kernels.torch_cpu`); :mod:`fa_jax.vector_loop` says what it does.
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
@@ -77,7 +77,6 @@ from fa_jax._checks import one_of, positive_int
 from fa_jax._fusion import materialised
 from fa_jax._jit import jit_config
 from fa_jax.backward import flash_backward, reference_backward
-from fa_jax.exponential import CORRECTLY_ROUNDED
 from fa_jax.formats import get_format
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
@@ -90,6 +89,8 @@ from fa_jax.softmax import (
     running_max,
     shifted_exp,
 )
+from fa_jax.vector_loop import LANES as _LANES
+from fa_jax.vector_loop import torch_step as _torch_step
 
 __all__ = [
     "KERNEL_VARIANTS",
@@ -102,8 +103,7 @@ __all__ = [
 
 VARIANTS = ("fa1", "fa2", "rowwise")
 # Variants that model one real kernel's loop, lengths masks included as padding.
-KERNEL_VARIANTS = ("torch_avx2",)
-_LANES = {"torch_avx2": 8}  # FP32 vector lanes of the variants that model a vector loop
+KERNEL_VARIANTS = tuple(_LANES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -602,101 +602,4 @@ def _rowwise_step(carry, s, v_j, policy: Policy, *, log2_scale):
     ratio = normalise(ops.mul(l, alpha, policy.stats), l_new, policy.o_acc)
     pv = _pv(normalise(e, l_new[..., None], policy.p), v_j, policy)
     o = ops.add(ops.mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
-    return m_new, l_new, o
-
-
-def _lane_sum(e, lanes: int, fmt, *, accumulators: int = 2, vector_tail: bool = False):
-    """Σ e over the last axis as a vector loop adds it: vector j (``lanes`` entries)
-    goes to accumulator j mod ``accumulators``, each adds its vectors lane by lane
-    in order, the accumulators are added in order, the lanes combine as AVX2's
-    ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)); the entries past the last full
-    vector follow one by one, or (``vector_tail``) as a partial vector into the
-    first accumulator's lanes.  With ``vector_tail`` and fewer than ``lanes``
-    entries, the sum is in index order (ATen's ``vec_reduce_all``)."""
-    if lanes != 8:
-        raise ValueError(f"_lane_sum: expected 8 lanes (AVX2), got {lanes}")
-    n = e.shape[-1]
-    if vector_tail:
-        if n < lanes:
-            return ops.sum(e, fmt, axis=-1, accumulation="sequential")
-        e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % lanes)])  # + 0 is exact
-    count = e.shape[-1] // lanes
-    vectors = e[..., : lanes * count].reshape(*e.shape[:-1], count, lanes)
-    pad = -count % accumulators
-    vectors = jnp.pad(vectors, [(0, 0)] * (vectors.ndim - 2) + [(0, pad), (0, 0)])
-    groups = vectors.reshape(*e.shape[:-1], -1, accumulators, lanes)  # vector j -> j % accumulators
-    acc = ops.sum(groups, fmt, axis=-3, accumulation="sequential")  # (..., accumulators, lanes)
-    total = acc[..., 0, :]
-    for a in range(1, accumulators):
-        total = ops.add(total, acc[..., a, :], fmt)
-    half = ops.add(total[..., :4], total[..., 4:], fmt)  # lanes i + (i + 4)
-    quarter = ops.add(half[..., :2], half[..., 2:], fmt)  # (0 + 2), (1 + 3)
-    total = ops.add(quarter[..., 0], quarter[..., 1], fmt)
-    for j in range(lanes * count, e.shape[-1]):
-        total = ops.add(total, e[..., j], fmt)
-    return total
-
-
-def _gemm_k_blocks(k: int) -> list[tuple[int, int]]:
-    """The inner-dimension blocks over which the CPU GEMM that PyTorch's kernel calls
-    (bf16/fp16 in, FP32 out) sums from 0 before adding into its output, as measured
-    for k <= 512: one block up to 192, two halves below 400, else blocks of 192 and
-    the rest (a rest of at most 16 in two halves)."""
-    if k <= 192:
-        return [(0, k)]
-    if k < 400:
-        return [(0, k // 2), (k // 2, k)]
-    cuts = list(range(0, k, 192))
-    rest = k % 192
-    if 0 < rest <= 16:
-        cuts.append(k - rest + rest // 2)
-    return list(zip(cuts, [*cuts[1:], k]))
-
-
-def _gemm_accumulate(c, a, b, fmt):
-    """c + a @ b as that GEMM adds it: per inner block (_gemm_k_blocks) a sum in
-    index order from 0, each block then added into c."""
-    for start, stop in _gemm_k_blocks(a.shape[-1]):
-        block = ops.matmul(
-            a[..., start:stop], b[..., start:stop, :], fmt, accumulation="sequential"
-        )
-        c = ops.add(c, block, fmt)
-    return c
-
-
-def _torch_step(carry, s, v_j, policy: Policy, *, lanes: int, log2_scale):
-    """One key block of the ``torch_avx2`` loop: PyTorch's CPU flash attention
-    (``cpu_flash_attention`` in ATen's ``FlashAttentionKernel.cpp``, with AVX2's
-    8 FP32 lanes)::
-
-        m_new = max(m, rowmax S_j);  P̃ = exp(S_j − m_new)  (the policy's exp model)
-        α = exp(m − m_new)  (the scalar exp: correctly rounded)
-        l = fma(α, l, Σ_lanes P̃);  o = fl(α o) ⊕ fl_p(P̃) V_j
-        O = fl_out(o · fl_stats(1 / l))  (Policy.normalise "reciprocal")
-
-    where Σ_lanes sums P̃ as the kernel's vector loop does: vector j (8 entries)
-    goes to accumulator j mod 2, each accumulator adds its vectors lane by lane in
-    order from 0, the two are added, their lanes combine as
-    ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), and the entries past the last full
-    vector follow one by one.  ``⊕ P V`` is the GEMM's accumulation into o: the
-    key axis in blocks (192 wide, or two halves when fewer than 400, as measured
-    on the kernel), each block summed in index order from 0 in FP32 and added into
-    o; S's Q Kᵀ takes the policy's accumulation (in index order, for a head
-    dimension up to 192).  Its last key block is as wide as the keys left
-    (no padding), as the kernel's is; ``kv_lengths`` masks keys inside a block, so
-    a length-masked call does not follow the kernel on the shorter inputs (the
-    kernel has no such mask).
-    """
-    if log2_scale is not None:
-        raise ValueError(
-            "flash_attention: variant 'torch_avx2' models PyTorch's CPU kernel, which "
-            "scales S: expected scale 'scores', got 'exp2'"
-        )
-    m, l, o = carry
-    m_new = running_max(m, jnp.max(s, axis=-1), policy.stats)
-    alpha = rescale_factor(m, m_new, policy.replace(exp_model=CORRECTLY_ROUNDED))
-    e = shifted_exp(s, m_new[..., None], policy)
-    l_new = ops.fma(alpha, l, _lane_sum(e, lanes, policy.stats), policy.stats)
-    o = ops.mul(o, alpha[..., None], policy.o_acc)
-    o = _gemm_accumulate(o, ops.cast(e, policy.p), v_j, policy.o_acc)
     return m_new, l_new, o

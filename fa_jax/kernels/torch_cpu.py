@@ -45,7 +45,7 @@ import numpy as np
 
 from fa_jax import ops
 from fa_jax.accumulation import SEQUENTIAL
-from fa_jax.attention import Blocks, _gemm_accumulate, _lane_sum, flash_attention
+from fa_jax.attention import Blocks, flash_attention
 from fa_jax.exponential import SLEEF_U10, TORCH_AVX2, ExpModel
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
@@ -53,6 +53,7 @@ from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.softmax import shifted_exp
+from fa_jax.vector_loop import gemm_accumulate, lane_sum
 
 __all__ = [
     "TORCH_FLASH",
@@ -164,15 +165,15 @@ def _math_forward(q, k, v, *, policy: Policy, causal, scale):
     root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
     n, m = q.shape[-2], k.shape[-2]
-    s = _gemm_accumulate(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
+    s = gemm_accumulate(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
     if causal:
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
     row_max = jnp.max(s, axis=-1, keepdims=True)
     e = shifted_exp(s, row_max, policy)
-    total = _lane_sum(e, 8, policy.stats, accumulators=1, vector_tail=True)
+    total = lane_sum(e, 8, policy.stats, accumulators=1, vector_tail=True)
     reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
     p = ops.mul(e, reciprocal[..., None], policy.p)
-    o = _gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
+    o = gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
     return ops.cast(o, policy.out)
 
 
