@@ -2,8 +2,10 @@
 none, and the orders they reveal in NumPy, XLA and PyTorch emulate bit for bit."""
 
 import functools
+import importlib.metadata
 from fractions import Fraction
 
+import host
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -108,10 +110,26 @@ def test_outputs_that_fit_no_tree_raise(fn, dtype, message):
         reveal_order(fn, 16, dtype=dtype)
 
 
+def rowwise_gemm(models, k):
+    """A black-box float32 GEMM whose row r adds its k products by ``models[r % len]``'s
+    tree (:func:`tree_sum`), as a kernel whose rows differ does."""
+    sums = [tree_sum(model, k) for model in models]
+
+    def matmul(a, b):
+        products = a[:, None, :] * b.T[None, :, :]  # float32 products, (m, p, k)
+        rows = [[sums[r % len(sums)](col) for col in row] for r, row in enumerate(products)]
+        return np.asarray(rows, np.float32)
+
+    return matmul
+
+
 def test_row_batched_probes_of_a_gemm_whose_rows_differ_raise():
-    # OpenBLAS's sgemm sums some rows of a 16x16 block in another order.
+    gemm = rowwise_gemm([acc.sequential(), acc.lanes(2, "sequential")], 16)
     with pytest.raises(ValueError, match="fit no summation tree"):
-        reveal_matmul_order(lambda a, b: a @ b, 16, m=16, p=16, row=None)
+        reveal_matmul_order(gemm, 16, m=4, p=2, row=None)
+    # Probed one row at a time, each row's own order comes back, its products rounded.
+    found = [str(reveal_matmul_order(gemm, 16, m=4, p=2, row=row)) for row in (0, 1)]
+    assert found == ["tree(rounded(sequential))", "tree(rounded(lanes(2)))"]
 
 
 # -- real implementations ------------------------------------------------------
@@ -165,29 +183,70 @@ def check_matmul(matmul, k, dtype, out, m=8, p=8, seed=0):
 
 KS = [32, *(pytest.param(k, marks=pytest.mark.slow) for k in (64, 128, 512))]
 
+# The orders of real kernels are facts of one CPU and one library build: each table
+# says where it was measured, and a test asserts it only where it detects that host
+# (tests/host.py).  On every host the revealed orders reproduce the kernel bit for bit.
 
-@pytest.mark.parametrize("k", KS)
-def test_numpy_matmul_float32(k):
-    orders = check_matmul(lambda a, b: a @ b, k, np.float32, FP32, m=16, p=16)
-    if k <= 128:  # OpenBLAS: two FMA lanes on some rows, one on the others
-        assert set(orders) == {
-            "tree(lanes(2, inner=sequential(from_zero)))",
-            "tree(sequential(from_zero))",
-        }
+# OpenBLAS's sgemm on a 16 x 16 product of k <= 128 terms, by the core it picked.
+# Haswell's kernels (Zen's are the same): two FMA lanes on some rows, one on the
+# others (AMD EPYC, AVX2).  SkylakeX's: one FMA chain on every row (AMD EPYC, AVX-512).
+_TWO_LANES = "tree(lanes(2, inner=sequential(from_zero)))"
+_ONE_CHAIN = "tree(sequential(from_zero))"
+OPENBLAS_SGEMM = {
+    "Haswell": {_TWO_LANES, _ONE_CHAIN},
+    "Zen": {_TWO_LANES, _ONE_CHAIN},
+    "SkylakeX": {_ONE_CHAIN},
+}
+# XLA's CPU float32 dot under jit (jaxlib 0.10), by ISA: one order for every row;
+# in index order (with or without FMA by shape) on AVX2, four FMA lanes (every
+# fourth product) combined pairwise on AVX-512 (both on AMD EPYC).
+XLA_DOT = {
+    ("0.10", "avx2"): {_ONE_CHAIN, "tree(rounded(sequential))"},
+    ("0.10", "avx512"): {"tree(lanes(4, inner=sequential(from_zero), combine=pairwise))"},
+}
 
 
-@pytest.mark.parametrize("k", KS)
-def test_jnp_dot_float32_under_jit(k):
+@functools.cache
+def numpy_matmul_orders(k):
+    return check_matmul(lambda a, b: a @ b, k, np.float32, FP32, m=16, p=16)
+
+
+@functools.cache
+def xla_dot_orders(k):
     dot = jax.jit(jnp.dot)
 
     def matmul(a, b):
         return np.asarray(dot(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)))
 
-    orders = check_matmul(matmul, k, np.float32, FP32, m=4)
-    # XLA's CPU dot: one order for every row, in index order (with or without FMA
-    # depending on the shape).
-    assert len(orders) == 1
-    assert set(orders) <= {"tree(sequential(from_zero))", "tree(rounded(sequential))"}
+    return check_matmul(matmul, k, np.float32, FP32, m=4)
+
+
+@pytest.mark.parametrize("k", KS)
+def test_numpy_matmul_float32_emulates_bit_for_bit(k):
+    assert numpy_matmul_orders(k)  # each row's revealed order reproduces it (check_matmul)
+
+
+def test_numpy_matmul_float32_orders_of_this_openblas_core():
+    core = host.openblas_core()
+    if core not in OPENBLAS_SGEMM:
+        pytest.skip(
+            f"sgemm orders measured for OpenBLAS cores {sorted(OPENBLAS_SGEMM)}, not {core}"
+        )
+    assert set(numpy_matmul_orders(32)) == OPENBLAS_SGEMM[core]
+
+
+@pytest.mark.parametrize("k", KS)
+def test_jnp_dot_float32_under_jit_emulates_bit_for_bit(k):
+    assert xla_dot_orders(k)
+
+
+def test_jnp_dot_float32_orders_of_this_isa():
+    jaxlib = ".".join(importlib.metadata.version("jaxlib").split(".")[:2])
+    key = (jaxlib, host.isa())
+    if key not in XLA_DOT:
+        pytest.skip(f"XLA's dot orders measured for (jaxlib, ISA) {sorted(XLA_DOT)}, not {key}")
+    orders = xla_dot_orders(32)
+    assert len(orders) == 1 and set(orders) <= XLA_DOT[key]
 
 
 def test_numpy_dot_of_vectors():
@@ -212,29 +271,43 @@ def torch_one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("k", KS)
-def test_torch_matmul_float32(torch_one_thread, k):
-    torch = torch_one_thread
-
-    def matmul(a, b):
-        return (torch.from_numpy(np.ascontiguousarray(a)) @ torch.from_numpy(b)).numpy()
-
-    orders = check_matmul(matmul, k, np.float32, FP32, m=4)
-    assert len(orders) == 1
-    if k <= 128:  # at this size: a multiply, then an add, in index order (no FMA)
-        assert orders == {"tree(rounded(sequential))": list(range(4))}
+# PyTorch's CPU matmuls on one thread (torch 2.13; AMD EPYC, AVX2 and AVX-512), at
+# k = 32: float32 a multiply, then an add, in index order (no FMA); bfloat16 four
+# lanes (every fourth product), each an FMA chain in FP32, added in order.  Past 32
+# terms the bfloat16 order differs between the two CPUs (AVX-512's has pairs).
+TORCH_MATMUL = {
+    "float32": "tree(rounded(sequential))",
+    "bfloat16": "tree(lanes(4, inner=sequential(from_zero), combine=sequential(from_zero)))",
+}
+TORCH_MATMUL_HOSTS = {("2.13", "avx2"), ("2.13", "avx512")}
 
 
-@pytest.mark.parametrize("k", KS)
-def test_torch_matmul_bfloat16(torch_one_thread, k):
-    torch = torch_one_thread
+def torch_matmul_orders(torch, k, dtype):
+    if dtype == "float32":
 
-    def matmul(a, b):
+        def matmul(a, b):
+            return (torch.from_numpy(np.ascontiguousarray(a)) @ torch.from_numpy(b)).numpy()
+
+        return check_matmul(matmul, k, np.float32, FP32, m=4)
+
+    def matmul_bf16(a, b):
         ta, tb = (torch.from_numpy(np.asarray(v, np.float32)).bfloat16() for v in (a, b))
         return (ta @ tb).float().numpy()
 
-    orders = check_matmul(matmul, k, ml_dtypes.bfloat16, BF16, m=4)
-    # Four lanes (every fourth product), each an FMA chain in FP32, added in order.
-    assert orders == {
-        "tree(lanes(4, inner=sequential(from_zero), combine=sequential(from_zero)))": list(range(4))
-    }
+    return check_matmul(matmul_bf16, k, ml_dtypes.bfloat16, BF16, m=4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("k", KS)
+def test_torch_matmul_emulates_bit_for_bit(torch_one_thread, k, dtype):
+    orders = torch_matmul_orders(torch_one_thread, k, dtype)
+    assert sorted(r for rows in orders.values() for r in rows) == list(range(4))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_matmul_orders_of_this_host(torch_one_thread, dtype):
+    torch = torch_one_thread
+    key = (".".join(torch.__version__.split(".")[:2]), host.isa())
+    if key not in TORCH_MATMUL_HOSTS:
+        pytest.skip(f"torch's matmul orders measured for {sorted(TORCH_MATMUL_HOSTS)}, not {key}")
+    assert torch_matmul_orders(torch, 32, dtype) == {TORCH_MATMUL[dtype]: list(range(4))}

@@ -1,0 +1,57 @@
+"""What this host is, for tests that assert a fact of one CPU or one library build.
+
+A test asserts the property (a revealed order reproduces the real kernel bit
+for bit) on every host; a fact that belongs to one CPU (which order OpenBLAS's
+kernel for this core uses) only where :func:`cpu_flags` or
+:func:`openblas_core` detected that CPU, and skips it with a reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import pathlib
+
+import numpy as np
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+
+
+def isa() -> str:
+    """ "avx512" (F, BW, VL and DQ: what ATen's and YNNPACK's AVX-512 kernels need),
+    "avx2" (with FMA), else "other"."""
+    flags = cpu_flags()
+    if _AVX512 <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "other"
+
+
+@functools.cache
+def openblas_core() -> str | None:
+    """The core OpenBLAS picked for NumPy's BLAS here (e.g. "Haswell", "Zen",
+    "SkylakeX"), read from the library NumPy loaded; None where it is not OpenBLAS."""
+    libs = pathlib.Path(np.__file__).parent.parent / "numpy.libs"
+    for path in sorted(libs.glob("*openblas*")):
+        lib = ctypes.CDLL(str(path))
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
