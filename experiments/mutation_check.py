@@ -85,6 +85,39 @@ SLICED_DOT = f"{_SL}::test_the_fast_path_rounds_the_exact_sum_where_it_decides"
 SLICED_SUM = f"{_SL}::test_the_fast_sum_rounds_the_exact_sum_where_it_decides"
 FALLBACK = "tests/test_sum32.py::test_the_fallback_is_exact_in_row_blocks_and_a_branch_under_vmap"
 NATIVE_CHECKS = "tests/test_native32.py::test_each_check_sends_the_matmul_to_the_fallback"
+_E = "tests/test_exponential_reference.py"
+EXP_RANDOM = f"{_E}::test_random_inputs_match_the_published_algorithm"
+EXP_EDGES = f"{_E}::test_every_branch_point_and_its_neighbours"
+EXP_VECTORISED = f"{_E}::test_vectorised_splits_full_vectors_from_the_tail"
+EXP_TAIL = "tests/test_exponential.py::test_vectorised_runs_the_scalar_exp_on_the_tail"
+_T = "tests/test_accumulation_trees.py"
+TREE_SHAPES = f"{_T}::test_tree_shapes_follow_the_builders_definitions"
+TREE_VALUES = f"{_T}::test_tree_sums_and_dots_equal_the_exact_oracle"
+EXP2_FLASH = "tests/test_exp2_scale.py::test_flash_with_the_exp2_scale_equals_the_simulation"
+EXP2_REFERENCE = (
+    "tests/test_exp2_scale.py::test_reference_attention_with_the_exp2_scale_equals_the_simulation"
+)
+_K = "tests/test_sweep_cache_keys.py"
+KEY_FIELDS = f"{_K}::test_each_policy_shape_field_changes_the_key"
+KEY_STATIC = f"{_K}::test_each_flash_static_argument_changes_the_key"
+KEY_ARGS = f"{_K}::test_the_program_and_its_arguments_change_the_key"
+KEY_ENV = f"{_K}::test_the_environment_changes_the_key"
+KEY_MODELS = f"{_K}::test_models_that_differ_only_in_a_parameter_change_the_key"
+_RS = "tests/test_sweep_resume.py"
+RESUME_PARTLY = f"{_RS}::test_a_chunk_partly_written"
+RESUME_ONE_ROW = f"{_RS}::test_one_configuration_missing_one_row"
+RESUME_FOREIGN = f"{_RS}::test_a_configuration_with_a_foreign_part"
+RESULTS_RESUME = "tests/test_results.py::test_resume_keeps_only_complete_configurations"
+RESULTS_STRINGS = "tests/test_results.py::test_resume_compares_parts_as_strings"
+_KC = "tests/test_kernels_compare.py"
+COMPARE_BINS = f"{_KC}::test_binned_histogram_and_errors"
+COMPARE_NAN = f"{_KC}::test_values_outside_the_format_are_counted_apart"
+COMPARE_ULPS = f"{_KC}::test_ulp_histogram_matches_ml_dtypes_ordering"
+KERNEL_INPUTS = "tests/test_kernels.py::test_bad_shapes_and_inexact_values_are_refused"
+_RV = "tests/test_reveal.py"
+REVEAL_PREDICTED = f"{_RV}::test_predicted_probes_are_what_the_probes_see"
+REVEAL_SPLIT = f"{_RV}::test_counts_beyond_the_output_format_are_split_over_probes"
+REVEAL_FUSED = "tests/test_reveal_fused.py::test_a_fused_node_over_subtrees_is_revealed"
 
 
 class Mutant(NamedTuple):
@@ -819,6 +852,365 @@ MUTANTS: tuple[Mutant, ...] = (
         "    beyond = jnp.where(tiny, 0 * fraction,",
         "subnormal operands (flushed) on the hardware",
         NATIVE_CHECKS,
+    ),
+    # -- exponential.py: the polynomial exp models ---------------------------------
+    _m(
+        "exponential",
+        "(0.00828929059, 0.0418978221,",
+        "(0.008289291523396969, 0.0418978221,",
+        "exp_u20's degree-5 coefficient one ulp up",
+        f"{EXP_RANDOM}[exp_u20]",
+    ),
+    _m(
+        "exponential",
+        "small | (n - 1 < -126)",
+        "small | (n - 1 < -125)",
+        "exp_u20 underflows to 0 one binade early",
+        f"{EXP_EDGES}[exp_u20]",
+    ),
+    _m(
+        "exponential",
+        "for c in (*_U20_POLY[2:], _U20_C1, 1.0):",
+        "for c in (*_U20_POLY[2:], 1.0, _U20_C1):",
+        "exp_u20's last two Horner steps swapped",
+        f"{EXP_RANDOM}[exp_u20]",
+    ),
+    _m(
+        "exponential",
+        "        -0.22433836478672356,\n",
+        "        -0.2243383526802063,\n",
+        "fexp_u20's quadratic coefficient one ulp off",
+        f"{EXP_RANDOM}[fexp_u20]",
+    ),
+    _m(
+        "exponential",
+        "return jnp.where(x > _LN_FLT_MAX, jnp.inf, value)",
+        "return jnp.where(x >= _LN_FLT_MAX, jnp.inf, value)",
+        "fexp_u20 overflows at ln FLT_MAX itself",
+        f"{EXP_EDGES}[fexp_u20]",
+    ),
+    _m(
+        "exponential",
+        "    t = ops.sub(src, p, FP32)\n",
+        "    t = ops.add(src, p, FP32)\n",
+        "fexp_u20 adds its correction instead of subtracting it",
+        f"{EXP_RANDOM}[fexp_u20]",
+    ),
+    _m(
+        "exponential",
+        "        0.00833336077630519866943359,\n",
+        "        0.008333361707627773,\n",
+        "Sleef's degree-5 coefficient one ulp up",
+        f"{EXP_RANDOM}[sleef_expf_u10]",
+    ),
+    _m(
+        "exponential",
+        "    s = ops.fma(q, jnp.full_like(q, -_SLEEF_LN2_LO), s, FP32)\n",
+        "",
+        "Sleef's reduction drops ln 2's low part",
+        f"{EXP_RANDOM}[sleef_expf_u10]",
+    ),
+    _m(
+        "exponential",
+        "half = jnp.floor(q / 2)",
+        "half = jnp.zeros_like(q)",
+        "Sleef's ldexp in one step (2^q underflows before u scales it)",
+        f"{EXP_EDGES}[sleef_expf_u10]",
+    ),
+    _m(
+        "exponential",
+        "jnp.where(x < -104.0, 0.0,",
+        "jnp.where(x < -103.0, 0.0,",
+        "Sleef's underflow threshold moved to -103",
+        f"{EXP_RANDOM}[sleef_expf_u10]",
+    ),
+    _m(
+        "exponential",
+        "        8.3242934197e-03,\n",
+        "        8.324294351041317e-03,\n",
+        "YNNPACK's degree-5 coefficient one ulp up",
+        f"{EXP_RANDOM}[ynnpack_exp]",
+    ),
+    _m(
+        "exponential",
+        "chains[i % 2] = ops.fma(s, chains[i % 2],",
+        "chains[(i + 1) % 2] = ops.fma(s, chains[(i + 1) % 2],",
+        "YNNPACK's even and odd Horner chains swapped",
+        f"{EXP_RANDOM}[ynnpack_exp]",
+    ),
+    _m(
+        "exponential",
+        "y = jnp.where(y < _FLT_MIN, 0.0, y)",
+        "y = jnp.where(y < _FLT_MIN / 2, 0.0, y)",
+        "YNNPACK keeps subnormal results down to FLT_MIN / 2",
+        f"{EXP_EDGES}[ynnpack_exp]",
+    ),
+    _m(
+        "exponential",
+        "_YNN_MAX_X = _f32(88.72283935546875)",
+        "_YNN_MAX_X = _f32(88.0)",
+        "YNNPACK's upper clamp at 88 (finite where 2^b overflows)",
+        f"{EXP_EDGES}[ynnpack_exp]",
+    ),
+    _m(
+        "exponential",
+        "full = lanes * (x.shape[-1] // lanes)",
+        "full = lanes * -(-x.shape[-1] // lanes)",
+        "a partial last vector runs the vector exp",
+        EXP_VECTORISED,
+    ),
+    _m(
+        "exponential",
+        'TORCH_AVX2 = vectorised("torch_fexp_u20_avx2", 8, fexp_u20)',
+        'TORCH_AVX2 = vectorised("torch_fexp_u20_avx2", 16, fexp_u20)',
+        "PyTorch's AVX2 loop modelled with 16 lanes",
+        EXP_TAIL,
+    ),
+    # -- accumulation.py: summation trees --------------------------------------------
+    _m(
+        "accumulation",
+        "if len(node) == 2 and max(node) < n:",
+        "if len(node) == 2 and min(node) < n:",
+        "an explicit tree's FMA chains round a term joining a subtree",
+        TREE_VALUES,
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        "new_nodes.append((min(node),))\n"
+        "                node = (n + len(new_nodes) - 1, max(node))",
+        "new_nodes.append((max(node),))\n"
+        "                node = (n + len(new_nodes) - 1, min(node))",
+        "an explicit tree's FMA chains round the higher-index term",
+        TREE_VALUES,
+    ),
+    _m(
+        "accumulation",
+        "acc = new(ids[0]) if t.from_zero else",
+        "acc = ids[0] if t.from_zero else",
+        "a chain from zero leaves its first term unrounded",
+        TREE_VALUES,
+    ),
+    _m(
+        "accumulation",
+        "level = pairs + level[len(level) - len(level) % 2 :]",
+        "level = level[len(level) - len(level) % 2 :] + pairs",
+        "pairwise carries an odd last value to the front of the next level",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        "m, h = len(level), (len(level) + 1) // 2",
+        "m, h = len(level), len(level) // 2",
+        "halving pairs an odd level's middle value",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        "groups = [ids[lane::size] for lane in range(min(size, len(ids)))]",
+        "groups = [ids[i : i + size] for i in range(0, len(ids), size)]",
+        "lanes sum contiguous blocks instead of strided terms",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        "main = len(ids) - len(ids) % size",
+        "main = (len(ids) - 1) // size * size",
+        "a vector loop's last full vector goes to the scalar tail",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        "h -= h % cast(int, t.align)",
+        "h += -h % cast(int, t.align)",
+        "halves cuts at the next multiple of align above half",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        'step = size if t.order == "blocked" else -(-len(ids) // size)',
+        'step = size if t.order == "blocked" else max(1, len(ids) // size)',
+        "split_k's parts of floor(n / parts) terms (one part too many)",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
+        "return _build(inner, [new(i) for i in ids], nodes, n)",
+        "return _build(inner, ids, nodes, n)",
+        "rounded products left unrounded",
+        TREE_VALUES,
+    ),
+    _m(
+        "accumulation",
+        "else ids[0] if k == 1 or len(ids) == 1 else new(*ids[:k])",
+        "else ids[0] if k == 1 or len(ids) == 1 else new(*ids[: k + 1])",
+        "sequential(k)'s first fused node one term too wide",
+        TREE_SHAPES,
+    ),
+    # -- softmax.py: the exp2 scale -----------------------------------------------------
+    _m(
+        "softmax",
+        "t = ops.mul(ops.sub(m_old, m_new, policy.exp), c, policy.exp)",
+        "t = ops.sub(m_old, m_new, policy.exp)",
+        "exp2 rescale without the scale",
+        EXP2_FLASH,
+    ),
+    _m(
+        "softmax",
+        "t = ops.mul(ops.sub(m_old, m_new, policy.exp), c, policy.exp)",
+        "t = ops.mul(ops.sub(m_old, m_new, policy.exp), c, policy.stats)",
+        "exp2 rescale's exponent rounded to stats instead of exp",
+        EXP2_FLASH,
+    ),
+    _m(
+        "softmax",
+        "return ops.constant(float(np.float64(scale) * _LOG2E), fmt, dtype)",
+        "return ops.constant(float(np.float64(scale)), fmt, dtype)",
+        "exp2 factor without log2 e",
+        EXP2_REFERENCE,
+    ),
+    _m(
+        "softmax",
+        "shift = ops.mul(m, c if shift_scale is None else shift_scale, policy.exp)",
+        "shift = ops.mul(m, c if shift_scale is None else shift_scale, policy.stats)",
+        "exp2 shift m c rounded to stats instead of exp",
+        EXP2_REFERENCE,
+    ),
+    _m(
+        "softmax",
+        "shifted = ops.fma(x, jnp.broadcast_to(c, x.shape), -shift, policy.exp)",
+        "shifted = ops.sub(ops.mul(x, c, policy.exp), shift, policy.exp)",
+        "exp2 exponent x c - m c rounded twice (no FMA)",
+        EXP2_REFERENCE,
+    ),
+    # -- studies/sweep: the compiled-program cache key ------------------------------------
+    _m(
+        "studies/sweep/programs",
+        'f"exp_model={self.exp_model.name!r}, normalise={self.normalise!r}, "',
+        'f"exp_model={self.exp_model.name!r}, "',
+        "program cache key omits the normalisation",
+        KEY_FIELDS,
+    ),
+    _m(
+        "studies/sweep/programs",
+        'f"exp_model={self.exp_model.name!r}, normalise={self.normalise!r}, "',
+        'f"exp_model={self.exp_model.base!r}, normalise={self.normalise!r}, "',
+        "program cache key names the exp model by its base only",
+        KEY_FIELDS,
+    ),
+    _m(
+        "studies/sweep/programs",
+        'f"accumulation={self.accumulation!r}, scale={self.scale!r}, "',
+        'f"accumulation={self.accumulation.kind!r}, scale={self.scale!r}, "',
+        "program cache key names the accumulation by its kind only",
+        KEY_MODELS,
+    ),
+    _m(
+        "studies/sweep/executables",
+        "                sorted(static.items()),\n",
+        "                sorted(static),\n",
+        "program cache key holds the static arguments' names, not their values",
+        KEY_STATIC,
+    ),
+    _m(
+        "studies/sweep/executables",
+        'return (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None)))',
+        'return (tuple(x.shape), str(getattr(x, "sharding", None)))',
+        "program cache key omits the arguments' dtypes",
+        KEY_ARGS,
+    ),
+    _m(
+        "studies/sweep/executables",
+        '        bool(jax.config.read("jax_enable_x64")),\n',
+        "",
+        "program cache key omits jax_enable_x64",
+        KEY_ENV,
+    ),
+    # -- studies/results.py: resume --------------------------------------------------------
+    _m(
+        "studies/results",
+        "done = {k for k, got in parts.items() if got == want}",
+        "done = {k for k, got in parts.items() if got >= want}",
+        "a configuration with a foreign row counts as complete",
+        RESUME_FOREIGN,
+    ),
+    _m(
+        "studies/results",
+        "done = {k for k, got in parts.items() if got == want}",
+        "done = {k for k, got in parts.items() if len(got) == len(want)}",
+        "complete means as many parts as expected",
+        RESULTS_RESUME,
+    ),
+    _m(
+        "studies/results",
+        "    return [r for r in rows if tuple(r[c] for c in key) in done], done\n",
+        "    return rows, done\n",
+        "rows of incomplete configurations kept beside their recomputation",
+        RESUME_ONE_ROW,
+    ),
+    _m(
+        "studies/results",
+        "want = {tuple(str(v) for v in p) for p in expected}",
+        "want = {tuple(p) for p in expected}",
+        "expected parts compared unconverted with the CSV's strings",
+        RESULTS_STRINGS,
+    ),
+    _m(
+        "studies/results",
+        "    old.extend(new)\n",
+        "    old[:] = list(new)\n",
+        "an append rewrites the file with the new rows only",
+        RESUME_PARTLY,
+    ),
+    # -- kernels/: compare, registry, reveal ------------------------------------------------
+    _m(
+        "kernels/compare",
+        "identical = int(np.count_nonzero(r.view(np.uint64) == e.view(np.uint64)))",
+        "identical = int(np.count_nonzero(r == e))",
+        "bit-identical counted by value (-0 equal to +0)",
+        COMPARE_BINS,
+    ),
+    _m(
+        "kernels/compare",
+        "inside = d >= lo if hi is None else (d >= lo) & (d <= hi)",
+        "inside = d >= lo if hi is None else (d >= lo) & (d < hi)",
+        "ulp bins exclude their upper bound",
+        COMPARE_BINS,
+    ),
+    _m(
+        "kernels/compare",
+        "max_ulp=int(good.max()) if good.size else 0,",
+        "max_ulp=int(d.max()) if d.size else 0,",
+        "the largest ulp distance counts NaN's",
+        COMPARE_NAN,
+    ),
+    _m(
+        "kernels/registry",
+        "if not np.array_equal(np.asarray(round_to(t, fmt)), t, equal_nan=True):",
+        "if not np.array_equal(np.asarray(round_to(t, t.dtype)), t, equal_nan=True):",
+        "inputs not exact in the kernel's format accepted",
+        KERNEL_INPUTS,
+    ),
+    _m(
+        "kernels/reveal",
+        "out.append(n - size[a] - size[b])",
+        "out.append(n - size[a] - size[b] - 1)",
+        "predicted probes count the meeting node's other term",
+        REVEAL_PREDICTED,
+    ),
+    _m(
+        "kernels/reveal",
+        "part = [q0] + [q for q in others if s[q] <= w]",
+        "part = [q0] + [q for q in others if s[q] < w]",
+        "a subtree's partition misses the terms meeting at its root",
+        REVEAL_FUSED,
+    ),
+    _m(
+        "kernels/reveal",
+        "cap = 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 1)",
+        "cap = 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 2)",
+        "probes count past the output format's integers",
+        REVEAL_SPLIT,
     ),
 )
 

@@ -64,3 +64,14 @@ def test_summary_counts_equivalent_mutants_apart():
     assert ok and "1 / 1 killed (1 listed as equivalent)" in line
     _, ok = mc.summary([mc.Outcome(live, "timeout", 1.0)])
     assert not ok
+
+
+@pytest.mark.parametrize("mutant", mc.MUTANTS, ids=lambda m: m.name)
+def test_each_named_test_is_defined_in_its_file(mutant):
+    """A renamed test would make pytest exit with a usage error (reported as an
+    error, not a kill) only when the whole check runs: caught here by default."""
+    for target in mutant.tests:
+        path, _, node = target.partition("::")
+        if node:
+            name = node.split("::")[-1].split("[")[0]
+            assert f"def {name}(" in (REPO / path).read_text(), target
