@@ -14,6 +14,7 @@ from helpers import x64_enabled
 import fa_jax
 from fa_jax import kernels
 from fa_jax.exponential import CORRECTLY_ROUNDED, YNNPACK, ynnpack_exp
+from fa_jax.formats import FP32
 from fa_jax.kernels import xla
 
 
@@ -71,30 +72,32 @@ def test_xla_model_at_larger_shapes(shape, causal, fmt, seed):
     assert c.identical_share == 1.0, c.summary()
 
 
-def test_pv_probes_count_the_ones_in_key_zeros_chain():
-    """The probes of keys in key 0's FMA chain count all their small terms; the
-    first key of the next block, where there is one, counts fewer."""
+def test_pv_probes_count_the_terms_the_revealed_order_predicts():
+    """The P V probes of keys in key 0's block count what the revealed order
+    (tile_k chains, folded pairwise) predicts; the first key of the next block,
+    where there is one, counts otherwise."""
     shape = (1, 1024, 16)
     n = shape[1]
     run = xla._attention("float32", False, None)
-    block = xla._pv_block("float32", shape, False)
-    assert 2 <= block <= n
-    inside = [1, 2, min(block, n - 1) - 1]
-    terms = [min(xla._PROBE_TERMS, n - 1 - j) for j in inside]
-    assert xla._pv_probe_counts(run, shape, inside) == terms
+    tile_k, block = xla._pv_order("float32", shape, False)
+    assert tile_k in xla._TILES_K and 2 <= block <= n and block % tile_k == 0
+    p = xla._probe_p("float32", shape, False)
+    inside = [1, 2, 3, 4, min(block, n - 1) - tile_k]
+    want = xla._pv_predicted(n, inside, p, tile_k, n)
+    assert np.array_equal(xla._pv_probe_counts(run, shape, inside), want)
     if block < n - 1:
-        assert xla._pv_probe_counts(run, shape, [block])[0] < xla._PROBE_TERMS
+        got = xla._pv_probe_counts(run, shape, [block])
+        assert not np.array_equal(got, xla._pv_predicted(n, [block], p, tile_k, n))
 
 
-def test_compensated_sum_corrects_what_plain_addition_loses():
-    """Kahan: 1 + 2^-24 + 2^-24 is 1 added plainly, 1 + 2^-23 compensated; one
-    node alone passes through unchanged (a single-node softmax sum is the tree)."""
+def test_compensated_step_corrects_what_plain_addition_loses():
+    """Kahan: 1 + 2^-24 + 2^-24 is 1 added plainly, 1 + 2^-23 compensated."""
     with x64_enabled():
-        tiny = 2.0**-24
-        nodes = jnp.asarray([[1.0, tiny, tiny]])[..., None]
-        assert float(xla._compensated(nodes, fa_jax.FP32)[0, 0]) == 1.0 + 2 * tiny
-        one = jnp.asarray([[0.375]])[..., None]
-        assert float(xla._compensated(one, fa_jax.FP32)[0, 0]) == 0.375
+        tiny = jnp.asarray(2.0**-24)
+        total, error = xla._kahan(jnp.asarray(1.0), jnp.asarray(0.0), jnp.asarray(0.0), FP32)
+        total, error = xla._kahan(tiny, total, error, FP32)
+        total, error = xla._kahan(tiny, total, error, FP32)
+        assert float(total) - float(error) == 1.0 + 2 * float(tiny)
 
 
 def test_platform_names_versions_and_the_exp():

@@ -75,7 +75,8 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
 _LARGE_NEGATIVE = float(np.float32(-0.7 * _F32_MAX))  # jax's mask value, in float32
 _LANES = 16  # the softmax sum's lanes
-_LANE_NODE = 64  # terms of a lane in a node of the softmax sum's 4-ary tree
+_CHUNK = 64  # terms the softmax sum reads at a time (4 vectors of 16 lanes)
+_KAHAN = 1024  # terms read between the softmax sum's compensated steps
 
 
 def _attention_fn(dtype: str, causal: bool, scale):
@@ -160,91 +161,132 @@ def xla_cpu_exp_model() -> ExpModel:
 # -- summation orders ------------------------------------------------------------------
 
 
-def _qk(q, k, *, pairs: bool, acc: Format):
-    """fl32(Q Kᵀ), each dot a sequential FMA chain over d: in the order 1, 0, 3, 2,
-    ... (an odd last term comes last) with ``pairs`` (bf16 inputs), else 0, 1, 2, ..."""
+def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1):
+    """fl32(Q Kᵀ), each dot ``tile_k`` sequential FMA chains over d (term t in chain
+    t mod tile_k) folded pairwise; with ``pairs`` (bf16 inputs) one chain in the
+    order 1, 0, 3, 2, ... (an odd last term comes last), else 0, 1, 2, ..."""
     d = q.shape[-1]
-    order = list(range(d))
     if pairs:
-        order = [j for p in range(0, d - 1, 2) for j in (p + 1, p)] + ([d - 1] if d % 2 else [])
-    qs = jnp.moveaxis(q[..., order], -1, 0)[..., :, None]
-    ks = jnp.moveaxis(k[..., order], -1, 0)[..., None, :]
+        order = _permuted(d, True)
+        q, k = q[..., order], k[..., order]
+    steps = -(-d // tile_k)
+    pad = steps * tile_k - d
+    if pad:
+        q = jnp.concatenate([q, jnp.zeros((*q.shape[:-1], pad), q.dtype)], axis=-1)
+        k = jnp.concatenate([k, jnp.zeros((*k.shape[:-1], pad), k.dtype)], axis=-1)
+    qs = jnp.moveaxis(q.reshape(*q.shape[:-1], steps, tile_k), -2, 0)[..., :, None, :]
+    ks = jnp.moveaxis(k.reshape(*k.shape[:-1], steps, tile_k), -2, 0)[..., None, :, :]
 
     def step(total, qk):
         return ops.fma(qk[0], qk[1], total, acc), None
 
-    total = jnp.zeros((*q.shape[:-1], k.shape[-2]))
-    return jax.lax.scan(step, total, (qs, ks))[0]
+    total = jnp.zeros((*q.shape[:-1], k.shape[-2], tile_k))
+    chains = jax.lax.scan(step, total, (qs, ks))[0]
+    return _pairwise(chains[..., None], acc)[..., 0]
 
 
-def _quad(x, acc: Format):
-    """Sum axis -2 of ``x`` by a 4-ary tree whose nodes add their children left to
-    right (children of 4**j terms, the largest that leaves more than one)."""
-    rows = x.shape[-2]
-    if rows == 1:
-        return x[..., 0, :]
-    part = 1
-    while part * 4 < rows:
-        part *= 4
-    full = rows - rows % part
-    kids = _quad(x[..., :full, :].reshape(*x.shape[:-2], full // part, part, x.shape[-1]), acc)
-    total = kids[..., 0, :]
-    for i in range(1, full // part):
-        total = ops.add(total, kids[..., i, :], acc)
-    if full < rows:
-        total = ops.add(total, _quad(x[..., full:, :], acc), acc)
+def _chain(terms, acc: Format):
+    """Sum axis -2 of ``terms`` left to right (the first term is exact, 0 + t)."""
+    total = terms[..., 0, :]
+    for i in range(1, terms.shape[-2]):
+        total = ops.add(total, terms[..., i, :], acc)
     return total
 
 
-def _compensated(nodes, acc: Format):
-    """Sum axis -2 of ``nodes`` in order by compensated (Kahan) summation: a running
-    sum and its error, both from zero, each term corrected by the error before it
-    is added, and the sum by the last error at the end (Higham 2002, Algorithm 4.2)."""
-    total = jnp.zeros_like(nodes[..., 0, :])
-    error = jnp.zeros_like(total)
-    for i in range(nodes.shape[-2]):
-        y = ops.sub(nodes[..., i, :], error, acc)
-        t = ops.add(total, y, acc)
-        error = ops.sub(ops.sub(t, total, acc), y, acc)
-        total = t
-    return ops.sub(total, error, acc)
+def _kahan(a, total, error, acc: Format):
+    """One step of compensated (Kahan) summation: ``a`` corrected by the running
+    error, added to ``total``; the new total and error (Higham 2002, Algorithm 4.2)."""
+    y = ops.sub(a, error, acc)
+    t = ops.add(total, y, acc)
+    return t, ops.sub(ops.sub(t, total, acc), y, acc)
 
 
 def _softmax_sum(e, acc: Format):
-    """The softmax sum (module docstring): 16 lanes, each a 4-ary tree up to nodes
-    of 64 terms, the nodes added by compensated summation, then the lanes halved;
-    a row of fewer than 16 or a ragged length is summed in order (not probed)."""
+    """The softmax sum: YNNPACK's ``sum_float_k1`` (ynnpack/kernels/reduce/sum.h) on
+    16 float32 lanes, term j of a row in lane j mod 16.
+
+    The row is read in chunks of 64 terms (4 per lane, summed left to right; a
+    ragged last chunk padded with zeros).  While 256 terms or more remain, four
+    chunks are summed left to right and their sum added to a level-1
+    accumulator; after that, each chunk is added to it alone.  Each time 1024
+    terms have been read, and at the end, the level-1 accumulator is added to
+    the level-2 one by compensated (Kahan) summation and cleared.  The 16 lane
+    sums are then halved (l + l+8, then + 4, + 2, + 1)."""
     m = e.shape[-1]
-    if m % _LANES:
-        return ops.sum(e, acc, axis=-1, accumulation="sequential")
-    terms = e.reshape(*e.shape[:-1], m // _LANES, _LANES)
-    nodes = [
-        _quad(terms[..., start : start + _LANE_NODE, :], acc)
-        for start in range(0, terms.shape[-2], _LANE_NODE)
-    ]
-    lanes = _compensated(jnp.stack(nodes, axis=-2), acc)
+    chunks = -(-m // _CHUNK)
+    pad = chunks * _CHUNK - m
+    if pad:
+        e = jnp.concatenate([e, jnp.zeros((*e.shape[:-1], pad), e.dtype)], axis=-1)
+    # (..., chunks, 4, 16): a chunk's 4 vectors of 16 lanes.
+    terms = e.reshape(*e.shape[:-1], chunks, _CHUNK // _LANES, _LANES)
+    leaves = _chain(terms, acc)  # (..., chunks, 16)
+    unrolled = m // (4 * _CHUNK)
+    groups = leaves[..., : 4 * unrolled, :].reshape(*leaves.shape[:-2], unrolled, 4, _LANES)
+    items = jnp.concatenate([_chain(groups, acc), leaves[..., 4 * unrolled :, :]], axis=-2)
+    # The chunks read once each item is added: a compensated step at each 1024 terms.
+    read = [4 * (u + 1) for u in range(unrolled)] + list(range(4 * unrolled + 1, chunks + 1))
+    flush = np.asarray([r % (_KAHAN // _CHUNK) == 0 for r in read])
+    zeros = jnp.zeros_like(items[..., 0, :])
+
+    def step(carry, item):
+        level1, total, error = carry
+        term, now = item
+        level1 = ops.add(level1, term, acc)
+        kahan_total, kahan_error = _kahan(level1, total, error, acc)
+        total = jnp.where(now, kahan_total, total)
+        error = jnp.where(now, kahan_error, error)
+        return (jnp.where(now, zeros, level1), total, error), None
+
+    xs = (jnp.moveaxis(items, -2, 0), jnp.asarray(flush))
+    level1, total, error = jax.lax.scan(step, (zeros, zeros, zeros), xs)[0]
+    lanes = _kahan(level1, total, error, acc)[0]
     while lanes.shape[-1] > 1:
         half = lanes.shape[-1] // 2
         lanes = ops.add(lanes[..., :half], lanes[..., half:], acc)
     return lanes[..., 0]
 
 
-def _pv(p, v, acc: Format, block: int):
-    """fl32(P V): blocks of ``block`` keys, each a sequential FMA chain from zero,
-    the block sums added in order."""
+def _pairwise(chains, acc: Format):
+    """Sum axis -2 of ``chains`` by halving adjacent pairs, ((c0 + c1) + (c2 + c3)):
+    how YNNPACK's dot kernels fold the tile_k partial sums of a vector lane."""
+    while chains.shape[-2] > 1:
+        chains = ops.add(chains[..., 0::2, :], chains[..., 1::2, :], acc)
+    return chains[..., 0, :]
+
+
+def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
+    """fl32(P V): blocks of ``block`` keys; in each, ``tile_k`` FMA chains from zero
+    (key j of the block in chain j mod tile_k), folded pairwise; the block sums
+    added in order.  One scan over a block's steps serves every block at once, so
+    the program's size does not grow with the number of blocks."""
     m = p.shape[-1]
-    total = None
-    for start in range(0, m, block):
-        ps = jnp.moveaxis(p[..., start : start + block], -1, 0)[..., None]
-        vs = jnp.moveaxis(v[..., start : start + block, :], -2, 0)[..., None, :]
+    block = min(block, m)
+    nb = -(-m // block)
+    steps = -(-block // tile_k)
+    pad = nb * steps * tile_k - m
+    if pad:
+        p = jnp.concatenate([p, jnp.zeros((*p.shape[:-1], pad), p.dtype)], axis=-1)
+        v = jnp.concatenate([v, jnp.zeros((*v.shape[:-2], pad, v.shape[-1]), v.dtype)], axis=-2)
+    # (..., n, nb, steps, tile_k) and (..., nb, steps, tile_k, dv), the step axis first.
+    ps = p.reshape(*p.shape[:-1], nb, steps, tile_k)
+    ps = jnp.moveaxis(ps, -2, 0)[..., None]  # (steps, ..., n, nb, tile_k, 1)
+    vs = v.reshape(*v.shape[:-2], nb, steps, tile_k, v.shape[-1])
+    vs = jnp.moveaxis(vs, -3, 0)[..., None, :, :, :]  # (steps, ..., 1, nb, tile_k, dv)
 
-        def step(chain, pv):
-            return ops.fma(pv[0], pv[1], chain, acc), None
+    def step(chain, pv):
+        return ops.fma(pv[0], pv[1], chain, acc), None
 
-        chain = jnp.zeros((*p.shape[:-1], v.shape[-1]))
-        block_sum = jax.lax.scan(step, chain, (ps, vs))[0]
-        total = block_sum if total is None else ops.add(total, block_sum, acc)
-    return total
+    chain = jnp.zeros((*p.shape[:-1], nb, tile_k, v.shape[-1]))
+    chains = jax.lax.scan(step, chain, (ps, vs))[0]
+    blocks = _pairwise(chains, acc)  # (..., n, nb, dv)
+    if nb == 1:
+        return blocks[..., 0, :]
+
+    def add(total, block_sum):
+        return ops.add(total, block_sum, acc), None
+
+    rest = jnp.moveaxis(blocks[..., 1:, :], -2, 0)
+    return jax.lax.scan(add, blocks[..., 0, :], rest)[0]
 
 
 # -- the model -------------------------------------------------------------------------
@@ -320,40 +362,173 @@ def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> list[int]
     return counts
 
 
-@functools.cache
-def _pv_block(dtype: str, shape: tuple[int, ...], causal: bool) -> int:
-    """The keys in each FMA chain of the P V dot for (B·H, N, d) inputs, read from
-    the real program with order-revealing probes (:func:`_pv_probe_counts`).
+_TILES_K = (1, 2, 4, 8)  # the tile_k of YNNPACK's dot kernels (one, or lanes folded pairwise)
 
-    YNNPACK blocks the dot's reduction over keys by a size it derives at run time
-    from the CPU's L2 cache and the dot kernel's tile, so neither XLA's program
-    nor the shape alone gives it.  Key j is in key 0's chain when the probes of
-    keys j - 1 and j both count all their small terms (one of them alone can be
-    the last key of a block); a search over j finds the first key of the second
-    block.  N when one chain holds every key (a block starting at the last key
-    is not probed), and for fp16 beyond 2^14 keys (not probed)."""
+
+def _simulated_dot(terms: np.ndarray, tile_k: int, block: int) -> np.ndarray:
+    """The sums of the rows of ``terms`` (exact products, float32) in a dot's order:
+    blocks of ``block`` terms, in each ``tile_k`` chains from zero folded pairwise,
+    the block sums added in order; float32 arithmetic, as the kernel's."""
+    rows, n = terms.shape
+    block = min(block, n)
+    nb, steps = -(-n // block), -(-block // tile_k)
+    x = np.zeros((rows, nb * steps * tile_k), np.float32)
+    x[:, :n] = terms
+    x = x.reshape(rows, nb, steps, tile_k)
+    chains = np.zeros((rows, nb, tile_k), np.float32)
+    for step in range(steps):
+        chains = chains + x[:, :, step]
+    while chains.shape[-1] > 1:
+        chains = chains[..., 0::2] + chains[..., 1::2]
+    total = chains[:, 0, 0]
+    for b in range(1, nb):
+        total = total + chains[:, b, 0]
+    return total
+
+
+def _pv_probe_terms(n: int, tests: list[int], p: float) -> np.ndarray:
+    """The P V probes' products p·V (float32, exact), p the probes' uniform P."""
+    terms = np.zeros((len(tests), n), np.float32)
+    for row, j in enumerate(tests):
+        terms[row, 0] = p * _PROBE_BIG
+        terms[row, j] = -p * _PROBE_BIG
+        terms[row, j + 1 : j + 1 + _PROBE_TERMS] = p * _PROBE_SMALL
+    return terms
+
+
+def _pv_predicted(n: int, tests: list[int], p: float, tile_k: int, block: int) -> np.ndarray:
+    """The counts :func:`_pv_probe_counts` reads where the dot runs in this order."""
+    sums = _simulated_dot(_pv_probe_terms(n, tests, p), tile_k, block).astype(np.float64)
+    return np.round(sums / (p * _PROBE_SMALL)).astype(int)
+
+
+def _probe_p(dtype: str, shape: tuple[int, ...], causal: bool) -> float:
+    """The probes' uniform P: fl32(1 / N) (q = k = 0, every exp 1, the sum exact), and
+    rounded to ``dtype`` where XLA keeps P's rounding."""
+    p = np.float32(1.0) / np.float32(shape[1])
+    if _p_rounded(dtype, shape, causal):
+        p = np.asarray(p).astype(jnp.dtype(dtype)).astype(np.float32)
+    return float(p)
+
+
+@functools.cache
+def _pv_order(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[int, int]:
+    """(tile_k, block) of the P V dot for (B·H, N, d) inputs, read from the real
+    program with order-revealing probes (:func:`_pv_probe_counts`).
+
+    YNNPACK picks a dot kernel by the shape (tile_k: how many FMA chains each
+    output's vector lanes keep, folded pairwise at the end) and blocks the
+    reduction over keys by a size it derives at run time from the CPU's L2 cache
+    and the kernel's tile, so neither XLA's program nor the shape alone gives
+    them.  tile_k is the candidate whose simulated probes (:func:`_simulated_dot`)
+    match the real counts of keys 1 .. 8 against key 0; the block, a search over
+    multiples of tile_k for the first key whose probe, with the one tile_k before
+    it, no longer matches one block's prediction (a key alone can be the last of a
+    block).  One block of N keys where N < 4 and, for fp16, beyond 2^14 keys (not
+    probed)."""
     _, n, d = shape
     if n < 4 or (dtype == "float16" and n > _PROBE_MAX_FP16_KEYS):
-        return n
+        return 1, n
     run = _attention(dtype, causal, None)
-    lo, hi = 1, n - 1  # keys 1..lo are in key 0's chain; key hi is not (n - 1: unknown)
+    first = list(range(1, min(n - 1, 9)))
+    p = _probe_p(dtype, shape, causal)
+    counts = np.asarray(_pv_probe_counts(run, shape, first))
+    tiles = [t for t in _TILES_K if np.array_equal(_pv_predicted(n, first, p, t, n), counts)]
+    if not tiles:
+        raise ValueError(
+            f"xla: the P V probes of {shape} ({dtype}) fit no modelled dot order "
+            f"(tile_k in {_TILES_K}): counts {counts.tolist()}"
+        )
+    tile_k = tiles[0]
+    lo, hi = 1, -(-(n - 1) // tile_k)  # multiples of tile_k: lo·tile_k joined, hi·tile_k not
     found = False
     while hi - lo > 1:
         width = max(1, d // 2)
         points = sorted({int(x) for x in np.linspace(lo + 1, hi - 1, num=min(width, hi - lo - 1))})
-        tests = [t for j in points for t in (j - 1, j)]
-        counts = _pv_probe_counts(run, shape, tests)
-        terms = [min(_PROBE_TERMS, n - 1 - t) for t in tests]
-        joined = [
-            all(counts[i] == terms[i] for i in (2 * k, 2 * k + 1)) for k in range(len(points))
-        ]
+        tests = [min(t, n - 1) for j in points for t in ((j - 1) * tile_k, j * tile_k)]
+        got = np.asarray(_pv_probe_counts(run, shape, tests))
+        want = _pv_predicted(n, tests, p, tile_k, n)
+        same = got == want
+        joined = [bool(same[2 * i] and same[2 * i + 1]) for i in range(len(points))]
         failing = [j for j, ok in zip(points, joined) if not ok]
         if failing:
             hi, found = failing[0], True
         passing = [j for j, ok in zip(points, joined) if ok and j < hi]
         if passing:
             lo = max(passing)
-    return hi if found else n
+    return tile_k, (hi * tile_k if found else n)
+
+
+_QK_UNIT = 2.0**-10  # q's unit terms; k's key-0 row is 2^10, so each product is 1
+_QK_KEY = 2.0**10
+
+
+def _qk_probe_counts(run, shape: tuple[int, ...], pairs: list[tuple[int, int]]) -> np.ndarray:
+    """For each (a, b), the count a Q Kᵀ probe reads: query row q = M at term a, -M
+    at term b and a unit elsewhere, key 0 = 2^10 everywhere, so S[i, 0] is the
+    number of unit products not absorbed by ±M; every other key is zero.  V holds
+    1 at (key 0, column 0) and (key 1, column 1), so the output's two columns are
+    P[i, 0] and P[i, 1], whose ratio is exp(S[i, 0] · scale)."""
+    bh, n, d = shape
+    slots = [(b, i) for b in range(bh) for i in range(1, n)]
+    scale = float(np.float32(1.0 / math.sqrt(d)))
+    counts: list[int] = []
+    for start in range(0, len(pairs), len(slots)):
+        chunk = pairs[start : start + len(slots)]
+        q = np.zeros(shape, np.float32)
+        k = np.zeros(shape, np.float32)
+        v = np.zeros(shape, np.float32)
+        k[:, 0, :] = _QK_KEY
+        v[:, 0, 0] = v[:, 1, 1] = 1.0
+        for (b, i), (a, c) in zip(slots, chunk):
+            q[b, i, :] = _QK_UNIT
+            q[b, i, a] = _PROBE_BIG
+            q[b, i, c] = -_PROBE_BIG
+        out = np.asarray(run(q, k, v), dtype=np.float64)
+        for (b, i), _ in zip(slots, chunk):
+            counts.append(round(math.log(out[b, i, 0] / out[b, i, 1]) / scale))
+    return np.asarray(counts)
+
+
+def _permuted(d: int, pairs: bool) -> list[int]:
+    """The order of the Q Kᵀ terms: 1, 0, 3, 2, ... (an odd last term last) with
+    ``pairs``, else 0, 1, 2, ..."""
+    if not pairs:
+        return list(range(d))
+    return [j for p in range(0, d - 1, 2) for j in (p + 1, p)] + ([d - 1] if d % 2 else [])
+
+
+@functools.cache
+def _qk_order(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[bool, int]:
+    """(pairs, tile_k) of the Q Kᵀ dot for (B·H, N, d) inputs, read from the real
+    program with order-revealing probes (:func:`_qk_probe_counts`): the candidate
+    (terms in pairs, odd first, as AVX-512 BF16's dot instruction adds them, or in
+    order; tile_k chains folded pairwise) whose simulated probes match the real
+    counts of every pair among the first 16 terms and the last ones."""
+    _, n, d = shape
+    if d < 2 or n < 2:
+        return dtype == "bfloat16", 1
+    run = _attention(dtype, causal, None)
+    head = range(min(d, 16))
+    tail = range(max(0, d - 5), d)
+    pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
+    counts = _qk_probe_counts(run, shape, pairs)
+    terms = np.ones((len(pairs), d), np.float32)
+    big = np.float32(_PROBE_BIG * _QK_KEY)
+    for row, (a, b) in enumerate(pairs):
+        terms[row, a], terms[row, b] = big, -big
+    found = [
+        (swap, t)
+        for swap in (dtype == "bfloat16", dtype != "bfloat16")
+        for t in _TILES_K
+        if np.array_equal(_simulated_dot(terms[:, _permuted(d, swap)], t, d), counts)
+    ]
+    if not found:
+        raise ValueError(
+            f"xla: the Q Kᵀ probes of {shape} ({dtype}) fit no modelled dot order: "
+            f"counts {counts.tolist()} for pairs {pairs}"
+        )
+    return found[0]
 
 
 def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
@@ -378,22 +553,42 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
-    pv_block = _pv_block(policy.inputs.name, shape, bool(causal))
+    pv_tile, pv_block = _pv_order(policy.inputs.name, shape, bool(causal))
+    qk_pairs, qk_tile = _qk_order(policy.inputs.name, shape, bool(causal))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
     return _model_core(
-        q, k, v, scale, causal=bool(causal), policy=policy, round_p=round_p, pv_block=pv_block
+        q,
+        k,
+        v,
+        scale,
+        causal=bool(causal),
+        policy=policy,
+        round_p=round_p,
+        qk=(qk_pairs, qk_tile),
+        pv=(pv_tile, pv_block),
     )
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "pv_block"))
-def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool, pv_block: int):
+@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv"))
+def _model_core(
+    q,
+    k,
+    v,
+    scale,
+    *,
+    causal: bool,
+    policy: Policy,
+    round_p: bool,
+    qk: tuple[bool, int],
+    pv: tuple[int, int],
+):
     """The model's steps; every rounding names the stage of ``policy`` it belongs to,
     so calibration's knobs reach it (the summation orders are XLA's, fixed)."""
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
-    qk = _qk(q, k, pairs=fmt.name == "bfloat16", acc=policy.qk_acc)
-    s = ops.mul(qk, round_to(scale, policy.scores), policy.scores)
+    s = _qk(q, k, pairs=qk[0], acc=policy.qk_acc, tile_k=qk[1])
+    s = ops.mul(s, round_to(scale, policy.scores), policy.scores)
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
     shifted = ops.sub(s, jnp.max(s, axis=-1, keepdims=True), policy.exp)
@@ -405,7 +600,7 @@ def _model_core(q, k, v, scale, *, causal: bool, policy: Policy, round_p: bool, 
         p = ops.div(e, total[..., None], policy.stats)
     if round_p:
         p = ops.cast(p, policy.p)
-    return ops.cast(_pv(p, v, policy.pv_acc, pv_block), policy.out)
+    return ops.cast(_pv(p, v, policy.pv_acc, pv[1], pv[0]), policy.out)
 
 
 def model(fmt: Format, n: int, d: int) -> KernelModel:
