@@ -870,6 +870,19 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "exponential",
+        "small | (n - 1 < -126)",
+        "(n - 1 < -126)",
+        "exp_u20's mask below ln FLT_MIN dropped",
+        f"{EXP_EDGES}[exp_u20]",
+        f"{EXP_RANDOM}[exp_u20]",
+        equivalent=(
+            "below ln FLT_MIN the clamp gives x = ln FLT_MIN, where n = floor(fl(x log2 e "
+            "+ 1/2)) = -126, so n - 1 < -126 already zeroes 2^(n-1): the mask (ATen's "
+            "blendv) never changes a result"
+        ),
+    ),
+    _m(
+        "exponential",
         "for c in (*_U20_POLY[2:], _U20_C1, 1.0):",
         "for c in (*_U20_POLY[2:], 1.0, _U20_C1):",
         "exp_u20's last two Horner steps swapped",
@@ -937,6 +950,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "chains[(i + 1) % 2] = ops.fma(s, chains[(i + 1) % 2],",
         "YNNPACK's even and odd Horner chains swapped",
         f"{EXP_RANDOM}[ynnpack_exp]",
+    ),
+    _m(
+        "exponential",
+        "scale = jnp.where(b > 127, jnp.inf, _pow2(b))",
+        "scale = _pow2(b)",
+        "YNNPACK's overflow to inf left to 2^b",
+        f"{EXP_EDGES}[ynnpack_exp]",
+        equivalent=(
+            "_pow2 gives inf for every exponent above 127 itself (the code of +inf), so "
+            "the where repeats it"
+        ),
     ),
     _m(
         "exponential",
@@ -1061,6 +1085,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "t = ops.mul(ops.sub(m_old, m_new, policy.exp), c, policy.stats)",
         "exp2 rescale's exponent rounded to stats instead of exp",
         EXP2_FLASH,
+    ),
+    _m(
+        "softmax",
+        "return jnp.where(masked, 0.0, policy.exp_model.fn(t, policy.exp))",
+        "return policy.exp_model.fn(t, policy.exp)",
+        "exp2 rescale of a fully masked running max gives 1, not 0",
+        EXP2_FLASH,
+        equivalent=(
+            "m_old = -inf only before any key was kept (FA1's beta: a block with none), "
+            "where m_old is replaced by m_new, t = 0 and 2^0 = 1 multiplies l = +0 and "
+            "o = +0 (FA1: l_blk = +0 and a P V of exact zeros): the same +0 as 0 times it"
+        ),
     ),
     _m(
         "softmax",
