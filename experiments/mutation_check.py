@@ -1010,6 +1010,13 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "accumulation",
+        'if t.order == "sequential" and t.size is None:',
+        'if t.order == "sequential":',
+        "FMA chains turn sequential(k)'s fused steps into a one-term chain",
+        TREE_SHAPES,
+    ),
+    _m(
+        "accumulation",
         "acc = new(ids[0]) if t.from_zero else",
         "acc = ids[0] if t.from_zero else",
         "a chain from zero leaves its first term unrounded",

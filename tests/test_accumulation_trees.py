@@ -191,6 +191,8 @@ CASES = [
     (acc.fma_chains(acc.blocked(3)), blocked(3, CHAIN0, CHAIN0), None),
     (acc.fma_chains(acc.vector(4, "sequential")), vector(4, CHAIN0, CHAIN0), None),
     (acc.fma_chains(acc.split_k(2, "pairwise")), split_k(2, pairwise(), CHAIN0), None),
+    # FMA chains change only the one-term-a-step chains: sequential(2) keeps its fused steps.
+    (acc.fma_chains(acc.blocked(4, acc.sequential(2))), blocked(4, seq(2), CHAIN0), None),
     *[(acc.tree(t), explicit(t), (_n,)) for t, _n in zip(EXPLICIT, (7, 4, 3, 5))],
     *[
         (acc.fma_chains(acc.tree(t)), explicit(fma_explicit(t)), (_n,))
