@@ -2,8 +2,12 @@
 
 Subcommands: ``formats`` (the format registry), ``round`` (one value's rounding
 and bits), ``sweep`` (a :class:`~fa_jax.studies.sweep.Grid` into tidy CSV),
-``reproduce`` (Golden et al. 2024 Figs 3-6 and 8, FlashAttention-3 Table 3) and
-``attribute`` (per-stage error attribution).  Errors in arguments are one line
+``reproduce`` (Golden et al. 2024 Figs 3-6 and 8, FlashAttention-3 Table 3),
+``merge`` (a multi-process sweep's part files into ``results.csv``) and
+``attribute`` (per-stage error attribution).  ``sweep`` and ``reproduce`` run
+on several processes under ``jax.distributed`` (``--coordinator``,
+``--num-processes``, ``--process-id``, or a cluster JAX detects):
+:mod:`fa_jax.studies.sweep.cluster`.  Errors in arguments are one line
 on standard error naming the flag, with exit status 2.  Ctrl-C ends a command
 with the one line ``interrupted; run the same command to resume`` and exit
 status 130; sweeps stop at their next group (:mod:`fa_jax.studies.interrupt`),
@@ -29,6 +33,7 @@ from fa_jax.studies import DEFAULT_POLICIES
 from fa_jax.studies.interrupt import deferred_interrupts
 from fa_jax.studies.options import study_options
 from fa_jax.studies.profile import Profile
+from fa_jax.studies.sweep.cluster import ProcessFailed
 from fa_jax.studies.sweep.grid import KERNEL_PREFIX
 from fa_jax.studies.table import print_table
 
@@ -217,6 +222,48 @@ def _policies(flag: str, presets, kernel_names, default) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _coordinator(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--coordinator: expected HOST:PORT (a port in 1 .. 65535), got {text!r}")
+    return text
+
+
+def _connect(args) -> int:
+    """Join the processes of a multi-process run (``jax.distributed``) from the
+    launch flags, or where JAX detects a cluster; nothing otherwise.  Returns
+    the process count."""
+    from fa_jax.studies.sweep.cluster import cluster_detected, connect
+
+    given = {
+        "--coordinator": args.coordinator,
+        "--num-processes": args.num_processes,
+        "--process-id": args.process_id,
+    }
+    if all(v is None for v in given.values()):
+        if not cluster_detected():
+            return 1
+    elif any(v is None for v in given.values()) and not cluster_detected():
+        named = ", ".join(f for f, v in given.items() if v is not None)
+        raise ValueError(
+            f"{', '.join(given)}: expected all three (or none, where JAX detects the "
+            f"cluster), got {named} only"
+        )
+    coordinator = None if args.coordinator is None else _coordinator(args.coordinator)
+    count = None
+    if args.num_processes is not None:
+        count = positive_int(_one_int("--num-processes", args.num_processes), "--num-processes")
+    index = None
+    if args.process_id is not None:
+        index = non_negative_int(_one_int("--process-id", args.process_id), "--process-id")
+        if count is not None and index >= count:
+            raise ValueError(f"--process-id: expected 0 .. {count - 1}, got {index}")
+    connect(coordinator, count, index)
+    import jax
+
+    return jax.process_count()
+
+
 def cmd_sweep(args) -> int:
     from fa_jax.studies.results import check_out_dir
     from fa_jax.studies.sweep import COLUMNS, Grid, run_sweep
@@ -250,6 +297,7 @@ def cmd_sweep(args) -> int:
                 break
         raise ValueError(msg) from None
     check_out_dir(args.out, {"results.csv": COLUMNS}, what="--out")
+    _connect(args)
     path = run_sweep(grid, args.out, quiet=args.quiet)
     with open(path) as fh:
         n_rows = sum(1 for _ in fh) - 1
@@ -267,11 +315,35 @@ def cmd_reproduce(args) -> int:
         )
     policies = _policies("--policy", args.policy, args.kernel, DEFAULT_POLICIES)
     check_out_dir(args.out, what="--out")  # each study checks its own subfolder too
+    count = _connect(args)
+    if count > 1 and args.figure in ("fig8", "fa3-table"):
+        raise ValueError(
+            f"--num-processes: only the sweeps (fig3..fig6, all) run on several processes, "
+            f"got {args.figure} on {count}"
+        )
     results = reproduce(
         args.figure, args.out, quick=args.quick, policies=policies, ablations=args.ablations
     )
     for name, res in results.items():
         print(f"{name}: " + "  ".join(str(res[k]) for k in ("csv", "png") if res.get(k)))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from fa_jax.studies.sweep import merge_sweep
+
+    report = merge_sweep(args.out)
+    if not report:
+        print(f"{args.out}: no part files to merge")
+        return 0
+    missing = 0
+    for folder, merged, left in report:
+        state = "complete; part files removed" if not left else f"{left} configurations missing"
+        print(f"{folder}: {merged} configurations merged into results.csv ({state})")
+        missing += left
+    if missing:
+        print("run the same sweep command again to compute the missing configurations")
+        return 1
     return 0
 
 
@@ -493,6 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", default="fa_jax_out/sweep", help="output folder")
     sw.add_argument("--quiet", action="store_true", help="no progress line")
     _add_run_flags(sw)
+    _add_cluster_flags(sw)
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("reproduce", help="Golden et al. 2024 figures: CSV, table and PNG")
@@ -517,7 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fa3-table only: add rows that locate the FP8 error (not in the paper)",
     )
     _add_run_flags(rp)
+    _add_cluster_flags(rp)
     rp.set_defaults(func=cmd_reproduce)
+
+    mg = sub.add_parser("merge", help="fold a multi-process sweep's part files into results.csv")
+    mg.add_argument("out", help="the sweep's output folder (--out)")
+    mg.set_defaults(func=cmd_merge)
 
     at = sub.add_parser("attribute", help="per-stage error attribution: table, CSV, bar chart")
     at.add_argument(
@@ -622,6 +700,23 @@ def _add_run_flags(parser) -> None:
     )
 
 
+def _add_cluster_flags(parser) -> None:
+    parser.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="several processes (jax.distributed): process 0's host and a free port; "
+        "every process runs the same command (default: none, or what JAX detects "
+        "under SLURM, Open MPI, a TPU pod or JAX_COORDINATOR_ADDRESS)",
+    )
+    parser.add_argument(
+        "--num-processes", default=None, metavar="P", help="with --coordinator: how many"
+    )
+    parser.add_argument(
+        "--process-id", default=None, metavar="I", help="with --coordinator: this one, 0 .. P-1"
+    )
+
+
 @contextlib.contextmanager
 def _run_options(args):
     """The sweep options of ``--no-cache``, ``--profile`` and ``--carrier``; the
@@ -661,6 +756,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return 130
+    except ProcessFailed as err:  # another process of a multi-process run stopped
+        print(f"fa-jax {args.command}: {err}; run the same command to resume", file=sys.stderr)
+        return 1
     except (ValueError, TypeError, ImportError) as err:
         print(f"fa-jax {args.command}: {err}", file=sys.stderr)
         return 2

@@ -4,15 +4,20 @@
 ``quiet`` is false, standard error is a terminal and tqdm (the optional
 ``progress`` extra) is installed; otherwise it returns the iterable unchanged,
 so logs and pipes stay clean and a missing tqdm never fails a run.
+:func:`follow` shows, under the same conditions, a bar whose count is read
+from elsewhere (a multi-process sweep's whole job, counted by every process)
+on a thread, twice a second, while its block runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable, Iterator, Sized
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import TypeVar
 
-__all__ = ["status", "track"]
+__all__ = ["follow", "status", "track"]
 
 T = TypeVar("T")
 
@@ -44,6 +49,55 @@ def status(text: str) -> None:
     empty text clears it; without a bar, nothing."""
     if _SHOWN:
         _SHOWN[-1].set_postfix_str(text, refresh=True)
+
+
+def _shown(quiet: bool):
+    """tqdm, if a bar is to be shown (module docstring), else None."""
+    if quiet:
+        return None
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is None or not isatty():
+        return None
+    return _tqdm()
+
+
+@contextlib.contextmanager
+def follow(
+    desc: str,
+    total: int,
+    count: Callable[[], int],
+    *,
+    unit: str = "it",
+    quiet: bool = False,
+    interval: float = 0.5,
+) -> Iterator[None]:
+    """While the block runs, a bar named ``desc`` at ``count()`` of ``total``,
+    read every ``interval`` seconds on a thread (module docstring says when)."""
+    tqdm = _shown(quiet)
+    if tqdm is None:
+        yield
+        return
+    stop = threading.Event()
+    with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
+
+        def poll():
+            while True:
+                try:
+                    n = count()
+                except Exception:  # the counter is gone (the run is ending)
+                    return
+                if n != bar.n:
+                    bar.update(n - bar.n)
+                if stop.wait(interval):
+                    return
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def track(

@@ -15,6 +15,16 @@ folder must be a folder (or creatable as one), writable, and any CSV already in
 it must have the study's columns, so a wrong ``--out`` fails at once and
 overwrites nothing.
 
+Part files: a study run by several processes (:mod:`fa_jax.studies.sweep.cluster`)
+keeps each process's rows in a part file of its own, ``part-NNNNN.csv`` in a
+folder under ``OUT/parts/`` (:func:`part_path`), each with the study's columns
+and rewritten atomically like any CSV, beside ``order.csv``, the key columns of
+every configuration in the order a one-process run writes them.
+:func:`read_parts` is their resume side, as :func:`read_complete` is the CSV's;
+:func:`merge_parts` folds them into the results CSV in that order, so the merged
+file is the one a single process would have written, byte for byte, and
+removes the folder once no configuration is missing.
+
 :func:`run_metadata` is the record of how a run was made (package versions,
 backend, devices, the run's configuration, the command line, the start time),
 written beside the results by :func:`write_json`.  :func:`pyplot` loads
@@ -23,6 +33,7 @@ matplotlib (the optional ``plot`` extra) for the figures.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import json
@@ -34,18 +45,24 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 __all__ = [
+    "PARTS",
     "append_csv",
     "atomic_write",
     "check_out_dir",
+    "merge_parts",
+    "part_path",
     "pyplot",
     "read_complete",
     "read_csv",
+    "read_parts",
     "run_metadata",
     "write_csv",
     "write_json",
 ]
 
 PACKAGES = ("fa_jax", "jax", "jaxlib", "ml_dtypes", "numpy")
+PARTS = "parts"  # the folder of part files in an output folder
+ORDER = "order.csv"  # beside the part files: the configurations in one-process order
 
 
 def _create(path: pathlib.Path) -> tuple[int, str]:
@@ -193,6 +210,86 @@ def read_complete(
         parts.setdefault(tuple(r[c] for c in key), set()).add(tuple(r[c] for c in part))
     done = {k for k, got in parts.items() if got == want}
     return [r for r in rows if tuple(r[c] for c in key) in done], done
+
+
+def part_path(folder, index: int) -> pathlib.Path:
+    """Process ``index``'s part file in ``folder`` (a folder under ``OUT/parts/``)."""
+    return pathlib.Path(folder) / f"part-{index:05d}.csv"
+
+
+def read_parts(
+    folder,
+    columns: Sequence[str],
+    key: Sequence[str],
+    part: Sequence[str],
+    expected: Collection[tuple],
+) -> tuple[list[dict[str, str]], set[tuple]]:
+    """:func:`read_complete` over every part file in ``folder`` (by name): the rows
+    of complete configurations, each configuration once (from the first file that
+    holds it), and the set of those configurations."""
+    rows: list[dict[str, str]] = []
+    done: set[tuple] = set()
+    for path in sorted(pathlib.Path(folder).glob("part-*.csv")):
+        got, complete = read_complete(path, columns, key, part, expected)
+        new = complete - done
+        rows += [r for r in got if tuple(r[c] for c in key) in new]
+        done |= new
+    return rows, done
+
+
+def merge_parts(
+    csv_path,
+    folder,
+    columns: Sequence[str],
+    key: Sequence[str],
+    part: Sequence[str],
+    expected: Collection[tuple],
+) -> tuple[int, int]:
+    """Fold the part files of ``folder`` into the CSV at ``csv_path``, atomically;
+    returns (configurations taken from the parts, configurations of ``order.csv``
+    still missing).
+
+    The configurations of ``order.csv`` (from the CSV and the parts, the CSV's
+    copy where both hold one) are written in that order, where the first of them
+    stood in the CSV (at its end if none did); the CSV's other rows keep their
+    places.  ``folder/metadata.json``, if any, is copied beside the CSV.  When
+    nothing is missing the folder is removed (and ``parts/`` if it is then empty);
+    otherwise the parts stay, as the resume record of the next run."""
+    csv_path, folder = pathlib.Path(csv_path), pathlib.Path(folder)
+    key = tuple(key)
+    order = [tuple(r[c] for c in key) for r in read_csv(folder / ORDER, key)]
+    index = {k: i for i, k in enumerate(order)}
+    rows, done = read_complete(csv_path, columns, key, part, expected)
+    part_rows, part_done = read_parts(folder, columns, key, part, expected)
+
+    def key_of(r):
+        return tuple(r[c] for c in key)
+
+    ours: dict[tuple, list] = {}
+    for r in rows:
+        if key_of(r) in index:
+            ours.setdefault(key_of(r), []).append(r)
+    for r in part_rows:
+        if key_of(r) not in done:
+            ours.setdefault(key_of(r), []).append(r)
+    at = next((i for i, r in enumerate(rows) if key_of(r) in index), len(rows))
+    seq = {k: i for i, k in enumerate(ours)}  # a part's stray configurations: last, as read
+    ordered = sorted(ours, key=lambda k: (index.get(k, len(index)), seq[k]))
+    merged = rows[:at] + [r for k in ordered for r in ours[k]]
+    merged += [r for r in rows[at:] if key_of(r) not in index]
+    write_csv(csv_path, columns, merged)
+    meta = folder / "metadata.json"
+    if meta.exists():
+        text = meta.read_text()
+        atomic_write(csv_path.parent / "metadata.json", lambda fh: fh.write(text))
+    missing = sum(1 for k in order if k not in ours)
+    if not missing:
+        for path in sorted(folder.iterdir(), key=lambda p: p.name == ORDER):  # order.csv last
+            path.unlink()
+        folder.rmdir()
+        with contextlib.suppress(OSError):  # other runs' parts may remain
+            folder.parent.rmdir()
+    return len(part_done - done), missing
 
 
 def run_metadata(config: Mapping, *, packages: Sequence[str] = (), **extra) -> dict:

@@ -3,10 +3,19 @@ signature -> tidy ``results.csv`` (Golden et al. 2024, §4).
 
 :mod:`.grid` says what is swept, :mod:`.programs` what is computed per
 configuration, :mod:`.batch` how configurations are batched over lengths,
-memory and devices, and :mod:`.engine` runs it all into the CSV.
+memory and devices, and :mod:`.engine` runs it all into the CSV.  Under
+``jax.distributed``, :mod:`.partition` says which process computes which
+configurations and :mod:`.cluster` how the processes agree and wait.
 """
 
-from fa_jax.studies.sweep.engine import MEMORY_BUDGET, length_buckets, run_sweep
+from fa_jax.studies.sweep.engine import (
+    MEMORY_BUDGET,
+    canonical_keys,
+    length_buckets,
+    merge_sweep,
+    parts_folder,
+    run_sweep,
+)
 from fa_jax.studies.sweep.grid import (
     COLUMNS,
     COMPARISONS,
@@ -25,7 +34,10 @@ __all__ = [
     "METRICS",
     "Grid",
     "SramBlocks",
+    "canonical_keys",
     "length_buckets",
+    "merge_sweep",
+    "parts_folder",
     "row_key",
     "run_sweep",
 ]

@@ -30,9 +30,16 @@ to each configuration's input format, and its outputs are widened back (exactly)
 before the metrics.
 
 Devices: the configuration axis is padded (repeating its last entry) to a
-multiple of the device count and sharded over a 1-D
+multiple of the process's device count (``jax.local_devices()``, all of
+``jax.devices()`` in one process) and sharded over a 1-D
 :class:`jax.sharding.Mesh` (axis ``"cfg"``).  Each configuration is computed
-by one device, so the results equal a single-device run bitwise.
+by one device, so the results equal a single-device run bitwise.  Under
+``jax.distributed`` each process runs its own share of the configurations
+(:mod:`.partition`) on its own devices: no program spans processes.
+
+Shares: a batch given ``share`` (a set of (format name, seq_len, seed) units)
+holds only those entries, in the same order, so a process's programs see the
+inputs a one-process run would.
 """
 
 from __future__ import annotations
@@ -88,9 +95,9 @@ def length_buckets(lens, ratio=PAD_RATIO):
 
 def shard(args, n, *, pad_to=None):
     """Pad the leading (configuration) axis, repeating its last entry, to ``pad_to``
-    entries and then to a multiple of the device count, and shard it over a 1-D
-    mesh (no sharding on one device)."""
-    devices = jax.devices()
+    entries and then to a multiple of the process's device count, and shard it
+    over a 1-D mesh of those devices (no sharding on one device)."""
+    devices = jax.local_devices()
     extra = (pad_to or n) - n
     extra += -(n + extra) % len(devices)
 
@@ -131,7 +138,9 @@ class FormatBatch:
     their shapes, its inputs (padded within length buckets, or one batch per
     length), and caches of the golden and baseline outputs that every variant
     and tiling reuses.  A ``preset`` of None is the golden (:func:`golden_for`).
-    ``carrier``: the flash programs' ("float64" or "float32", module docstring)."""
+    ``carrier``: the flash programs' ("float64" or "float32", module docstring).
+    ``share``: the (format name, seq_len, seed) units this process computes
+    (None: all of them; module docstring)."""
 
     def __init__(
         self,
@@ -141,8 +150,10 @@ class FormatBatch:
         memory_budget: int,
         executables: Executables,
         carrier: str = "float64",
+        share: frozenset | None = None,
     ):
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
+        self.share = share
         self.executables, self.carrier = executables, carrier
         self.chunks = chunks_of(grid, pad)
         self.flash_chunks = flash_chunks_of(grid, pad)
@@ -170,7 +181,10 @@ class FormatBatch:
         self._flash_run = None  # (preset, static) of those outputs
 
     def entries(self, chunk):
-        return [(f, n, s) for f in self.fmts for n in chunk for s in self.grid.seeds]
+        every = [(f, n, s) for f in self.fmts for n in chunk for s in self.grid.seeds]
+        if self.share is None:
+            return every
+        return [(f, n, s) for f, n, s in every if (f.name, n, s) in self.share]
 
     def inputs(self, chunk):
         """Q, K, V ``[C, B, H, max(chunk), d]`` zero-padded, and the lengths ``[C]``."""
@@ -242,7 +256,7 @@ class FormatBatch:
         static = dict(static, shape=shape)
         total = len(lengths)
         per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
-        size = min(per, PIECE * len(jax.devices()))
+        size = min(per, PIECE * len(jax.local_devices()))
         label = _label(program, chunk, static)
         for start in range(0, total, size):
             piece = jax.tree_util.tree_map(lambda x, i=start: x[i : i + size], args)
@@ -271,8 +285,9 @@ class FormatBatch:
         ]
 
     def _flash_chunks_for(self, chunk) -> list[tuple]:
-        """The flash chunks that hold the lengths of the (reference) ``chunk``."""
-        return [fc for fc in self.flash_chunks if set(fc) & set(chunk)]
+        """The flash chunks that hold the lengths of the (reference) ``chunk``
+        (those with entries: a share may leave one empty)."""
+        return [fc for fc in self.flash_chunks if set(fc) & set(chunk) and self.entries(fc)]
 
     def flash_plans(self, chunk, preset, *, tile_cols, **static) -> list:
         """The :meth:`plan` of every flash chunk that :meth:`flash` runs for ``chunk``."""

@@ -9,7 +9,11 @@ everything its code can depend on:
 * the program and its static arguments (preset, format kind, variant, tiles,
   causal flag) and its inputs' shapes, dtypes and shardings;
 * a fingerprint of fa_jax's source files, the jax and jaxlib versions, the
-  devices (platform, kind, count), ``jax_enable_x64`` and ``XLA_FLAGS``.
+  process's devices (platform, kind, count), ``jax_enable_x64`` and
+  ``XLA_FLAGS``; under ``jax.distributed`` with several processes also the
+  process count and the ids of the process's devices, since a serialized
+  executable names the devices it runs on (process 1's cannot run on
+  process 0's device).
 
 A later run with the same key loads the executable instead of tracing and
 compiling it: it is the same binary, so it computes the same bits (the sweep's
@@ -53,8 +57,8 @@ def source_fingerprint() -> str:
 
 
 def _environment() -> tuple:
-    devices = jax.devices()
-    return (
+    devices = jax.local_devices()
+    env = (
         source_fingerprint(),
         jax.__version__,
         importlib.metadata.version("jaxlib"),
@@ -64,6 +68,9 @@ def _environment() -> tuple:
         bool(jax.config.read("jax_enable_x64")),
         os.environ.get("XLA_FLAGS", ""),
     )
+    if jax.process_count() > 1:  # one process: the key of a run without jax.distributed
+        env += (jax.process_count(), tuple(d.id for d in devices))
+    return env
 
 
 def _signature(x) -> tuple:
