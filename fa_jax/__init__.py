@@ -6,7 +6,8 @@ The numerics, each layer using only those above it:
 * formats, rounding, encoding, widening: formats and exact rounding onto them;
 * accumulation, ops: the emulated op layer every algorithm calls;
 * policy, presets: the format of every stage of attention;
-* softmax, attention, backward, quantization: the algorithms;
+* softmax, attention, backward, quantization: the algorithms (heads, masking,
+  score_mods: GQA, masks and windows, biases);
 * metrics, bounds: measuring and bounding their error;
 * inputs, testing: seeded input distributions, hypothesis strategies.
 
@@ -52,6 +53,7 @@ from fa_jax.inputs import DISTRIBUTIONS, make_inputs
 from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES, STAGES, Policy
 from fa_jax.presets import PRESETS, fa2_kernel, get_policy, golden, paper_uniform, torch_math
 from fa_jax.rounding import ROUNDING_MODES, round_to
+from fa_jax.score_mods import alibi_bias, alibi_slopes
 from fa_jax.softmax import naive_softmax, online_softmax, safe_softmax
 
 __version__ = "0.1.0"
@@ -106,6 +108,8 @@ __all__ = [
     "Blocks",
     "Format",
     "Policy",
+    "alibi_bias",
+    "alibi_slopes",
     "attribute",
     "backward",
     "blocks_from_sram",

@@ -1,7 +1,7 @@
 """Baseline (materialised) and tiled FlashAttention forward passes under a policy.
 
-Inputs are shaped ``(..., N, d)`` for Q and ``(..., M, d)``/``(..., M, d_v)`` for K
-and V, with equal leading (batch, head) dimensions.  Every arithmetic step goes
+Q is ``(..., N, d)``, K and V ``(..., M, d)``/``(..., M, d_v)`` with Q's leading
+dimensions (or fewer heads: :mod:`fa_jax.heads`).  Every arithmetic step goes
 through :mod:`fa_jax.ops` and rounds to the policy's stage format.
 
 Baseline (reference) attention::
@@ -46,12 +46,12 @@ Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 "q" scales Q instead of S; "exp2" leaves S unscaled and folds the scale into
 every exp, an exp2 (:mod:`fa_jax.softmax`; the lse is then m · scale + log l).
 
-Masks: ``causal`` keeps key j for query i when j <= i (top-left aligned, as
-PyTorch's ``is_causal``); ``q_lengths``/``kv_lengths`` (broadcastable to the
-leading dimensions) keep rows i < q_len and keys j < kv_len.  Sequence lengths
-need not be multiples of the block sizes: K and V are padded to a multiple of
-``Bc`` and masked; flash's key loop ends at the last block holding a kept key.
-A fully masked row has output 0 and log-sum-exp -inf.
+Masks (:mod:`fa_jax.masking`): ``causal`` (j <= i, top-left), ``q_lengths`` and
+``kv_lengths`` (rows i < q_len, keys j < kv_len, broadcast to the leading
+dimensions), ``window=(left, right)`` and a boolean ``mask``.  K and V are padded
+to a multiple of ``Bc`` and masked; flash's key loop ends at the last block holding
+a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
+``bias`` joins the scaled scores in its own stage (:mod:`fa_jax.score_mods`).
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
 under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for
@@ -65,21 +65,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from fa_jax import ops
+from fa_jax import masking, ops
 from fa_jax._checks import one_of, positive_int
 from fa_jax._fusion import materialised
 from fa_jax._jit import jit_config
 from fa_jax.backward import flash_backward, reference_backward
 from fa_jax.formats import get_format
+from fa_jax.heads import kv_groups, repeat_kv, sum_groups
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
+from fa_jax.score_mods import add_bias, prepare_bias
 from fa_jax.softmax import (
     cast_scores,
     exp2_factor,
@@ -145,29 +147,31 @@ def blocks_from_sram(
     return Blocks(br, bc)
 
 
-def _prepare(q, k, v, policy: Policy, scale):
-    """Round Q, K, V to the input format; resolve the scale (rounded to the format
-    of the stage it multiplies, as a kernel holds it)."""
+def _prepare(q, k, v, policy: Policy, scale, groups: int = 1):
+    """Round Q, K, V to the input format (K and V repeated over their query heads'
+    groups: :mod:`fa_jax.heads`); resolve the scale (rounded to the format of the
+    stage it multiplies, as a kernel holds it)."""
     dtype = policy.carrier_dtype()
     q, k, v = (ops.cast(ops.carrier(t, dtype), policy.inputs) for t in (q, k, v))
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            f"attention: expected q (..., N, d), k (..., M, d), v (..., M, d_v) of equal rank, "
-            f"got {q.shape}, {k.shape}, {v.shape}"
-        )
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(
-            f"attention: leading dimensions differ: q {q.shape}, k {k.shape}, v {v.shape}"
-        )
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"attention: expected q (..., N, d), k (..., M, d), v (..., M, d_v), "
-            f"got {q.shape}, {k.shape}, {v.shape}"
-        )
     scale = _resolved_scale(scale, q.shape[-1], policy)
     if policy.scale == "q":
         q = ops.mul(q, scale, policy.inputs)
-    return q, k, v, scale
+    return q, repeat_kv(k, groups), repeat_kv(v, groups), scale
+
+
+def _check_shapes(fn: str, q, k, v) -> int:
+    """G = H / H_kv (:mod:`fa_jax.heads`), after checking the shapes of Q, K, V."""
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"{fn}: expected q (..., N, d), k (..., M, d), v (..., M, d_v) of equal rank, "
+            f"got {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"{fn}: expected q (..., N, d), k (..., M, d), v (..., M, d_v), "
+            f"got {q.shape}, {k.shape}, {v.shape}"
+        )
+    return kv_groups(fn, q.shape, k.shape, v.shape)
 
 
 def _resolved_scale(scale, d: int, policy: Policy):
@@ -193,37 +197,59 @@ def _scores(q, k_t, scale, policy: Policy):
     return ops.cast(s, policy.scores)
 
 
-def _masked_scores(q, k, scale, policy: Policy, causal, q_lengths, kv_lengths, col0=0):
-    """S of Q against the keys ``k`` starting at column ``col0``, with every masked
-    (query, key) pair -inf: the same scores for the forward passes and the
+def _columns(x, col0, width: int):
+    """Columns col0 .. col0 + width of a bias or mask (..., N, M) (padded past M
+    where a key loop pads); all of it where it has one column (broadcast)."""
+    if x is None or x.shape[-1] == 1:
+        return x
+    if isinstance(col0, int):
+        return x[..., col0 : col0 + width]
+    return jax.lax.dynamic_slice_in_dim(x, col0, width, axis=-1)
+
+
+def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias, mask):
+    """``scores(k_j, col0)``: S of Q against the keys ``k_j`` starting at column
+    ``col0``, the bias added (fa_jax.score_mods) and every masked (query, key) pair
+    -inf (fa_jax.masking): the same scores for the forward passes and the
     backward's recomputation."""
-    s = _scores(q, jnp.swapaxes(k, -1, -2), scale, policy)
-    keep = _mask(q.shape[-2], k.shape[-2], causal, q_lengths, kv_lengths, q.shape[:-2], col0)
-    return materialised(jnp.where(keep, s, -jnp.inf))  # read by the row max and the exp
+    lead, n = q.shape[:-2], q.shape[-2]
+
+    def scores(k_j, col0=0):
+        width = k_j.shape[-2]
+        s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
+        s = add_bias(s, _columns(bias, col0, width), policy)
+        keep = masking.keep(
+            n,
+            width,
+            lead,
+            causal=call.causal,
+            q_lengths=args.q_lengths,
+            kv_lengths=kv_lengths,
+            window=call.window,
+            mask=_columns(mask, col0, width),
+            col0=col0,
+        )
+        return materialised(jnp.where(keep, s, -jnp.inf))  # read by the row max and the exp
+
+    return scores
 
 
-def _mask(n, m, causal, q_lengths, kv_lengths, lead, col0=0):
-    """Boolean (..., n, m) mask of kept (query, key) pairs; keys start at column col0."""
-    i = jnp.arange(n, dtype=jnp.int32)[:, None]
-    j = col0 + jnp.arange(m, dtype=jnp.int32)[None, :]
-    keep = jnp.ones((n, m), bool) if not causal else j <= i
-    keep = jnp.broadcast_to(keep, (*lead, n, m))
-    if q_lengths is not None:
-        ql = jnp.broadcast_to(jnp.asarray(q_lengths, jnp.int32), lead)[..., None, None]
-        keep = keep & (i < ql)
-    if kv_lengths is not None:
-        kl = jnp.broadcast_to(jnp.asarray(kv_lengths, jnp.int32), lead)[..., None, None]
-        keep = keep & (j < kl)
-    return keep
+def _score_mods(fn: str, q, args: _Args, policy: Policy, m: int, padded: int | None = None):
+    """(B̂, mask): the bias rounded to its stage and the boolean mask, each checked
+    against (..., N, M) and, with ``padded``, padded on the key axis to that many
+    columns (bias 0, mask False) for a key loop's blocks."""
+    target = (*q.shape[:-2], q.shape[-2], m)
+    bias = prepare_bias(fn, args.bias, target, policy)
+    mask = masking.prepare_mask(fn, args.mask, target)
+    if padded is not None:
+        bias, mask = (_pad_columns(x, padded) for x in (bias, mask))
+    return bias, mask
 
 
-def _zero_masked_keys(v, kv_lengths, col0):
-    """V rows at or past kv_length set to 0, so that P = 0 there meets no inf/NaN padding."""
-    if kv_lengths is None:
-        return v
-    j = col0 + jnp.arange(v.shape[-2], dtype=jnp.int32)
-    kl = jnp.broadcast_to(jnp.asarray(kv_lengths, jnp.int32), v.shape[:-2])[..., None, None]
-    return jnp.where(j[:, None] < kl, v, 0.0)
+def _pad_columns(x, width: int):
+    if x is None or x.shape[-1] == 1 or x.shape[-1] == width:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
 
 def _lse(m, l, scale, policy: Policy):
@@ -243,18 +269,32 @@ def _log2_scale(scale, policy: Policy):
 # -- custom_vjp plumbing ------------------------------------------------------------
 
 
+class _Args(NamedTuple):
+    """A call's configuration that may hold arrays (see _Call)."""
+
+    policy: Policy
+    q_lengths: Any = None
+    kv_lengths: Any = None
+    scale: Any = None
+    bias: Any = None
+    mask: Any = None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Call:
     """What a custom_vjp needs besides its arrays.  Its non-differentiable argument
     must hold no tracers, and a policy's formats may be traced (vmap over formats):
-    ``static`` is the (treedef, leaves) of (policy, q_lengths, kv_lengths, scale)
-    with every array leaf replaced by None; those travel as ``dynamic`` arguments."""
+    ``static`` is the (treedef, leaves) of the :class:`_Args` with every array leaf
+    replaced by None; those travel as ``dynamic`` arguments.  ``groups`` is
+    H / H_kv (fa_jax.heads); ``window`` a checked (left, right) or None."""
 
     static: tuple[Any, tuple]
     dtypes: tuple  # of q, k, v: the dtypes their cotangents must have
     causal: bool
     blocks: Blocks | None = None
     variant: str | None = None
+    groups: int = 1
+    window: tuple[int, int] | None = None
 
 
 def _is_array(x) -> bool:
@@ -278,18 +318,28 @@ def _check_call(fn: str, q, k, v, policy) -> None:
             )
 
 
-def _call_of(fn: str, q, k, v, config, causal, blocks=None, variant=None):
+def _call_of(fn: str, q, k, v, config: _Args, causal, blocks=None, variant=None, window=None):
     """(_Call, q, k, v, dynamic) for a custom_vjp call (see _Call)."""
     q, k, v = (jnp.asarray(t) for t in (q, k, v))
-    _check_call(fn, q, k, v, config[0])
+    _check_call(fn, q, k, v, config.policy)
+    groups = _check_shapes(fn, q, k, v)
+    window = masking.check_window(window, fn)
+    config = config._replace(**{n: _as_array(getattr(config, n)) for n in ("bias", "mask")})
     leaves, treedef = jax.tree_util.tree_flatten(config)
     static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
     dynamic = tuple(x for x in leaves if _is_array(x))
-    return _Call(static, (q.dtype, k.dtype, v.dtype), causal, blocks, variant), q, k, v, dynamic
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    call = _Call(static, dtypes, causal, blocks, variant, groups, window)
+    return call, q, k, v, dynamic
 
 
-def _config(call: _Call, dynamic):
-    """(policy, q_lengths, kv_lengths, scale) rebuilt from the static and dynamic leaves."""
+def _as_array(x):
+    """A bias or mask as an array (a nested list, a number), None kept."""
+    return x if x is None or _is_array(x) else np.asarray(x)
+
+
+def _config(call: _Call, dynamic) -> _Args:
+    """The call's _Args rebuilt from the static and dynamic leaves."""
     treedef, leaves = call.static
     arrays = iter(dynamic)
     return jax.tree_util.tree_unflatten(treedef, [next(arrays) if x is None else x for x in leaves])
@@ -306,21 +356,21 @@ def _cotangents(call: _Call, *grads):
     return (*out, None)
 
 
-def _clear_masked(q, k, v, d_o, d_lse, causal, q_lengths, kv_lengths):
-    """Zero Q, dO and dL on rows with no kept key and K, V past the key lengths, so
-    that masked (P = 0) entries meet no NaN padding (fa_jax.backward)."""
-    lead, n = q.shape[:-2], q.shape[-2]
-    live = _mask(n, 1, causal, q_lengths, kv_lengths, lead)  # row i keeps key 0 iff any key
+def _clear_masked(q, k, v, d_o, d_lse, lse, kv_lengths):
+    """Zero Q, dO and dL on rows with no kept key (log-sum-exp -inf: l = 0) and K, V
+    past the key lengths, so that masked (P = 0) entries meet no NaN padding
+    (fa_jax.backward)."""
+    live = (lse > -jnp.inf)[..., None]
     q, d_o = jnp.where(live, q, 0.0), jnp.where(live, d_o, 0.0)
     d_lse = jnp.where(live[..., 0], d_lse, 0.0)
-    k, v = _zero_masked_keys(k, kv_lengths, 0), _zero_masked_keys(v, kv_lengths, 0)
+    k, v = masking.zero_masked_keys(k, kv_lengths, 0), masking.zero_masked_keys(v, kv_lengths, 0)
     return q, k, v, d_o, d_lse
 
 
 # -- reference attention ------------------------------------------------------------
 
 
-@jit_config("policy", "causal", "return_lse")
+@jit_config("policy", "causal", "return_lse", "window")
 def reference_attention(
     q,
     k,
@@ -332,16 +382,22 @@ def reference_attention(
     kv_lengths=None,
     scale=None,
     return_lse=False,
+    bias=None,
+    mask=None,
+    window=None,
 ):
     """Baseline attention with the N×M score matrix materialised (module docstring).
 
+    Q (..., H, N, d); K and V (..., H_kv, M, d) and (..., H_kv, M, d_v) with H_kv
+    dividing H (:mod:`fa_jax.heads`).  ``bias`` and ``mask`` broadcast to
+    (..., H, N, M); ``window`` is (left, right) or None (:mod:`fa_jax.masking`).
     Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
     log-sum-exp (..., N) too if ``return_lse``.  Differentiable in reverse mode
-    (module docstring, :func:`fa_jax.backward.reference_backward`).
+    with respect to q, k, v (module docstring,
+    :func:`fa_jax.backward.reference_backward`).
     """
-    call, q, k, v, dynamic = _call_of(
-        "reference_attention", q, k, v, (policy, q_lengths, kv_lengths, scale), causal
-    )
+    args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask)
+    call, q, k, v, dynamic = _call_of("reference_attention", q, k, v, args, causal, window=window)
     # custom_vjp erases the return type: it is the (O, lse) of _reference_forward.
     o, lse = _reference_vjp(call, q, k, v, dynamic)  # pyright: ignore[reportGeneralTypeIssues]
     if return_lse:
@@ -351,15 +407,16 @@ def reference_attention(
 
 def _reference_forward(call: _Call, q, k, v, dynamic):
     """((O, lse), (Q, K, V, scale, P)): the outputs and what the backward reads."""
-    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
-    causal = call.causal
-    q, k, v, scale = _prepare(q, k, v, policy, scale)
-    s = _masked_scores(q, k, scale, policy, causal, q_lengths, kv_lengths)
+    args = _config(call, dynamic)
+    policy, kv_lengths = args.policy, args.kv_lengths
+    q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups)
+    bias, mask = _score_mods("reference_attention", q, args, policy, k.shape[-2])
+    s = _scorer(q, scale, policy, call, args, kv_lengths, bias, mask)(k)
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(s, m, policy, log2_scale=_log2_scale(scale, policy))
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
     p = normalise(e, l, policy.p)
-    v = _zero_masked_keys(v, kv_lengths, 0)
+    v = masking.zero_masked_keys(v, kv_lengths, 0)
     o = ops.cast(ops.matmul(p, v, policy.pv_acc, accumulation=policy.accumulation), policy.out)
     return (o, _lse(m[..., 0], l[..., 0], scale, policy)), (q, k, v, scale, p)
 
@@ -371,16 +428,18 @@ def _reference_vjp(call: _Call, q, k, v, dynamic):
 
 def _reference_vjp_fwd(call: _Call, q, k, v, dynamic):
     outputs, saved = _reference_forward(call, q, k, v, dynamic)
-    return outputs, (saved, dynamic)
+    return outputs, (saved, outputs[1], dynamic)
 
 
 def _reference_vjp_bwd(call: _Call, residuals, cotangents):
-    (q, k, v, _, p), dynamic = residuals
-    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
-    scale = _resolved_scale(scale, q.shape[-1], policy)
+    (q, k, v, _, p), lse, dynamic = residuals
+    args = _config(call, dynamic)
+    policy = args.policy
+    scale = _resolved_scale(args.scale, q.shape[-1], policy)
     d_o, d_lse = cotangents
-    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, call.causal, q_lengths, kv_lengths)
-    return _cotangents(call, *reference_backward(q, k, v, p, d_o, d_lse, scale, policy))
+    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, lse, args.kv_lengths)
+    d_q, d_k, d_v = reference_backward(q, k, v, p, d_o, d_lse, scale, policy)
+    return _cotangents(call, d_q, *(sum_groups(g, call.groups, policy) for g in (d_k, d_v)))
 
 
 _reference_vjp.defvjp(_reference_vjp_fwd, _reference_vjp_bwd)
@@ -401,13 +460,17 @@ def flash_attention(
     q_lengths=None,
     kv_lengths=None,
     scale=None,
+    bias=None,
+    mask=None,
+    window=None,
 ):
     """Tiled FlashAttention forward (module docstring).
 
+    Shapes, ``bias``, ``mask`` and ``window`` as for :func:`reference_attention`.
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
     (..., N) in ``policy.stats``, both as float64 carrier arrays.  Differentiable
-    in reverse mode by FlashAttention-2's backward (module docstring,
-    :func:`fa_jax.backward.flash_backward`).
+    in reverse mode with respect to q, k, v by FlashAttention-2's backward
+    (module docstring, :func:`fa_jax.backward.flash_backward`).
     """
     if variant not in KERNEL_VARIANTS:  # a kernel's loop, used by fa_jax.kernels
         one_of(variant, VARIANTS, "flash_attention: variant")
@@ -424,13 +487,19 @@ def flash_attention(
         q_lengths=q_lengths,
         kv_lengths=kv_lengths,
         scale=scale,
+        bias=bias,
+        mask=mask,
+        window=window,
     )
 
 
-@jit_config("policy", "blocks", "variant", "causal")
-def _flash(q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale):
+@jit_config("policy", "blocks", "variant", "causal", "window")
+def _flash(
+    q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale, bias, mask, window
+):
+    args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask)
     call, q, k, v, dynamic = _call_of(
-        "flash_attention", q, k, v, (policy, q_lengths, kv_lengths, scale), causal, blocks, variant
+        "flash_attention", q, k, v, args, causal, blocks, variant, window
     )
     return _flash_vjp(call, q, k, v, dynamic)
 
@@ -446,6 +515,11 @@ def _key_blocks(k, v, bc: int):
     k_blocks = jnp.moveaxis(k.reshape(*lead, n_blocks, bc, k.shape[-1]), -3, 0)
     v_blocks = jnp.moveaxis(v.reshape(*lead, n_blocks, bc, v.shape[-1]), -3, 0)
     return k_blocks, v_blocks, jnp.arange(n_blocks, dtype=jnp.int32) * bc
+
+
+def _padded(k, bc: int) -> int:
+    """The number of key columns padded to a multiple of Bc."""
+    return -(-k.shape[-2] // bc) * bc
 
 
 def _over_key_blocks(step, init, blocks, last, bc: int):
@@ -483,10 +557,15 @@ def _unblock(x_blocks, mk: int):
 
 def _flash_forward(call: _Call, q, k, v, dynamic):
     """((O, lse), (Q, K, V, scale)): the outputs and the prepared inputs the backward reads."""
-    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
-    causal, bc = call.causal, cast(Blocks, call.blocks).bc  # flash calls always carry blocks
-    q, k, v, scale = _prepare(q, k, v, policy, scale)
+    args = _config(call, dynamic)
+    policy, kv_lengths = args.policy, args.kv_lengths
+    bc = cast(Blocks, call.blocks).bc  # flash calls always carry blocks
+    q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups)
     prepared = (q, k, v, scale)
+    bias, mask = _score_mods("flash_attention", q, args, policy, k.shape[-2], _padded(k, bc))
+    # Keys right of every row's window are never visited (fa_jax.masking).
+    hi = masking.window_end(q.shape[-2], k.shape[-2], call.window)
+    k, v = k[..., :hi, :], v[..., :hi, :]
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     variant = cast(str, call.variant)
@@ -495,12 +574,12 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     steps = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}
     update = steps.get(variant) or functools.partial(_torch_step, lanes=_LANES[variant])
     update = functools.partial(update, log2_scale=_log2_scale(scale, policy))
+    scores = _scorer(q, scale, policy, call, args, kv_len, bias, mask)
 
     def step(carry, xs):
         k_j, v_j, col0 = xs
-        v_j = _zero_masked_keys(v_j, kv_len, col0)
-        s = _masked_scores(q, k_j, scale, policy, causal, q_lengths, kv_len, col0)
-        return update(carry, s, v_j, policy), None
+        v_j = masking.zero_masked_keys(v_j, kv_len, col0)
+        return update(carry, scores(k_j, col0), v_j, policy), None
 
     init = (
         jnp.full((*lead, n), -jnp.inf, q.dtype),
@@ -543,23 +622,23 @@ def _flash_vjp_fwd(call: _Call, q, k, v, dynamic):
 
 def _flash_vjp_bwd(call: _Call, residuals, cotangents):
     (q, k, v, _), (o, lse), dynamic = residuals
-    policy, q_lengths, kv_lengths, scale = _config(call, dynamic)
-    scale = _resolved_scale(scale, q.shape[-1], policy)
-    causal, bc = call.causal, cast(Blocks, call.blocks).bc
+    args = _config(call, dynamic)
+    policy, kv_lengths = args.policy, args.kv_lengths
+    scale = _resolved_scale(args.scale, q.shape[-1], policy)
+    bc = cast(Blocks, call.blocks).bc
     mk = k.shape[-2]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     d_o, d_lse = cotangents
-    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, causal, q_lengths, kv_len)
+    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, lse, kv_len)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
-
-    def scores(k_j, col0):
-        """S_j as the forward computes it, masked entries -inf."""
-        return _masked_scores(q, k_j, scale, policy, causal, q_lengths, kv_len, col0)
-
+    bias, mask = _score_mods("flash_attention", q, args, policy, mk, _padded(k, bc))
+    # S_j as the forward computes it, masked entries -inf.
+    scores = _scorer(q, scale, policy, call, args, kv_len, bias, mask)
     d_q, d_k, d_v = flash_backward(
         q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores, scale, policy
     )
-    return _cotangents(call, d_q, _unblock(d_k, mk), _unblock(d_v, mk))
+    d_k, d_v = (sum_groups(_unblock(g, mk), call.groups, policy) for g in (d_k, d_v))
+    return _cotangents(call, d_q, d_k, d_v)
 
 
 _flash_vjp.defvjp(_flash_vjp_fwd, _flash_vjp_bwd)

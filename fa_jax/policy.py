@@ -14,6 +14,11 @@ Forward stages, in the order attention meets them (Dao 2023, Algorithm 1):
 ``out``     the final output
 ==========  ==========================================================
 
+An additive bias (:mod:`fa_jax.score_mods`) has a stage of its own, ``bias``
+(the stored bias B and the sum S + B); left out (``None``) it takes the format
+of ``scores``.  It is not one of ``STAGES``: a policy built from the stages
+alone (every preset) adds a bias in its scores' format.
+
 Backward stages (:mod:`fa_jax.backward`; Dao 2023, Algorithm 2).  The P that
 the backward recomputes goes through the forward stages (qk_acc, scores, exp,
 p).  Left out (``None``), a backward stage takes the format of the forward
@@ -58,6 +63,7 @@ vmapped over formats.  Presets live in :mod:`fa_jax.presets`.
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import jax
 import numpy as np
@@ -82,6 +88,9 @@ _BACKWARD_DEFAULTS = {
     "d_s": "p",
     "grads": "out",
 }
+# The stage of an additive bias (fa_jax.score_mods), outside STAGES; left out, scores'.
+_DEFAULTS = {**_BACKWARD_DEFAULTS, "bias": "scores"}
+_ALL_STAGES = (*STAGES, "bias")
 _SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
 _STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier")
@@ -121,12 +130,13 @@ class Policy:
     exp_model: ExpModel = CORRECTLY_ROUNDED
     normalise: str = "divide"
     carrier: str = "auto"
+    bias: Format | None = None
 
     def __post_init__(self):
-        for stage, source in _BACKWARD_DEFAULTS.items():
+        for stage, source in _DEFAULTS.items():
             if getattr(self, stage) is None:
                 object.__setattr__(self, stage, getattr(self, source))
-        for stage in STAGES:
+        for stage in _ALL_STAGES:
             object.__setattr__(self, stage, get_format(getattr(self, stage)))
         object.__setattr__(self, "accumulation", get_accumulation(self.accumulation))
         if self.scale not in _SCALES:
@@ -145,7 +155,7 @@ class Policy:
             self._stages_fitting_float32()
 
     def _stages_fitting_float32(self) -> None:
-        wide = [s for s in STAGES if _too_wide(getattr(self, s))]
+        wide = [s for s in _ALL_STAGES if _too_wide(getattr(self, s))]
         if not wide:
             return
         what = (
@@ -170,8 +180,8 @@ class Policy:
 
     def replace(self, **changes) -> Policy:
         """A copy with some stages (or the accumulation, scale, name, exp model,
-        normalisation or carrier) changed."""
-        unknown = set(changes) - set(STAGES) - set(_STATIC)
+        normalisation, carrier or bias stage) changed."""
+        unknown = set(changes) - set(_ALL_STAGES) - set(_STATIC)
         if unknown:
             raise ValueError(
                 f"Policy.replace: unknown fields {sorted(unknown)}; stages are {STAGES}"
@@ -179,12 +189,13 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
     def tree_flatten(self):
-        return tuple(getattr(self, s) for s in STAGES), tuple(getattr(self, k) for k in _STATIC)
+        children = tuple(getattr(self, s) for s in _ALL_STAGES)
+        return children, tuple(getattr(self, k) for k in _STATIC)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        for s, f in zip(STAGES, children):
+        for s, f in zip(_ALL_STAGES, children):
             object.__setattr__(obj, s, f)
         for k, v in zip(_STATIC, aux):
             object.__setattr__(obj, k, v)
@@ -197,6 +208,8 @@ class Policy:
             f"exp {self.exp_model.name}, normalise by {self.normalise}, carrier {self.carrier}"
         ]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
+        bias = typing.cast(Format, self.bias)
+        lines += [f"  {'bias':<7} {bias.name}  (an additive bias, when given)"]
         lines += ["  backward:"]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in BACKWARD_STAGES]
         return "\n".join(lines)

@@ -27,6 +27,13 @@ key j > query i) have score ``-inf``, probability 0 and contribute exact zeros;
 every query row keeps at least key 0 here (no length masks), so no row is fully
 masked.  Arrays are float64 numpy arrays ``(..., rows, cols)`` holding values of
 their formats exactly.
+
+The features of fa_jax.heads, fa_jax.masking and fa_jax.score_mods ride along as
+``mods`` (a :class:`Mods`): K and V with fewer heads, repeated after rounding and
+their gradients summed over each group, fl_grads(Σ_g in d_acc); a bias rounded to
+the ``bias`` stage and added to the scaled scores in it; a boolean mask and a
+window (left, right), top-left aligned; flash visits only the key blocks left of
+``N + right``.
 """
 
 from __future__ import annotations
@@ -34,11 +41,25 @@ from __future__ import annotations
 import decimal
 import math
 from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 from oracle import round_exact
 
-__all__ = ["flash_backward", "flash_forward", "reference_backward", "reference_forward"]
+__all__ = ["Mods", "flash_backward", "flash_forward", "reference_backward", "reference_forward"]
+
+
+class Mods(NamedTuple):
+    """The features beyond causal: K/V groups G, a bias (..., N, M), a boolean
+    mask (..., N, M) and a window (left, right), each optional."""
+
+    groups: int = 1
+    bias: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    window: tuple[int, int] | None = None
+
+
+NO_MODS = Mods()
 
 _DIGITS = 60
 F = Fraction
@@ -155,11 +176,14 @@ def _t(x):
 # -- forward ---------------------------------------------------------------------------
 
 
-def prepare(q, k, v, policy, scale=None):
-    """(Q, K, V, scale) as the passes use them: rounded to ``inputs``, the scale
-    (1/sqrt(d) in float64 by default) rounded to the stage it multiplies, and Q
-    pre-scaled, fl_inputs(Q · scale), for scale="q"."""
+def prepare(q, k, v, policy, scale=None, groups: int = 1):
+    """(Q, K, V, scale) as the passes use them: rounded to ``inputs`` (K and V
+    repeated ``groups`` times along the heads axis), the scale (1/sqrt(d) in
+    float64 by default) rounded to the stage it multiplies, and Q pre-scaled,
+    fl_inputs(Q · scale), for scale="q"."""
     q, k, v = (cast(t, policy.inputs) for t in (q, k, v))
+    if groups > 1:
+        k, v = (np.repeat(t, groups, axis=-3) for t in (k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     stage = policy.inputs if policy.scale == "q" else policy.scores
@@ -169,26 +193,56 @@ def prepare(q, k, v, policy, scale=None):
     return q, k, v, scale
 
 
-def scores(q, k, scale, policy, causal: bool, col0: int = 0, m_real: int | None = None):
+def _cols(x, col0: int, width: int, fill):
+    """Columns col0 .. col0 + width of x (..., N, M), ``fill`` past M."""
+    x = np.asarray(x)
+    part = x[..., col0 : col0 + width]
+    pad = width - part.shape[-1]
+    return np.concatenate([part, np.full((*x.shape[:-1], pad), fill, x.dtype)], axis=-1)
+
+
+def scores(
+    q, k, scale, policy, causal: bool, col0: int = 0, m_real: int | None = None, mods=NO_MODS
+):
     """S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) (fl_scores(Q' Kᵀ) for scale="q") of Q
-    against the keys ``k`` from column ``col0``; -inf where masked (causal, or a
-    padding column at or past ``m_real``)."""
+    against the keys ``k`` from column ``col0``, plus fl_bias(S + B̂) with a bias;
+    -inf where masked (causal, window, mask, or a padding column at or past
+    ``m_real``)."""
     s = matmul(q, _t(k), policy.qk_acc, policy.accumulation.kind)
     s = mul(s, scale, policy.scores) if policy.scale == "scores" else cast(s, policy.scores)
+    width = k.shape[-2]
+    if mods.bias is not None:
+        b = cast(
+            _cols(
+                np.broadcast_to(mods.bias, (*s.shape[:-1], mods.bias.shape[-1])), col0, width, 0.0
+            ),
+            policy.bias,
+        )
+        s = add(s, b, policy.bias)
     i = np.arange(q.shape[-2])[:, None]
-    j = col0 + np.arange(k.shape[-2])[None, :]
+    j = col0 + np.arange(width)[None, :]
     keep = np.ones(s.shape[-2:], bool) if not causal else j <= i
+    if mods.window is not None:
+        left, right = mods.window
+        if left >= 0:
+            keep = keep & (j >= i - left)
+        if right >= 0:
+            keep = keep & (j <= i + right)
     if m_real is not None:
         keep = keep & (j < m_real)
+    if mods.mask is not None:
+        keep = keep & _cols(
+            np.broadcast_to(mods.mask, (*s.shape[:-1], mods.mask.shape[-1])), col0, width, False
+        )
     return np.where(keep, s, -np.inf)
 
 
-def reference_forward(q, k, v, policy, causal: bool, scale=None):
+def reference_forward(q, k, v, policy, causal: bool, scale=None, mods=NO_MODS):
     """(O, L, P, (Q, K, V, scale)) of materialised attention:
     S; m = fl_stats(max S); e = fl_exp(exp(fl_exp(S - m))); l = Σ_stats e;
     P = fl_p(e / l); O = fl_out(fl_pv_acc(P V)); L = fl_stats(m + log l)."""
-    q, k, v, scale = prepare(q, k, v, policy, scale)
-    s = scores(q, k, scale, policy, causal)
+    q, k, v, scale = prepare(q, k, v, policy, scale, mods.groups)
+    s = scores(q, k, scale, policy, causal, mods=mods)
     m = cast(s.max(axis=-1), policy.stats)
     e = shifted_exp(s, m[..., None], policy.exp)
     l = row_sum(e, policy.stats, policy.accumulation.kind)
@@ -219,15 +273,20 @@ def _online(m, l, s, policy):
     return m_new, l_new, e, alpha
 
 
-def flash_forward(q, k, v, policy, bc: int, variant: str, causal: bool):
+def flash_forward(q, k, v, policy, bc: int, variant: str, causal: bool, mods=NO_MODS):
     """(O, L, (Q, K, V, scale)) of tiled attention over key blocks of ``bc``
-    columns in order (fa_jax/attention.py's equations for ``variant``)."""
+    columns in order (fa_jax/attention.py's equations for ``variant``); keys
+    right of every row's window are not visited."""
     kind = policy.accumulation.kind
-    q, k, v, scale = prepare(q, k, v, policy)
+    q, k, v, scale = prepare(q, k, v, policy, groups=mods.groups)
+    prepared = (q, k, v, scale)
+    if mods.window is not None and mods.window[1] >= 0:
+        hi = min(k.shape[-2], q.shape[-2] + mods.window[1])
+        k, v = k[..., :hi, :], v[..., :hi, :]
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     m, l, o = np.full((*lead, n), -np.inf), np.zeros((*lead, n)), np.zeros((*lead, n, dv))
     for k_j, v_j, col0 in _key_blocks(k, v, bc):
-        s = scores(q, k_j, scale, policy, causal, col0, mk)
+        s = scores(q, k_j, scale, policy, causal, col0, mk, mods)
         if variant == "fa2":
             m, l, e, alpha = _online(m, l, s, policy)
             pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
@@ -256,7 +315,7 @@ def flash_forward(q, k, v, policy, bc: int, variant: str, causal: bool):
             pv = matmul(div(e, l[..., None], policy.p), v_j, policy.pv_acc, kind)
             o = add(mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
     out = div(o, l[..., None], policy.out) if variant == "fa2" else cast(o, policy.out)
-    return out, log_sum_exp(m, l, policy.stats), (q, k, v, scale)
+    return out, log_sum_exp(m, l, policy.stats), prepared
 
 
 # -- backward --------------------------------------------------------------------------
@@ -280,7 +339,17 @@ def _d_k(acc, scale, policy):
     return cast(acc, policy.grads)
 
 
-def reference_backward(prepared, p, d_o, d_lse, policy):
+def sum_groups(d, groups: int, policy):
+    """dK or dV (..., H, M, c) summed over each group of ``groups`` heads, in head
+    order, in d_acc (accumulation model), then rounded to grads."""
+    if groups == 1:
+        return d
+    lead, h = d.shape[:-3], d.shape[-3]
+    grouped = np.moveaxis(d.reshape(*lead, h // groups, groups, *d.shape[-2:]), -3, -1)
+    return cast(row_sum(grouped, policy.d_acc, policy.accumulation.kind), policy.grads)
+
+
+def reference_backward(prepared, p, d_o, d_lse, policy, groups: int = 1):
     """(dQ, dK, dV) of materialised attention from the stored P (fa_jax/backward.py)."""
     q, k, v, scale = prepared
     kind = policy.accumulation.kind
@@ -291,10 +360,10 @@ def reference_backward(prepared, p, d_o, d_lse, policy):
     d_s = _softmax_grad(p, d_p, d_row, policy)
     d_q = cast(mul(matmul(d_s, k, policy.d_acc, kind), scale, policy.d_acc), policy.grads)
     d_k = _d_k(matmul(_t(d_s), q, policy.d_acc, kind), scale, policy)
-    return d_q, d_k, d_v
+    return d_q, sum_groups(d_k, groups, policy), sum_groups(d_v, groups, policy)
 
 
-def flash_backward(prepared, o, lse, d_o, d_lse, policy, bc: int, causal: bool):
+def flash_backward(prepared, o, lse, d_o, d_lse, policy, bc: int, causal: bool, mods=NO_MODS):
     """(dQ, dK, dV) of FlashAttention-2's backward (Dao 2023, Algorithm 2) over key
     blocks of ``bc`` columns, P recomputed from the log-sum-exp L."""
     q, k, v, scale = prepared
@@ -306,7 +375,7 @@ def flash_backward(prepared, o, lse, d_o, d_lse, policy, bc: int, causal: bool):
     d_ks, d_vs = [], []
     for k_j, v_j, col0 in _key_blocks(k, v, bc):
         p_j = shifted_exp(
-            scores(q, k_j, scale, policy, causal, col0, mk), lse[..., None], policy.exp
+            scores(q, k_j, scale, policy, causal, col0, mk, mods), lse[..., None], policy.exp
         )
         d_vs.append(cast(matmul(_t(cast(p_j, policy.p)), d_o, policy.d_acc, kind), policy.grads))
         d_p_j = cast(matmul(d_o, _t(v_j), policy.d_acc, kind), policy.d_p)
@@ -316,4 +385,4 @@ def flash_backward(prepared, o, lse, d_o, d_lse, policy, bc: int, causal: bool):
     d_q = cast(mul(d_q, scale, policy.d_acc), policy.grads)
     d_k = np.concatenate(d_ks, axis=-2)[..., :mk, :]
     d_v = np.concatenate(d_vs, axis=-2)[..., :mk, :]
-    return d_q, d_k, d_v
+    return d_q, sum_groups(d_k, mods.groups, policy), sum_groups(d_v, mods.groups, policy)

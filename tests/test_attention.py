@@ -251,7 +251,10 @@ def test_errors():
     with pytest.raises(TypeError, match="expected blocks=Blocks"):
         flash_attention(q, k, v, golden(), (4, 4))
     with pytest.raises(ValueError, match="leading dimensions differ"):
-        reference_attention(q, k[:1], v[:1], golden())
+        reference_attention(q, k[:1], v, golden())
+    q4, k4, v4 = qkv(5, lead=(4,))  # H = 4 query heads: 3 K/V heads do not divide them
+    with pytest.raises(ValueError, match=r"H_kv heads .* where H_kv divides q's H, got q \(4, 37"):
+        reference_attention(q4, k4[:3], v4[:3], golden())
     with pytest.raises(ValueError, match="choose swap or square"):
         blocks_from_sram(1000, 16, swap=True, square=True)
 

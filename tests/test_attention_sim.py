@@ -24,7 +24,13 @@ from fractions import Fraction
 import jax
 import numpy as np
 import pytest
-from attention_sim import flash_backward, flash_forward, reference_backward, reference_forward
+from attention_sim import (
+    Mods,
+    flash_backward,
+    flash_forward,
+    reference_backward,
+    reference_forward,
+)
 from helpers import x64_enabled
 from oracle import round_exact
 
@@ -219,6 +225,62 @@ def test_eager_forward_and_backward_equal_the_simulation(kind, variant, causal, 
         got = _forward_backward(fn, *args)
     want = _simulated(kind, variant, causal, policy, *args)
     _assert_bitwise(got, want, f"eager {kind} {variant} causal={causal} {name}")
+
+
+# GQA (4 query heads on 2 K/V heads), a bias in a stage of its own, a boolean mask and
+# a window (3, 1) whose right edge leaves the last key block unvisited (N + 1 = 8 of
+# M = 10 keys); every row keeps its diagonal key, so no row is fully masked.
+MODS_CASES = [  # (kind, variant, causal, policy name, with the backward)
+    ("reference", None, False, "widening-sequential-scores", True),
+    ("flash", "fa2", True, "scrambled-exact-q", True),
+    pytest.param("flash", "fa1", False, "widening-exact-scores", False, marks=pytest.mark.slow),
+]
+
+
+def _mods_problem(seed: int):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((4, N, D)) * 1.5
+    k = rng.standard_normal((2, M, D)) * 1.5
+    v = rng.standard_normal((2, M, DV))
+    bias = rng.standard_normal((4, N, M)) * 2.0
+    mask = (rng.random((N, M)) < 0.7) | np.eye(N, M, dtype=bool)
+    d_o, d_lse = rng.standard_normal((4, N, DV)), rng.standard_normal((4, N))
+    return (q, k, v, d_o, d_lse), Mods(groups=2, bias=bias, mask=mask, window=(3, 1))
+
+
+@pytest.mark.parametrize("kind, variant, causal, name, backward", MODS_CASES)
+def test_gqa_bias_mask_and_window_equal_the_simulation(kind, variant, causal, name, backward):
+    """The features of fa_jax.heads, masking and score_mods, jitted, forward and
+    backward, equal the simulation's bits (the bias in a stage of its own)."""
+    policy = POLICIES[name].replace(bias=custom(8, 6))
+    args, mods = _mods_problem(_seed("mods", kind, variant, causal, name))
+    extra = dict(bias=mods.bias, mask=mods.mask, window=mods.window)
+    if kind == "reference":
+
+        def fn(q, k, v):
+            return reference_attention(q, k, v, policy, causal=causal, return_lse=True, **extra)
+    else:
+
+        def fn(q, k, v):
+            return flash_attention(q, k, v, policy, BLOCKS, variant=variant, causal=causal, **extra)
+
+    if backward:
+        got = jax.jit(lambda *a: _forward_backward(fn, *a))(*args)
+    else:
+        got = jax.jit(fn)(*args[:3])
+    q, k, v, d_o, d_lse = args
+    if kind == "reference":
+        o, lse, p, prepared = reference_forward(q, k, v, policy, causal, mods=mods)
+        want = (o, lse, *reference_backward(prepared, p, d_o, d_lse, policy, mods.groups))
+    else:
+        o, lse, prepared = flash_forward(q, k, v, policy, BLOCKS.bc, variant, causal, mods)
+        bwd = (
+            ()
+            if not backward
+            else flash_backward(prepared, o, lse, d_o, d_lse, policy, BLOCKS.bc, causal, mods)
+        )
+        want = (o, lse, *bwd)
+    _assert_bitwise(got, want[: len(got)], f"mods {kind} {variant} causal={causal} {name}")
 
 
 # A probability whose float64 quotient 1 / l is exactly a midpoint of the p format

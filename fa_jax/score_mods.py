@@ -1,0 +1,87 @@
+"""Score modifications: an additive bias (and ALiBi's), applied to the scaled scores.
+
+With S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) the scores of :mod:`fa_jax.attention`,
+a bias B broadcastable to (..., N, M) is stored in the policy's ``bias`` stage and
+added to the scaled scores with one rounding in that stage::
+
+    B̂ = fl_bias(B)              (once, as the inputs are rounded to ``inputs``)
+    S' = fl_bias(S + B̂)         (-inf in B̂ masks the pair: S' = -inf)
+
+``Policy.bias`` defaults to the ``scores`` format, so PyTorch's math path
+(``attn_mask`` of the query dtype added to the scaled scores in that dtype) is
+``torch_math`` as it stands, and a FlashAttention-2 kernel (bias added to its FP32
+scores) is ``fa2_kernel``.  The bias enters the forward only: it has no gradient
+(its cotangent is taken as zero).  Under ``Policy.scale == "exp2"`` the scores
+are unscaled, and a bias there is refused (FlashAttention-2 divides its ALiBi
+slopes by the scale instead, which is not modelled).
+
+ALiBi (Press et al. 2022, "Train short, test long", §3): head h of H adds
+-slope_h · |i - j| with slopes 2^(-8 h / H), h = 1..H, for H a power of two;
+otherwise the slopes of the nearest lower power of two 2^k followed by every
+other slope of 2^(k+1) (the paper's code, ``get_slopes``).  FlashAttention-2's
+``alibi_slopes`` takes the slopes and adds -slope · |i + M - N - j| (bottom-right
+aligned; for N = M the same): :func:`alibi_bias` builds the top-left one
+(|i - j|, as fa_jax's causal mask), the product taken in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import ops
+from fa_jax.masking import check_broadcast
+from fa_jax.policy import Policy
+from fa_jax.softmax import cast_scores
+
+__all__ = ["add_bias", "alibi_bias", "alibi_slopes", "prepare_bias"]
+
+
+def prepare_bias(fn: str, bias, target: tuple, policy: Policy):
+    """B̂ = fl_bias(B) as a carrier of the policy's, checked to broadcast to
+    ``target`` (..., N, M); -inf kept (a mask); None for no bias."""
+    if bias is None:
+        return None
+    check_broadcast(fn, "bias", bias, target)
+    if policy.scale == "exp2":
+        raise ValueError(
+            f"{fn}: bias: expected a policy whose scores are scaled (Policy.scale "
+            "'scores' or 'q'), got scale='exp2', where the scores are unscaled"
+        )
+    b = ops.carrier(bias, policy.carrier_dtype())
+    return cast_scores(b, policy.bias)
+
+
+def add_bias(s, b, policy: Policy):
+    """S' = fl_bias(S + B̂); -inf where B̂ = -inf; S unchanged without a bias."""
+    if b is None:
+        return s
+    masked = b == -jnp.inf
+    return jnp.where(masked, -jnp.inf, ops.add(s, jnp.where(masked, 0.0, b), policy.bias))
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """ALiBi's per-head slopes (module docstring), float64, shape (heads,)."""
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+        raise ValueError(f"alibi_slopes: heads: expected a positive int, got {heads!r}")
+
+    def power_of_two(h: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / h) for i in range(1, h + 1)]
+
+    k = 2 ** math.floor(math.log2(heads))
+    slopes = power_of_two(k)
+    if k < heads:
+        slopes += power_of_two(2 * k)[0::2][: heads - k]
+    return np.array(slopes, np.float64)
+
+
+def alibi_bias(slopes, n: int, m: int) -> np.ndarray:
+    """The ALiBi bias -slope_h · |i - j|, shape (H, n, m) for slopes (H,) (top-left:
+    query i faces key i), in float64: exact for slopes that are powers of two."""
+    slopes = np.asarray(slopes, np.float64)
+    if slopes.ndim != 1:
+        raise ValueError(f"alibi_bias: slopes: expected shape (H,), got {slopes.shape}")
+    dist = np.abs(np.arange(n)[:, None] - np.arange(m)[None, :]).astype(np.float64)
+    return -slopes[:, None, None] * dist

@@ -1,0 +1,166 @@
+"""Masks (fa_jax.masking) and every feature together under the golden policy against
+plain float64 attention, forward and backward; the window's skipped key blocks
+leave the bits as they were; jit = eager = vmap; errors."""
+
+import jax
+import numpy as np
+import pytest
+from attention_plain import plain_attention
+from helpers import x64_enabled
+
+from fa_jax import BF16
+from fa_jax.attention import Blocks, flash_attention, reference_attention
+from fa_jax.masking import check_window, window_end
+from fa_jax.presets import fa2_kernel, golden
+from fa_jax.score_mods import alibi_bias, alibi_slopes
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with x64_enabled():
+        yield
+
+
+H, H_KV, N, M, D = 4, 2, 10, 13, 8
+
+
+def _problem(seed):
+    """GQA (4 query heads, 2 K/V heads), an ALiBi bias plus a random one, a random
+    boolean mask, lengths that leave rows and keys out (batch 0 keeps no key)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, H, N, D))
+    k, v = (rng.standard_normal((2, H_KV, M, D)) for _ in range(2))
+    bias = alibi_bias(alibi_slopes(H), N, M) + rng.standard_normal((2, H, N, M))
+    mask = rng.random((H, N, M)) < 0.8
+    lengths = dict(q_lengths=np.array([[N], [8]]), kv_lengths=np.array([[0], [11]]))
+    d_o, d_lse = rng.standard_normal((2, H, N, D)), rng.standard_normal((2, H, N))
+    return (q, k, v, d_o, d_lse), dict(bias=bias, mask=mask, **lengths)
+
+
+def _vjp(fn, q, k, v, d_o, d_lse):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (*out, *vjp((d_o, d_lse)))
+
+
+GOLDEN_CASES = [  # (kind, variant, causal, window)
+    ("flash", "fa2", True, (3, -1)),
+    ("reference", None, False, (2, 1)),
+    pytest.param("flash", "fa1", False, (0, 2), marks=pytest.mark.slow),
+    pytest.param("flash", "rowwise", False, (-1, 0), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("kind, variant, causal, window", GOLDEN_CASES)
+def test_golden_features_equal_plain_float64(kind, variant, causal, window):
+    """GQA, bias (ALiBi + random), boolean mask, window, causal and lengths at once:
+    golden O, lse, dQ, dK, dV equal plain float64 attention and its autodiff to
+    1e-12; rows keeping no key give O = 0, lse = -inf and zero gradients."""
+    (q, k, v, d_o, d_lse), extra = _problem(1)
+    pol = golden()
+
+    def fn(q, k, v):
+        if kind == "flash":
+            return flash_attention(
+                q, k, v, pol, Blocks(4, 3), variant=variant, causal=causal, window=window, **extra
+            )
+        return reference_attention(
+            q, k, v, pol, causal=causal, window=window, return_lse=True, **extra
+        )
+
+    def plain(q, k, v):
+        return plain_attention(q, k, v, causal=causal, window=window, **extra)
+
+    got = jax.jit(lambda *a: _vjp(fn, *a))(q, k, v, d_o, d_lse)
+    want = jax.jit(lambda *a: _vjp(plain, *a))(q, k, v, d_o, d_lse)
+    for name, g, w in zip(("O", "lse", "dQ", "dK", "dV"), got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape, name
+        assert not np.isnan(g).any(), name
+        finite = np.isfinite(w)
+        np.testing.assert_array_equal(np.isfinite(g), finite, err_msg=name)
+        err = np.max(np.abs(g[finite] - w[finite])) / np.max(np.abs(w[finite]))
+        assert err <= 1e-12, (name, err)
+    lse = np.asarray(got[1])
+    assert (lse[0] == -np.inf).all() and (np.asarray(got[0])[0] == 0).all()
+    assert (np.asarray(got[3])[0] == 0).all() and (np.asarray(got[2])[0] == 0).all()
+
+
+@pytest.mark.parametrize("variant", ["fa2", pytest.param("rowwise", marks=pytest.mark.slow)])
+def test_skipped_key_blocks_leave_the_bits(variant):
+    """A window (1, 2) visits 10 + 2 = 12 of 13 keys (4 of 5 blocks); the same
+    pairs kept by a boolean mask visit every block: FA2 and the row-wise loop give
+    the same bits (a block no row keeps rescales by exactly 1 and adds zeros)."""
+    (q, k, v, _, _), _ = _problem(2)
+    pol, blocks = fa2_kernel(BF16), Blocks(4, 3)
+    assert window_end(N, M, (1, 2)) == 12
+    i, j = np.arange(N)[:, None], np.arange(M)[None, :]
+    as_mask = (j >= i - 1) & (j <= i + 2)
+    a = flash_attention(q, k, v, pol, blocks, variant=variant, window=(1, 2))
+    b = flash_attention(q, k, v, pol, blocks, variant=variant, mask=as_mask)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_vmap_equals_separate_calls():
+    """vmap over a batch of (Q, K, V, bias), window and mask fixed, forward and
+    backward, gives each separate call's bits."""
+    (q, k, v, d_o, d_lse), extra = _problem(3)
+    pol = fa2_kernel(BF16)
+
+    def one(q, k, v, bias, d_o, d_lse):
+        def fn(q, k, v):
+            return flash_attention(
+                q, k, v, pol, Blocks(4, 3), window=(2, 2), bias=bias, mask=extra["mask"]
+            )
+
+        return _vjp(fn, q, k, v, d_o, d_lse)
+
+    batched = jax.jit(jax.vmap(one))(q, k, v, extra["bias"], d_o, d_lse)
+    single = jax.jit(one)
+    for b in range(2):
+        each = single(q[b], k[b], v[b], extra["bias"][b], d_o[b], d_lse[b])
+        for x, y in zip(batched, each):
+            np.testing.assert_array_equal(np.asarray(x)[b], np.asarray(y))
+
+
+@pytest.mark.slow
+def test_eager_equals_jit_bitwise():
+    """Op by op (jax.disable_jit) every feature gives the jitted bits, forward and
+    backward."""
+    (q, k, v, d_o, d_lse), extra = _problem(4)
+    pol = fa2_kernel(BF16)
+
+    def fn(q, k, v):
+        return flash_attention(q, k, v, pol, Blocks(4, 3), window=(3, 1), causal=True, **extra)
+
+    jitted = jax.jit(lambda *a: _vjp(fn, *a))(q, k, v, d_o, d_lse)
+    with jax.disable_jit():
+        eager = _vjp(fn, q, k, v, d_o, d_lse)
+    for x, y in zip(jitted, eager):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_check_window():
+    assert check_window(None) is None and check_window((-1, -1)) is None
+    assert check_window((3, 0)) == (3, 0) and check_window([-1, 2]) == (-1, 2)
+    for bad in ((-2, 0), (0, -5), (1,), (1, 2, 3), "ab", (1.0, 2), (True, 0), 3):
+        with pytest.raises(ValueError, match=r"window: expected \(left, right\) .* got"):
+            check_window(bad)
+    assert window_end(5, 20, (3, 2)) == 7 and window_end(5, 6, (0, 4)) == 6
+    assert window_end(5, 20, (2, -1)) == 20 and window_end(5, 20, None) == 20
+
+
+def test_errors_name_the_argument():
+    (q, k, v, _, _), _ = _problem(5)
+    pol = golden()
+    with pytest.raises(ValueError, match=r"flash_attention: window: expected .* got \(-3, 0\)"):
+        flash_attention(q, k, v, pol, Blocks(4, 3), window=(-3, 0))
+    with pytest.raises(ValueError, match=r"reference_attention: window: expected"):
+        reference_attention(q, k, v, pol, window=(0, -2))
+    with pytest.raises(
+        ValueError,
+        match=r"mask: expected an array broadcastable to .* \(2, 4, 10, 13\).*\(10, 12\)",
+    ):
+        reference_attention(q, k, v, pol, mask=np.ones((N, M - 1), bool))
+    with pytest.raises(ValueError, match=r"flash_attention: mask: expected a boolean array"):
+        flash_attention(q, k, v, pol, Blocks(4, 3), mask=np.ones((N, M)))
