@@ -44,12 +44,19 @@ CPU backend runs for an exp inside a YNNPACK fusion: x clamped to
 [-88.0297, 88.7228], b = round(fl(x log2 e)), r = fma(b, -ln2_lo, fma(b,
 -ln2_hi, x)), expm1(r) ~ r + r²·P(r) with P of degree 6 evaluated in r² (even and
 odd terms apart), and y = fma(2^b, expm1(r), 2^b): :data:`YNNPACK`.
+
+:func:`glibc_expf` is glibc's scalar ``expf`` (``sysdeps/ieee754/flt-32/e_expf.c``,
+glibc 2.27 and later: a 32-entry table of 2^(i/32) and a cubic, in double), the
+``std::exp`` of PyTorch's CPU kernels: :data:`GLIBC_EXPF` on every entry, and
+:data:`TORCH_FLASH_AVX2` / :data:`TORCH_FLASH_AVX512`, ``fexp_u20`` on full
+vectors of 8 / 16 lanes and glibc's ``expf`` on the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from decimal import Decimal, localcontext
 
 import jax
 import jax.numpy as jnp
@@ -57,20 +64,24 @@ import numpy as np
 
 from fa_jax import ops
 from fa_jax._checks import one_of
-from fa_jax.formats import FP32, Format
+from fa_jax.formats import FP32, Format, get_format
 from fa_jax.widening import widen
 
 __all__ = [
     "CORRECTLY_ROUNDED",
     "EXP2",
+    "GLIBC_EXPF",
     "SLEEF_U10",
     "TORCH_AVX2",
+    "TORCH_FLASH_AVX2",
+    "TORCH_FLASH_AVX512",
     "YNNPACK",
     "ExpModel",
     "exp_models",
     "exp_u20",
     "fexp_u20",
     "get_exp_model",
+    "glibc_expf",
     "register_exp_model",
     "sleef_expf_u10",
     "vectorised",
@@ -271,15 +282,22 @@ def ynnpack_exp(x: jax.Array) -> jax.Array:
     return jnp.where(jnp.isnan(x), x, y)
 
 
-def vectorised(name: str, lanes: int, vector_exp: Callable[[jax.Array], jax.Array]) -> ExpModel:
+def vectorised(
+    name: str,
+    lanes: int,
+    vector_exp: Callable[[jax.Array], jax.Array],
+    scalar_exp: Callable[[jax.Array], jax.Array] | None = None,
+) -> ExpModel:
     """The model of a loop that applies ``vector_exp`` (FP32 in, FP32 out) to the
-    first ``lanes * (n // lanes)`` entries of the last axis (n entries) and the
-    correctly rounded scalar exp to the rest; results rounded to ``fmt``."""
+    first ``lanes * (n // lanes)`` entries of the last axis (n entries) and
+    ``scalar_exp`` (the correctly rounded exp unless given) to the rest; results
+    rounded to ``fmt``."""
 
     def fn(x: jax.Array, fmt: Format) -> jax.Array:
         full = lanes * (x.shape[-1] // lanes)
         head = vector_exp(x[..., :full])
-        tail = ops.exp(x[..., full:], FP32)
+        rest = x[..., full:]
+        tail = ops.exp(rest, FP32) if scalar_exp is None else scalar_exp(rest)
         return ops.cast(jnp.concatenate([head, tail], axis=-1), fmt)
 
     return ExpModel(name, fn)
@@ -319,3 +337,65 @@ def get_exp_model(spec: str | ExpModel) -> ExpModel:
     if isinstance(spec, str) and spec in _MODELS:
         return _MODELS[spec]
     raise ValueError(f"exp model: expected an ExpModel or one of {exp_models()}, got {spec!r}")
+
+
+# glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, glibc 2.27 and later): in double,
+# x · 32/ln 2 = k + r, 2^(k/32) from a table of 32 doubles, a cubic in r.
+def _two_to(i: int) -> float:
+    """2^(i/32) rounded to a double (from 60 decimal digits)."""
+    with localcontext() as context:
+        context.prec = 60
+        return float(Decimal(2) ** (Decimal(i) / 32))
+
+
+_GLIBC_TABLE = tuple(_two_to(i) for i in range(32))
+_GLIBC_INV_LN2_N = float.fromhex("0x1.71547652b82fep+0") * 32
+_GLIBC_POLY = (
+    float.fromhex("0x1.c6af84b912394p-5") / 32**3,
+    float.fromhex("0x1.ebfce50fac4f3p-3") / 32**2,
+    float.fromhex("0x1.62e42ff0c52d6p-1") / 32,
+)
+_GLIBC_UNDERFLOW = float.fromhex("-0x1.9fe368p6")  # log(2^-150)
+_GLIBC_OVERFLOW = float.fromhex("0x1.62e42ep6")  # log(2^128), rounded down
+
+
+def glibc_expf(x: jax.Array) -> jax.Array:
+    """glibc's ``expf`` (the C library's scalar exp behind ``std::exp(float)``) of
+    FP32 values ``x``, as FP32 carrier values, every step in double as glibc's
+    code rounds it::
+
+        z = fl64(x · 32/ln 2);  k = rint(z);  r = z − k       (exact)
+        s = T[k mod 32] · 2^⌊k/32⌋,  T[i] = fl64(2^(i/32))
+        y = fl64(fl64(c2 r + 1) + fl64(c0 r + c1) · fl64(r r)) · s
+        expf(x) = fl32(y);  0 below log(2^-150), inf above log(2^128)
+
+    glibc's FMA build (x86-64 with FMA) fuses the polynomial's a · b + c; this
+    model rounds them apart, which changes fl32(y) only where y lies within
+    about 2^-52 of a rounding boundary.  Needs 64-bit floats (``jax_enable_x64``).
+    """
+    if not jax.config.read("jax_enable_x64"):
+        raise ValueError("glibc_expf: expected jax_enable_x64 (it computes in double), got it off")
+    fp64 = get_format("fp64")
+    xd = widen(x, jnp.float64)
+    z = ops.mul(xd, jnp.full_like(xd, _GLIBC_INV_LN2_N), fp64)
+    k = jnp.round(z)  # ties to even, as glibc's z + 1.5 · 2^52 - 1.5 · 2^52
+    r = ops.sub(z, k, fp64)
+    i = jnp.mod(k, 32).astype(jnp.int32)
+    s = jnp.ldexp(jnp.asarray(_GLIBC_TABLE, jnp.float64)[i], ((k - i) // 32).astype(jnp.int32))
+    c0, c1, c2 = (jnp.full_like(r, c) for c in _GLIBC_POLY)
+    p = ops.add(ops.mul(c0, r, fp64), c1, fp64)
+    y = ops.add(ops.mul(c2, r, fp64), jnp.ones_like(r), fp64)
+    y = ops.mul(ops.add(ops.mul(p, ops.mul(r, r, fp64), fp64), y, fp64), s, fp64)
+    y = widen(ops.cast(y, FP32), x.dtype)
+    y = jnp.where(x < _GLIBC_UNDERFLOW, 0.0, y)
+    return jnp.where(x > _GLIBC_OVERFLOW, jnp.inf, jnp.where(jnp.isnan(x), x, y))
+
+
+GLIBC_EXPF = ExpModel("glibc_expf", lambda x, fmt: ops.cast(glibc_expf(x), fmt))
+# PyTorch's CPU flash-attention softmax (``cpu_flash_attention``): fexp_u20 on full
+# vectors (vec256_float.h and vec512_float.h write it with each ISA's intrinsics,
+# step for step) and glibc's expf on the rest, on AVX2 (8 lanes) and AVX-512 (16).
+TORCH_FLASH_AVX2 = vectorised("torch_flash_avx2", 8, fexp_u20, glibc_expf)
+TORCH_FLASH_AVX512 = vectorised("torch_flash_avx512", 16, fexp_u20, glibc_expf)
+for _model in (GLIBC_EXPF, TORCH_FLASH_AVX2, TORCH_FLASH_AVX512):
+    register_exp_model(_model)

@@ -1,28 +1,82 @@
 """fa_jax.kernels.torch_cpu: fa_jax's models of PyTorch's CPU SDPA kernels against
-the real kernels, bit for bit (the share of identical output elements, and every
-mismatch within 1 ulp of the format)."""
+the real kernels, bit for bit, for every CPU capability ATen builds them for on
+x86-64 (DEFAULT, AVX2, AVX512).
+
+The real kernel of a capability runs here when this CPU can run it: the native
+one in this process, a lower one in a subprocess started with
+``ATEN_CPU_CAPABILITY`` set (ATen reads it when torch is imported).  A capability
+this CPU cannot run (AVX512 on an AVX2-only CPU) is skipped with the reason.
+
+The models are exact on every shape tested here (100% identical): the assertion
+is equality, not a share."""
 
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from helpers import x64_enabled  # noqa: E402
 
-from fa_jax import BF16, FP16, FP32  # noqa: E402
+from fa_jax import BF16, FP16, FP32, ops  # noqa: E402
 from fa_jax.attention import Blocks  # noqa: E402
+from fa_jax.exponential import glibc_expf  # noqa: E402
 from fa_jax.kernels import torch_cpu  # noqa: E402
 from fa_jax.rounding import round_to  # noqa: E402
 
 FORMATS = {"bf16": BF16, "fp16": FP16}
 KERNELS = {"math": torch_cpu.TORCH_MATH, "flash": torch_cpu.TORCH_FLASH}
+CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
 
-needs_avx2 = pytest.mark.skipif(
-    torch_cpu.capability() != "AVX2",
-    reason="the torch-flash model covers AVX2's vector loop only",
+# (kernel, format, (B, H, N, d), causal, seed).  Default tier: an odd length that
+# leaves a scalar tail under every lane count (100 = 6 · 16 + 4), an odd head
+# dimension; one key block (the flash loop's no-rescaling path).
+DEFAULT_CASES = (
+    ("flash", "bf16", (1, 2, 100, 40), True, 0),
+    ("math", "fp16", (1, 2, 100, 40), False, 0),
 )
+# Slow tier: 333 keys (odd: the GEMMs' halves of 166 and a last product alone;
+# 20 vectors of 16 + 13), several key blocks (the rescaling) and a last key block
+# of 76 keys, both formats, causal and not.
+SLOW_CASES = tuple(
+    (kernel, fmt, shape, causal, 1)
+    for shape in [(1, 3, 333, 80), (1, 2, 100, 40), (1, 1, 1100, 64), (1, 2, 512, 64)]
+    for kernel in ("flash", "math")
+    for fmt in ("bf16", "fp16")
+    for causal in (False, True)
+)
+
+# The real kernels, run in a process whose ATen dispatches to one capability: reads
+# inputs.npz (q{i}, k{i}, v{i}) and the case list, writes out.npz (o{i}, capability).
+_CHILD = """
+import json, sys
+import numpy as np, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+cases = json.loads(sys.argv[2])
+x = np.load(sys.argv[1] + "/inputs.npz")
+out = {"capability": np.array(str(torch.backends.cpu.get_cpu_capability()))}
+for i, (kernel, dtype, causal) in enumerate(cases):
+    q, k, v = (torch.from_numpy(x[f"{t}{i}"]).to(getattr(torch, dtype)) for t in "qkv")
+    backend = SDPBackend.MATH if kernel == "math" else SDPBackend.FLASH_ATTENTION
+    with sdpa_kernel(backend), torch.no_grad():
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out[f"o{i}"] = o.to(torch.float64).numpy()
+np.savez(sys.argv[1] + "/out.npz", **out)
+"""
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def _inputs(shape, fmt, seed):
@@ -31,49 +85,81 @@ def _inputs(shape, fmt, seed):
         return [np.asarray(round_to(rng.standard_normal(shape), fmt)) for _ in range(3)]
 
 
+@functools.cache
+def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray, ...]:
+    """The real kernels' outputs for ``cases`` under ``capability``: in this process
+    if it is the capability here, else in a subprocess with ATEN_CPU_CAPABILITY
+    set; skips where this CPU cannot run that capability's kernels."""
+    inputs = [_inputs(shape, FORMATS[fmt], seed) for _, fmt, shape, _, seed in cases]
+    if capability == torch_cpu.capability():
+        real = {"math": torch_cpu.real_math, "flash": torch_cpu.real_flash}
+        return tuple(
+            real[kernel](q, k, v, fmt=FORMATS[fmt], causal=causal)
+            for (kernel, fmt, _, causal, _), (q, k, v) in zip(cases, inputs)
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        arrays = {f"{t}{i}": x for i, qkv in enumerate(inputs) for t, x in zip("qkv", qkv)}
+        np.savez(os.path.join(tmp, "inputs.npz"), **arrays)
+        spec = [[kernel, _DTYPES[fmt], causal] for kernel, fmt, _, causal, _ in cases]
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower()}
+        subprocess.run([sys.executable, "-c", _CHILD, tmp, json.dumps(spec)], env=env, check=True)
+        with np.load(os.path.join(tmp, "out.npz")) as out:
+            ran = str(out["capability"])
+            if ran != capability:
+                pytest.skip(
+                    f"this CPU cannot run ATen's {capability} kernels "
+                    f"(ATEN_CPU_CAPABILITY={capability.lower()} gave {ran})"
+                )
+            return tuple(out[f"o{i}"] for i in range(len(cases)))
+
+
 def _ulps(a, b, fmt):
     big = np.maximum(np.abs(a), np.abs(b))
     e = np.maximum(np.floor(np.log2(np.where(big > 0, big, 1.0))), 1 - fmt.bias)
     return np.abs(a - b) / 2.0 ** (e - fmt.man_bits)
 
 
-def _check(kernel, fmt, shape, causal, seed=0):
-    q, k, v = _inputs(shape, fmt, seed)
-    real = kernel.real(q, k, v, fmt=fmt, causal=causal)
-    emulated = kernel.model(fmt, shape[-2], shape[-1])(q, k, v, causal=causal)
+def _check(capability: str, cases: tuple, index: int):
+    kernel, fmt, shape, causal, seed = cases[index]
+    real = _real_outputs(capability, cases)[index]
+    q, k, v = _inputs(shape, FORMATS[fmt], seed)
+    model = KERNELS[kernel].model(FORMATS[fmt], shape[-2], shape[-1], cpu_capability=capability)
+    emulated = model(q, k, v, causal=causal)
     assert real.shape == emulated.shape == shape
     share = np.mean(real == emulated)
-    assert share >= 0.999, f"{kernel.name} {fmt.name} {shape} causal={causal}: {share:.5%}"
-    assert _ulps(real, emulated, fmt).max() <= 1.0
+    worst = _ulps(real, emulated, FORMATS[fmt]).max()
+    assert share == 1.0, f"{capability} {cases[index]}: {share:.5%} identical, {worst} ulp"
 
 
-@needs_avx2
-@pytest.mark.parametrize("kernel", ["math", "flash"])
-@pytest.mark.parametrize("fmt, causal", [("bf16", False), ("fp16", True)])
-def test_bit_identical_small(kernel, fmt, causal):
-    """A query and key count that leaves a scalar tail (100 = 12 vectors + 4) and an
-    odd head dimension."""
-    _check(KERNELS[kernel], FORMATS[fmt], (1, 2, 100, 40), causal)
-
-
-@needs_avx2
-@pytest.mark.parametrize(
-    "kernel", [pytest.param("math", marks=pytest.mark.slow), "flash"]
-)  # one key block: the flash loop's no-rescaling path; math has no blocks
-@pytest.mark.parametrize("fmt, causal", [("fp16", False), ("bf16", True)])
-def test_bit_identical_one_key_block(kernel, fmt, causal):
-    _check(KERNELS[kernel], FORMATS[fmt], (1, 1, 256, 64), causal)
+@pytest.mark.parametrize("capability", CAPABILITIES)
+@pytest.mark.parametrize("index", range(len(DEFAULT_CASES)))
+def test_bit_identical_small(capability, index):
+    _check(capability, DEFAULT_CASES, index)
 
 
 @pytest.mark.slow
-@needs_avx2
-@pytest.mark.parametrize("kernel", ["math", "flash"])
-@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(1, 2, 512, 64), (1, 1, 1100, 64), (2, 4, 1024, 128)])
-def test_bit_identical(kernel, fmt, causal, shape):
-    """Several key blocks (the rescaling), and a last key block of 76 keys."""
-    _check(KERNELS[kernel], FORMATS[fmt], shape, causal, seed=1)
+@pytest.mark.parametrize("capability", CAPABILITIES)
+@pytest.mark.parametrize("index", range(len(SLOW_CASES)))
+def test_bit_identical(capability, index):
+    _check(capability, SLOW_CASES, index)
+
+
+def test_models_follow_the_capability():
+    """Each build's loop and exps; the capability here by default."""
+    for cap, variant in [("DEFAULT", "torch_default"), ("AVX2", "torch_avx2")]:
+        flash = torch_cpu.flash_model(BF16, 512, 64, cpu_capability=cap)
+        assert flash.forward.keywords["variant"] == variant  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]
+    math = torch_cpu.math_model(BF16, 512, 64, cpu_capability="AVX512")
+    assert math.policy.exp_model.name == "sleef_expf_u10"
+    assert torch_cpu.math_model(BF16, 512, 64, cpu_capability="DEFAULT").policy.exp_model.name == (
+        "glibc_expf"
+    )
+    here = torch_cpu.capability()
+    if here in torch_cpu.CAPABILITIES:
+        assert (
+            torch_cpu.flash_model(FP16, 100, 40).policy
+            == torch_cpu.flash_model(FP16, 100, 40, cpu_capability=here).policy
+        )
 
 
 def test_flash_blocks_follow_the_kernels_rule():
@@ -83,11 +169,13 @@ def test_flash_blocks_follow_the_kernels_rule():
     assert torch_cpu.flash_blocks(4096, 4096) == Blocks(256, 512)
 
 
-def test_unmodelled_capability_is_refused():
-    with pytest.raises(ValueError, match="CPU capability"):
-        torch_cpu.flash_model(BF16, 512, 64, cpu_capability="AVX512")
-    with pytest.raises(ValueError, match="CPU capability"):
-        torch_cpu.math_model(BF16, 512, 64, cpu_capability="DEFAULT")
+@pytest.mark.parametrize("given", ["NEON", "AVX512_BF16", "avx2", "SVE256"])
+def test_unmodelled_capability_is_refused(given):
+    """A capability with no model raises, naming those modelled and the one given."""
+    for make in (torch_cpu.flash_model, torch_cpu.math_model):
+        with pytest.raises(ValueError, match=r"cpu_capability.*AVX2.*AVX512.*DEFAULT.*got") as e:
+            make(BF16, 512, 64, cpu_capability=given)
+        assert repr(given) in str(e.value)
     model = torch_cpu.flash_model(BF16, 512, 64, cpu_capability="AVX2")
     assert model.policy.normalise == "reciprocal" and model.blocks == Blocks(64, 512)
 
@@ -100,3 +188,45 @@ def test_platform_and_formats():
         torch_cpu.real_flash(
             np.zeros((1, 4, 8)), np.zeros((1, 4, 8)), np.zeros((1, 4, 8)), fmt=FP32
         )
+
+
+# FP32 inputs in [-20, 0) where glibc's expf differs from the correctly rounded exp.
+_NOT_CORRECTLY_ROUNDED = [
+    0xB8CA127E, 0xBB9B8818, 0xBBEC44C9, 0xBC61BEAF, 0xBCE9C584, 0xBD6C3BCE,
+    0xBDFBACCC, 0xBEA2B466, 0xBF65413E, 0xC0201A4D, 0xC0E0E0D6, 0xC19FFF5B,
+]  # fmt: skip
+
+
+def _glibc_expf():
+    """The C library's expf where it is glibc 2.27 or later (the expf modelled), else None."""
+    name, version = platform.libc_ver()
+    if name != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 27):
+        return None
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return libm.expf
+
+
+def test_glibc_expf_is_the_c_librarys():
+    """glibc_expf (the scalar exp of every build: the flash loop's tail and α, all
+    of DEFAULT's exps) against the C library's expf where that is glibc: random
+    floats over the softmax's range and past both cut-offs, and the inputs where
+    glibc's expf is not the correctly rounded exp."""
+    expf = _glibc_expf()
+    if expf is None:
+        pytest.skip(f"the C library here is not glibc >= 2.27: {platform.libc_ver()}")
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [
+            -rng.exponential(4.0, 6000).astype(np.float32),
+            rng.uniform(-104.5, 89.0, 3000).astype(np.float32),
+            np.array([0.0, -0.0, 88.72, 88.73, -103.97, -103.98, -np.inf, np.inf], np.float32),
+            np.array(_NOT_CORRECTLY_ROUNDED, np.uint32).view(np.float32),
+        ]
+    )
+    want = np.array([expf(float(t)) for t in x], np.float32).astype(np.float64)
+    with x64_enabled():
+        got = np.asarray(jax.jit(glibc_expf)(jnp.asarray(x, jnp.float64)))
+        rounded = np.asarray(ops.exp(jnp.asarray(x[-12:], jnp.float64), FP32))
+    np.testing.assert_array_equal(got, want)
+    assert (rounded != want[-12:]).all()  # glibc's own roundings, not the correct ones

@@ -7,34 +7,51 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   upcasts bf16/fp16 inputs to FP32 and computes the unfused attention in FP32:
   Q' = fl32(Q r), K' = fl32(K r) with r = fl32(sqrt(scale)); S = Q' K'ᵀ (FP32
   GEMM, in index order with FMA); softmax as ATen's CPU kernel computes it
-  (row max, e = Sleef's expf(S − m), the sum over 8 lanes, P = fl32(e · fl32(1 / Σ)));
-  O = fl_in(P V) (FP32 GEMM, the blocked accumulation of
-  :func:`fa_jax.attention.flash_attention`'s ``torch_avx2`` loop).  Model: those
-  steps in :mod:`fa_jax.ops` (``KernelModel.forward``).
+  (``native/cpu/SoftMaxKernel.cpp``: row max, e = exp(S − m) on every entry,
+  Σ e by ``vec::reduce_all``, P = fl32(e · fl32(1 / Σ)));
+  O = fl_in(P V) (FP32 GEMM, blocked as :func:`fa_jax.vector_loop.gemm_k_blocks`
+  says).  Model: those steps in :mod:`fa_jax.ops` (``KernelModel.forward``).
 
 ``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
   ATen's ``native/cpu/FlashAttentionKernel.cpp``) tiles the queries in blocks of
   256 rows (N >= 768), 64 (N >= 192) or 32, and the keys in blocks of 512
   (capped at M).  Per key block: S = fl32(fl32(Q Kᵀ) · scale) (an FP32 GEMM
-  summing in index order), the row max, P̃ = fexp_u20(S − m) on full vectors
-  of lanes and the scalar ``expf`` on the rest (:mod:`fa_jax.exponential`), P̃
-  stored in the input format, the row sum over two lane accumulators,
-  l = fma(α, l, Σ P̃), o = fl(α o) ⊕ P V (the GEMM's blocked FP32
-  accumulation); at the end O = fl_in(fl32(o · fl32(1 / l))).  Model: the
-  ``torch_avx2`` loop of :func:`fa_jax.attention.flash_attention` (its module
-  docstring gives every step) with the kernel's block sizes.  What was read
-  in the source and what was measured on the kernel: the exp (``fexp_u20``,
-  not the ``exp_u20`` of older sources), the two accumulators and the GEMM's
-  blocks were found by inputs built to isolate them.
+  summing in index order), the row max, P̃ = ``fexp_u20``(S − m) on full
+  vectors of lanes and the scalar ``expf`` on the rest (:mod:`fa_jax.exponential`),
+  P̃ stored in the input format, the row sum over two lane accumulators,
+  l = α l + Σ P̃, o = fl(α o) ⊕ P V (the GEMM's blocked FP32 accumulation);
+  at the end O = fl_in(fl32(o · fl32(1 / l))).  Model: a ``torch_*`` loop of
+  :func:`fa_jax.attention.flash_attention` (:mod:`fa_jax.vector_loop` gives
+  every step) with the kernel's block sizes.  What was read in the source and
+  what was measured on the kernel: the exp (``fexp_u20``, not the ``exp_u20``
+  of older sources), the two accumulators and the GEMM's blocks were found by
+  inputs built to isolate them.
 
-The vector width depends on the CPU capability ATen dispatches to
-(``torch.backends.cpu.get_cpu_capability()``): both models exist for AVX2
-(8 FP32 lanes); asking for one under another capability raises.  PyTorch is
-imported only when a real kernel runs or the capability is read.
+ATen builds both kernels once per CPU capability and dispatches to one
+(``torch.backends.cpu.get_cpu_capability()``; ``ATEN_CPU_CAPABILITY=default``
+or ``avx2``, set before torch is imported, forces a lower one).  The builds
+differ in ``Vectorized<float>`` (``aten/src/ATen/cpu/vec``), so each has its
+model (:data:`CAPABILITIES`; ``cpu_capability=`` picks another machine's):
+
+=========  =====  ==============================  ==================  ===========
+build      lanes  lanes combined                  exp (flash / math)  a · b + c
+=========  =====  ==============================  ==================  ===========
+DEFAULT    8      in order (``vec_base.h``)       glibc / glibc       two roundings
+AVX2       8      halving ((0+4)+(2+6))+…         fexp_u20 / Sleef    FMA
+AVX512     16     halving (i+8, i+4, i+2, i+1)    fexp_u20 / Sleef    FMA
+=========  =====  ==============================  ==================  ===========
+
+"glibc" is the C library's ``expf`` (``std::exp``), which the vector builds
+also call on the flash loop's tail and for α = exp(m − m_new); "Sleef" is
+``Sleef_expf8_u10`` / ``Sleef_expf16_u10`` (the same bits on every FP32 input
+in [-104, 0], checked).  The GEMMs are the CPU BLAS's, the same under every
+capability.  PyTorch is imported only when a real kernel runs or the
+capability is read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import platform as _platform
@@ -46,18 +63,26 @@ import numpy as np
 from fa_jax import ops
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.attention import Blocks, flash_attention
-from fa_jax.exponential import SLEEF_U10, TORCH_AVX2, ExpModel
+from fa_jax.exponential import (
+    GLIBC_EXPF,
+    SLEEF_U10,
+    TORCH_FLASH_AVX2,
+    TORCH_FLASH_AVX512,
+    ExpModel,
+)
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.softmax import shifted_exp
-from fa_jax.vector_loop import gemm_accumulate, lane_sum
+from fa_jax.vector_loop import LANES, gemm_accumulate, lane_sum
 
 __all__ = [
+    "CAPABILITIES",
     "TORCH_FLASH",
     "TORCH_MATH",
+    "Build",
     "flash_blocks",
     "flash_model",
     "math_model",
@@ -67,8 +92,24 @@ __all__ = [
 ]
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
-# CPU capability -> (flash-attention variant, exp model) of the vector loop.
-_CAPABILITIES: dict[str, tuple[str, ExpModel]] = {"AVX2": ("torch_avx2", TORCH_AVX2)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """What one CPU capability's build of the kernels computes: the flash loop's
+    variant (:data:`fa_jax.vector_loop.LANES`), the flash loop's exp and the
+    softmax's exp."""
+
+    variant: str
+    flash_exp: ExpModel
+    softmax_exp: ExpModel
+
+
+CAPABILITIES: dict[str, Build] = {
+    "DEFAULT": Build("torch_default", GLIBC_EXPF, GLIBC_EXPF),
+    "AVX2": Build("torch_avx2", TORCH_FLASH_AVX2, SLEEF_U10),
+    "AVX512": Build("torch_avx512", TORCH_FLASH_AVX512, SLEEF_U10),
+}
 
 
 def _unavailable() -> str | None:
@@ -135,29 +176,35 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
     return fa2_kernel(f).replace(name=f"{name}({f.name})", **changes)
 
 
-def _modelled(cpu_capability: str | None, kernel: str) -> tuple[str, ExpModel]:
-    """(flash variant, exp model) of the capability (the one here by default)."""
+def _modelled(cpu_capability: str | None, kernel: str) -> Build:
+    """The build of the capability (the one here by default)."""
     cap = capability() if cpu_capability is None else cpu_capability
-    if cap not in _CAPABILITIES:
+    if cap not in CAPABILITIES:
         raise ValueError(
-            f"{kernel} model: CPU capability: expected one of {sorted(_CAPABILITIES)} "
-            f"(the vector loops modelled), got {cap!r}"
+            f"{kernel} model: cpu_capability: expected one of {sorted(CAPABILITIES)} "
+            f"(the builds modelled), got {cap!r}"
         )
-    return _CAPABILITIES[cap]
+    return CAPABILITIES[cap]
 
 
 def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None) -> KernelModel:
     """The model of ``torch-math`` in ``fmt`` (module docstring), for
     ``cpu_capability`` (the one here by default)."""
     del n, d
-    _modelled(cpu_capability, "torch-math")
+    build = _modelled(cpu_capability, "torch-math")
     policy = _stage_policy(
-        fmt, "torch_math_cpu", p=FP32, accumulation=SEQUENTIAL, exp_model=SLEEF_U10, scale="q"
+        fmt,
+        "torch_math_cpu",
+        p=FP32,
+        accumulation=SEQUENTIAL,
+        exp_model=build.softmax_exp,
+        scale="q",
     )
-    return KernelModel("torch-math", policy, "reference", forward=_math_jit)
+    forward = functools.partial(_math_jit, variant=build.variant)
+    return KernelModel("torch-math", policy, "reference", forward=forward)
 
 
-def _math_forward(q, k, v, *, policy: Policy, causal, scale):
+def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale):
     """ATen's math SDPA on FP32 upcasts (module docstring), step by step."""
     fp32 = policy.scores
     q, k, v = (ops.cast(ops.carrier(t, np.float64), policy.inputs) for t in (q, k, v))
@@ -170,14 +217,14 @@ def _math_forward(q, k, v, *, policy: Policy, causal, scale):
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
     row_max = jnp.max(s, axis=-1, keepdims=True)
     e = shifted_exp(s, row_max, policy)
-    total = lane_sum(e, 8, policy.stats, accumulators=1, vector_tail=True)
+    total = lane_sum(e, LANES[variant], policy.stats, accumulators=1, vector_tail=True)
     reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
     p = ops.mul(e, reciprocal[..., None], policy.p)
     o = gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
     return ops.cast(o, policy.out)
 
 
-_math_jit = jax.jit(_math_forward, static_argnames=("policy", "causal", "scale"))
+_math_jit = jax.jit(_math_forward, static_argnames=("policy", "variant", "causal", "scale"))
 
 
 def flash_blocks(n: int, m: int) -> Blocks:
@@ -191,16 +238,16 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
     """The model of ``torch-flash`` in ``fmt`` for N = M = ``n`` (module docstring),
     for ``cpu_capability`` (the one here by default)."""
     del d
-    variant, exp_model = _modelled(cpu_capability, "torch-flash")
+    build = _modelled(cpu_capability, "torch-flash")
     policy = _stage_policy(
         fmt,
         "torch_flash_cpu",
         accumulation=SEQUENTIAL,
-        exp_model=exp_model,
+        exp_model=build.flash_exp,
         normalise="reciprocal",
     )
     blocks = flash_blocks(n, n)
-    forward = functools.partial(_flash_forward, blocks=blocks, variant=variant)
+    forward = functools.partial(_flash_forward, blocks=blocks, variant=build.variant)
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 
