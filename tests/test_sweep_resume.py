@@ -186,3 +186,25 @@ def test_a_complete_csv_is_left_byte_for_byte(tmp_path, full):
     run_sweep(GRID, out, quiet=True)
     assert (out / "results.csv").read_bytes() == before
     shutil.rmtree(out)
+
+
+def test_a_later_group_complete_an_earlier_one_partly(tmp_path, full):
+    """Groups are resumed each on its own, whichever order they were left in."""
+    rows, configs = full
+    kept = set(configs[2:])
+    check(resume(tmp_path, [r for r in rows if key_of(r) in kept], kept=kept), full, kept)
+
+
+def test_a_torn_last_row(tmp_path, full):
+    """A CSV whose last line was cut short (copied while written, or by another
+    tool): that configuration is incomplete and computed again; the torn row goes."""
+    rows, configs = full
+    last = configs[-1]
+    out = tmp_path / "out"
+    out.mkdir()
+    kept = set(configs) - {last}
+    write(out / "results.csv", [{**r, "value": SENTINEL} if key_of(r) in kept else r for r in rows])
+    text = (out / "results.csv").read_text()
+    (out / "results.csv").write_text(text[: text.rstrip("\n").rfind(",flash_vs_baseline")])
+    run_sweep(GRID, out, quiet=True)
+    check(read(out / "results.csv"), full, kept)
