@@ -105,7 +105,7 @@ def ln(x: F) -> F:
         return F(decimal.Decimal(float(x)).ln())
 
 
-NEG_INF = None  # a masked score
+MASKED = None  # a masked score
 
 
 class Sim:
@@ -131,7 +131,7 @@ class Sim:
             for j, kj in enumerate(k):
                 col = col0 + j
                 if col >= M or (causal and col > i):
-                    row.append(NEG_INF)
+                    row.append(MASKED)
                 else:
                     row.append(fl(self.total([a * b for a, b in zip(qi, kj)], p.qk_acc), p.scores))
             out.append(row)
@@ -139,26 +139,26 @@ class Sim:
 
     def exp2(self, x, m):
         """fl_exp(2^fl_exp(x c - fl_exp(m c))); 0 for a masked x."""
-        if x is NEG_INF:
+        if x is MASKED:
             return F(0)
-        shift = fl(m * self.c, self.pol.exp) if m is not NEG_INF else F(0)
+        shift = fl(m * self.c, self.pol.exp) if m is not MASKED else F(0)
         return fl(pow2(fl(x * self.c - shift, self.pol.exp)), self.pol.exp)
 
     def rescale(self, m_old, m_new):
-        if m_old is NEG_INF:
+        if m_old is MASKED:
             return F(0)
         e = self.pol.exp
         return fl(pow2(fl(fl(m_old - m_new, e) * self.c, e)), e)
 
     @staticmethod
     def rowmax(row):
-        live = [x for x in row if x is not NEG_INF]
-        return max(live) if live else NEG_INF
+        live = [x for x in row if x is not MASKED]
+        return max(live) if live else MASKED
 
     def maximum(self, a, b):
-        if a is NEG_INF:
+        if a is MASKED:
             return b
-        return a if b is NEG_INF else max(a, b)
+        return a if b is MASKED else max(a, b)
 
     def lse(self, m, l):
         return fl(m * self.scale + ln(l), self.pol.stats)
@@ -185,14 +185,14 @@ class Sim:
         rows = []
         moved = 0  # rescales by a factor other than 0 and 1
         for i in range(len(q)):
-            m, l, o = NEG_INF, F(0), [F(0)] * DV
+            m, l, o = MASKED, F(0), [F(0)] * DV
             for col0 in range(0, M, BC):
                 kb = [k[j] if j < M else [F(0)] * D for j in range(col0, col0 + BC)]
                 vb = [v[j] if j < M else [F(0)] * DV for j in range(col0, col0 + BC)]
                 s = self.scores([q[i]], kb, causal, col0)[0] if not causal else None
                 if causal:
                     s = [
-                        NEG_INF
+                        MASKED
                         if (col0 + j >= M or col0 + j > i)
                         else fl(
                             self.total([a * b for a, b in zip(q[i], kb[j])], p.qk_acc), p.scores
@@ -207,7 +207,7 @@ class Sim:
                     ]
 
                 m_blk = self.rowmax(s)
-                m_blk = m_blk if m_blk is NEG_INF else fl(m_blk, p.stats)
+                m_blk = m_blk if m_blk is MASKED else fl(m_blk, p.stats)
                 m_new = self.maximum(m, m_blk)
                 if variant == "fa1":
                     e = [self.exp2(x, m_blk) for x in s]
