@@ -36,6 +36,15 @@ def _golden(q, k, v, causal):
         ((1, 2, 256, 64), True, "fp32"),
         ((1, 2, 32, 16), False, "bf16"),
         ((1, 1, 1024, 16), True, "bf16"),
+        # Ragged rows (the softmax sum's padded last chunk), odd d (the bf16 pair
+        # order's last term), and fp32's tile_k chains with a remainder of keys.
+        ((1, 1, 100, 35), True, "bf16"),
+        ((1, 1, 97, 35), False, "fp32"),
+        pytest.param((1, 1, 335, 81), False, "bf16", marks=pytest.mark.slow),
+        pytest.param((1, 1, 335, 40), True, "fp32", marks=pytest.mark.slow),
+        pytest.param((1, 3, 333, 80), False, "fp16", marks=pytest.mark.slow),
+        pytest.param((1, 2, 1000, 64), True, "bf16", marks=pytest.mark.slow),
+        pytest.param((1, 2, 1000, 64), True, "fp16", marks=pytest.mark.slow),
         # The same concerns again; test_xla_model_at_larger_shapes has 512 keys too.
         pytest.param((1, 2, 512, 64), False, "bf16", marks=pytest.mark.slow),
         pytest.param((1, 2, 512, 64), False, "fp32", marks=pytest.mark.slow),
@@ -73,21 +82,29 @@ def test_xla_model_at_larger_shapes(shape, causal, fmt, seed):
 
 
 def test_pv_probes_count_the_terms_the_revealed_order_predicts():
-    """The P V probes of keys in key 0's block count what the revealed order
-    (tile_k chains, folded pairwise) predicts; the first key of the next block,
-    where there is one, counts otherwise."""
-    shape = (1, 1024, 16)
+    """For every query, the P V probes of keys in key 0's block count what the
+    revealed order (tile_k chains folded pairwise) predicts, and the first key of
+    the next block, where there is one, counts otherwise: the probes pin the
+    order, whatever this CPU's blocks are."""
+    shape = (1, 335, 40)
     n = shape[1]
     run = xla._attention("float32", False, None)
-    tile_k, block = xla._pv_order("float32", shape, False)
-    assert tile_k in xla._TILES_K and 2 <= block <= n and block % tile_k == 0
+    runs = xla._pv_order("float32", shape)
+    assert runs[0][0] == 0 and runs[-1][1] == n
     p = xla._probe_p("float32", shape, False)
-    inside = [1, 2, 3, 4, min(block, n - 1) - tile_k]
-    want = xla._pv_predicted(n, inside, p, tile_k, n)
-    assert np.array_equal(xla._pv_probe_counts(run, shape, inside), want)
-    if block < n - 1:
-        got = xla._pv_probe_counts(run, shape, [block])
-        assert not np.array_equal(got, xla._pv_predicted(n, [block], p, tile_k, n))
+    for lo, hi, tile_k, block in runs:
+        assert tile_k in xla._TILES_K and 2 <= block <= n and block % tile_k == 0
+        inside = [1, 2, 3, 4, min(block, n - 1) - tile_k]
+        want = xla._pv_predicted(n, inside, p, tile_k, n)
+        got = xla._pv_probe_counts(run, shape, inside)[:, lo:hi]
+        assert (got == want[:, None]).all()
+        others = [t for t in xla._TILES_K if t != tile_k]
+        assert all(
+            not (got == xla._pv_predicted(n, inside, p, t, n)[:, None]).all() for t in others
+        )
+        if block < n - 1:
+            got = xla._pv_probe_counts(run, shape, [block])[:, lo:hi]
+            assert not (got == xla._pv_predicted(n, [block], p, tile_k, n)[:, None]).all()
 
 
 def test_compensated_step_corrects_what_plain_addition_loses():
@@ -98,6 +115,151 @@ def test_compensated_step_corrects_what_plain_addition_loses():
         total, error = xla._kahan(tiny, total, error, FP32)
         total, error = xla._kahan(tiny, total, error, FP32)
         assert float(total) - float(error) == 1.0 + 2 * float(tiny)
+
+
+def _ynnpack_sum_float_k1(row: np.ndarray) -> np.float32:
+    """YNNPACK's sum_float_k1 (ynnpack/kernels/reduce/sum.h) on 16 float32 lanes,
+    written as its loops are: an oracle for the model's vectorised form."""
+    f32 = np.float32
+    acc0, acc1, acc2, error = (np.zeros(16, f32) for _ in range(4))
+
+    def partial(chunk):
+        x = np.zeros(64, f32)
+        x[: len(chunk)] = chunk
+        local = np.zeros(16, f32)
+        for v in range(4):
+            local = local + x[16 * v : 16 * v + 16]
+        return local
+
+    def accumulate(clock=0):
+        nonlocal acc0, acc1, acc2, error
+        if clock & 15 == 0:
+            acc1, acc0 = acc1 + acc0, np.zeros(16, f32)
+            if clock & 255 == 0:
+                y = acc1 - error
+                t = acc2 + y
+                error, acc2, acc1 = (t - acc2) - y, t, np.zeros(16, f32)
+
+    i, k, clock = 0, len(row), 0
+    while k - i >= 256:
+        for _ in range(4):
+            acc0 = acc0 + partial(row[i : i + 64])
+            i += 64
+        clock += 64
+        accumulate(clock)
+    while k - i >= 64:
+        acc0 = acc0 + partial(row[i : i + 64])
+        i += 64
+        clock += 16
+        accumulate(clock)
+    if k > i:
+        acc0 = acc0 + partial(row[i:])
+    accumulate()
+    lanes = acc2
+    while len(lanes) > 1:
+        lanes = lanes[: len(lanes) // 2] + lanes[len(lanes) // 2 :]
+    return lanes[0]
+
+
+@pytest.mark.parametrize("m", [13, 333, 1100, 3000])
+def test_softmax_sum_follows_ynnpacks_lanes_groups_and_kahan_steps(m):
+    """The model's softmax sum against YNNPACK's loops on float32 terms spanning
+    many binades (every order of additions gives other bits): ragged rows, the
+    groups of four chunks while 256 terms remain, Kahan steps each 1024 terms."""
+    rng = np.random.default_rng(m)
+    e = np.exp2(rng.uniform(-30, 0, size=(3, m))).astype(np.float32)
+    with x64_enabled():
+        got = np.asarray(jax.jit(lambda x: xla._softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64)))
+    want = np.array([_ynnpack_sum_float_k1(row) for row in e], np.float64)
+    assert np.array_equal(got, want)
+
+
+def _bf16_valued(rng, shape):
+    import ml_dtypes
+
+    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _chains(terms, tile_k, block):
+    """A dot's order on float32 terms, written plainly: blocks of ``block`` terms
+    (the last n mod tile_k a block of their own, one chain), in each tile_k
+    chains folded pairwise, the block sums added in order."""
+    n = len(terms)
+    rest = n % tile_k if n > tile_k else 0
+    main, tail = terms[: n - rest], terms[n - rest :]
+    sums = []
+    for start in range(0, len(main), block):
+        chains = [np.float32(0)] * tile_k
+        for j, t in enumerate(main[start : start + block]):
+            chains[j % tile_k] = np.float32(chains[j % tile_k] + t)
+        while len(chains) > 1:
+            chains = [np.float32(a + b) for a, b in zip(chains[0::2], chains[1::2])]
+        sums.append(chains[0])
+    if rest:
+        tail_sum = np.float32(0)
+        for t in tail:
+            tail_sum = np.float32(tail_sum + t)
+        sums.append(tail_sum)
+    total = sums[0]
+    for x in sums[1:]:
+        total = np.float32(total + x)
+    return total
+
+
+@pytest.mark.parametrize(("m", "tile_k", "block"), [(37, 2, 37), (67, 4, 32)])
+def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block):
+    """The model's P V against a plain loop over the same order, on bf16-valued
+    inputs (products exact in float32, so each FMA is one float32 addition)."""
+    rng = np.random.default_rng(m)
+    p, v = _bf16_valued(rng, (2, m)), _bf16_valued(rng, (m, 3))
+    with x64_enabled():
+        pv = jax.jit(xla._pv, static_argnums=(2, 3, 4))
+        got = np.asarray(
+            pv(jnp.asarray(p, jnp.float64), jnp.asarray(v, jnp.float64), FP32, block, tile_k)
+        )
+    want = [[_chains(p[i] * v[:, c], tile_k, block) for c in range(3)] for i in range(2)]
+    assert np.array_equal(got, np.asarray(want, np.float64))
+
+
+@pytest.mark.parametrize(("d", "pairs", "tile_k"), [(35, True, 1), (35, False, 4)])
+def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
+    """The model's Q Kᵀ against a plain loop: terms in the order 1, 0, 3, 2, ...
+    (an odd last term last) with pairs, tile_k chains folded pairwise, the last
+    d mod tile_k terms a chain of their own added last."""
+    rng = np.random.default_rng(d)
+    q, k = _bf16_valued(rng, (3, d)), _bf16_valued(rng, (2, d))
+    with x64_enabled():
+        qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k"))
+        got = np.asarray(
+            qk(
+                jnp.asarray(q, jnp.float64),
+                jnp.asarray(k, jnp.float64),
+                pairs=pairs,
+                acc=FP32,
+                tile_k=tile_k,
+            )
+        )
+    order = (
+        [j for t in range(0, d - 1, 2) for j in (t + 1, t)] + [d - 1] if pairs else list(range(d))
+    )
+    if pairs and d % 2 == 0:
+        order = order[:-1]
+    want = [[_chains((q[i] * k[j])[order], tile_k, d) for j in range(2)] for i in range(3)]
+    assert np.array_equal(got, np.asarray(want, np.float64))
+
+
+def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():
+    """The Q Kᵀ probes of the real kernel match the order the model reads and no
+    other candidate (pairs or not, every tile_k): the probes pin the order."""
+    shape = (1, 64, 35)
+    orders = xla._qk_order("bfloat16", shape)
+    pairs, tile_k = orders[0]
+    run = xla._attention("bfloat16", False, None)
+    head = range(16)
+    tail = range(30, 35)
+    probe_pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
+    counts = xla._qk_probe_counts(run, shape, probe_pairs, [0])[:, 0]
+    assert xla._qk_candidates("bfloat16", 35, probe_pairs, counts) == [(pairs, tile_k)]
 
 
 def test_platform_names_versions_and_the_exp():

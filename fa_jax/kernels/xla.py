@@ -163,17 +163,20 @@ def xla_cpu_exp_model() -> ExpModel:
 
 def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1):
     """fl32(Q Kᵀ), each dot ``tile_k`` sequential FMA chains over d (term t in chain
-    t mod tile_k) folded pairwise; with ``pairs`` (bf16 inputs) one chain in the
-    order 1, 0, 3, 2, ... (an odd last term comes last), else 0, 1, 2, ..."""
+    t mod tile_k) folded pairwise, the last d mod tile_k terms as rounded products
+    added in order, added last; with ``pairs`` (bf16 inputs) the terms in the order 1, 0, 3,
+    2, ... (an odd last term comes last), else 0, 1, 2, ..."""
     d = q.shape[-1]
     if pairs:
         order = _permuted(d, True)
         q, k = q[..., order], k[..., order]
-    steps = -(-d // tile_k)
-    pad = steps * tile_k - d
-    if pad:
-        q = jnp.concatenate([q, jnp.zeros((*q.shape[:-1], pad), q.dtype)], axis=-1)
-        k = jnp.concatenate([k, jnp.zeros((*k.shape[:-1], pad), k.dtype)], axis=-1)
+    rest = d % tile_k if d > tile_k else 0
+    if rest:
+        main = _qk(q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k)
+        tail = [(q[..., :, None, t], k[..., None, :, t]) for t in range(d - rest, d)]
+        return ops.add(main, _rounded_products(tail, acc), acc)
+    tile_k = min(tile_k, d)
+    steps = d // tile_k
     qs = jnp.moveaxis(q.reshape(*q.shape[:-1], steps, tile_k), -2, 0)[..., :, None, :]
     ks = jnp.moveaxis(k.reshape(*k.shape[:-1], steps, tile_k), -2, 0)[..., None, :, :]
 
@@ -246,6 +249,16 @@ def _softmax_sum(e, acc: Format):
     return lanes[..., 0]
 
 
+def _rounded_products(pairs, acc: Format):
+    """A dot kernel's remainder (the last n mod tile_k terms): each product rounded,
+    then added in order (no FMA), as measured against the real kernel."""
+    a, b = pairs[0]
+    total = ops.mul(a, b, acc)
+    for a, b in pairs[1:]:
+        total = ops.add(total, ops.mul(a, b, acc), acc)
+    return total
+
+
 def _pairwise(chains, acc: Format):
     """Sum axis -2 of ``chains`` by halving adjacent pairs, ((c0 + c1) + (c2 + c3)):
     how YNNPACK's dot kernels fold the tile_k partial sums of a vector lane."""
@@ -257,9 +270,16 @@ def _pairwise(chains, acc: Format):
 def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
     """fl32(P V): blocks of ``block`` keys; in each, ``tile_k`` FMA chains from zero
     (key j of the block in chain j mod tile_k), folded pairwise; the block sums
-    added in order.  One scan over a block's steps serves every block at once, so
-    the program's size does not grow with the number of blocks."""
+    added in order; the last N mod tile_k keys (the kernel's remainder) as
+    rounded products added in order, added last.  One scan over a block's steps
+    serves every block at once, so the program's size does not grow with the
+    number of blocks."""
     m = p.shape[-1]
+    rest = m % tile_k if m > tile_k else 0
+    if rest:
+        main = _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k)
+        tail = [(p[..., j, None], v[..., j, None, :]) for j in range(m - rest, m)]
+        return ops.add(main, _rounded_products(tail, acc), acc)
     block = min(block, m)
     nb = -(-m // block)
     steps = -(-block // tile_k)
@@ -340,25 +360,26 @@ _PROBE_TERMS = 8  # small terms counted after the -M of a probe column
 _PROBE_MAX_FP16_KEYS = 2**14  # beyond, fp16 outputs cannot count the small terms
 
 
-def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> list[int]:
-    """For each key j of ``tests``, the small terms counted by a P V probe: q = k =
-    0, so P is uniform, and V's column holds M at key 0, -M at key j and small
-    terms on the next keys.  All of them are counted where key j's product joins
-    key 0's in one FMA chain (M - M cancels, then they add); fewer where the keys
-    sit in different blocks (those after j in j's block are absorbed by -M)."""
+def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> np.ndarray:
+    """For each key j of ``tests`` and each query, the small terms counted by a P V
+    probe: q = k = 0, so P is uniform (``run`` is the program without a mask), and
+    V's column holds M at key 0, -M at key j and small terms on the next keys.
+    All of them are counted where key j's product joins key 0's in one FMA chain
+    (M - M cancels, then they add); fewer where the keys sit in different chains
+    or blocks (those after j in j's chain are absorbed by -M).  Returns
+    (len(tests), N)."""
     _, n, d = shape
     zeros = np.zeros(shape, np.float32)
-    counts: list[int] = []
+    counts = np.zeros((len(tests), n), int)
     for start in range(0, len(tests), d):
+        chunk = tests[start : start + d]
         v = np.zeros(shape, np.float32)
-        for col, j in enumerate(tests[start : start + d]):
+        for col, j in enumerate(chunk):
             v[:, 0, col] = _PROBE_BIG
             v[:, j, col] = -_PROBE_BIG
             v[:, j + 1 : j + 1 + _PROBE_TERMS, col] = _PROBE_SMALL
         out = np.asarray(run(zeros, zeros, v), dtype=np.float64)
-        # The last query sees every key, causal or not, each with P = fl(1/n).
-        row = out[0, n - 1] * n / _PROBE_SMALL
-        counts += [round(row[col]) for col in range(len(tests[start : start + d]))]
+        counts[start : start + len(chunk)] = np.round(out[0, :, : len(chunk)].T * n / _PROBE_SMALL)
     return counts
 
 
@@ -368,8 +389,14 @@ _TILES_K = (1, 2, 4, 8)  # the tile_k of YNNPACK's dot kernels (one, or lanes fo
 def _simulated_dot(terms: np.ndarray, tile_k: int, block: int) -> np.ndarray:
     """The sums of the rows of ``terms`` (exact products, float32) in a dot's order:
     blocks of ``block`` terms, in each ``tile_k`` chains from zero folded pairwise,
-    the block sums added in order; float32 arithmetic, as the kernel's."""
+    the block sums added in order, the last n mod tile_k terms one more chain
+    added last; float32 arithmetic, as the kernel's."""
     rows, n = terms.shape
+    rest = n % tile_k if n > tile_k else 0
+    if rest:
+        main = _simulated_dot(terms[:, : n - rest], tile_k, block)
+        return main + _simulated_dot(terms[:, n - rest :], 1, rest)
+    tile_k = min(tile_k, n)
     block = min(block, n)
     nb, steps = -(-n // block), -(-block // tile_k)
     x = np.zeros((rows, nb * steps * tile_k), np.float32)
@@ -412,7 +439,7 @@ def _probe_p(dtype: str, shape: tuple[int, ...], causal: bool) -> float:
 
 
 @functools.cache
-def _pv_order(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[int, int]:
+def _pv_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
     """(tile_k, block) of the P V dot for (B·H, N, d) inputs, read from the real
     program with order-revealing probes (:func:`_pv_probe_counts`).
 
@@ -428,66 +455,104 @@ def _pv_order(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[int, in
     probed)."""
     _, n, d = shape
     if n < 4 or (dtype == "float16" and n > _PROBE_MAX_FP16_KEYS):
-        return 1, n
-    run = _attention(dtype, causal, None)
+        return ((0, n, 1, n),)
+    run = _attention(dtype, False, None)  # the same dot as the causal program's
     first = list(range(1, min(n - 1, 9)))
-    p = _probe_p(dtype, shape, causal)
-    counts = np.asarray(_pv_probe_counts(run, shape, first))
-    tiles = [t for t in _TILES_K if np.array_equal(_pv_predicted(n, first, p, t, n), counts)]
-    if not tiles:
-        raise ValueError(
-            f"xla: the P V probes of {shape} ({dtype}) fit no modelled dot order "
-            f"(tile_k in {_TILES_K}): counts {counts.tolist()}"
-        )
-    tile_k = tiles[0]
-    lo, hi = 1, -(-(n - 1) // tile_k)  # multiples of tile_k: lo·tile_k joined, hi·tile_k not
-    found = False
-    while hi - lo > 1:
-        width = max(1, d // 2)
-        points = sorted({int(x) for x in np.linspace(lo + 1, hi - 1, num=min(width, hi - lo - 1))})
-        tests = [min(t, n - 1) for j in points for t in ((j - 1) * tile_k, j * tile_k)]
-        got = np.asarray(_pv_probe_counts(run, shape, tests))
-        want = _pv_predicted(n, tests, p, tile_k, n)
-        same = got == want
-        joined = [bool(same[2 * i] and same[2 * i + 1]) for i in range(len(points))]
-        failing = [j for j, ok in zip(points, joined) if not ok]
-        if failing:
-            hi, found = failing[0], True
-        passing = [j for j, ok in zip(points, joined) if ok and j < hi]
-        if passing:
-            lo = max(passing)
-    return tile_k, (hi * tile_k if found else n)
+    p = _probe_p(dtype, shape, False)
+    counts = _pv_probe_counts(run, shape, first)
+    predicted = {t: _pv_predicted(n, first, p, t, n) for t in _TILES_K}
+    tiles = []
+    for query in range(n):
+        found = [t for t in _TILES_K if np.array_equal(predicted[t], counts[:, query])]
+        if not found:
+            raise ValueError(
+                f"xla: the P V probes of {shape} ({dtype}) at query {query} fit no modelled "
+                f"dot order (tile_k in {_TILES_K}): counts {counts[:, query].tolist()}"
+            )
+        tiles.append(found[0])
+    # Per query: lo·tile_k is in key 0's block, hi·tile_k is not (or hi past the end).
+    bounds = {query: (1, -(-(n - 1) // t)) for query, t in enumerate(tiles)}
+    closed = {query: False for query in range(n)}
+    while True:
+        open_rows = [r for r in range(n) if bounds[r][1] - bounds[r][0] > 1]
+        groups = sorted({(tiles[r], *bounds[r]) for r in open_rows})
+        if not groups:
+            break
+        per_group = max(1, (d // 2) // len(groups))
+        tests: list[int] = []
+        plan = []  # (group, point, index of its first test)
+        for t, lo, hi in groups:
+            span = np.linspace(lo + 1, hi - 1, num=min(per_group, hi - lo - 1))
+            for j in sorted({int(x) for x in span}):
+                plan.append(((t, lo, hi), j, len(tests)))
+                tests += [min((j - 1) * t, n - 1), min(j * t, n - 1)]
+        got = _pv_probe_counts(run, shape, tests)
+        want = {t: _pv_predicted(n, tests, p, t, n) for t, _, _ in groups}
+        for query in range(n):
+            t, lo, hi = tiles[query], *bounds[query]
+            if hi - lo <= 1:
+                continue
+            for group, j, at in plan:
+                if group != (t, lo, hi) or not lo < j < hi:
+                    continue
+                same = got[at : at + 2, query] == want[t][at : at + 2]
+                if same.all():
+                    lo = j
+                else:
+                    hi, closed[query] = j, True
+                    break
+            bounds[query] = (lo, hi)
+    blocks = [bounds[r][1] * tiles[r] if closed[r] else n for r in range(n)]
+    runs: list[tuple[int, int, int, int]] = []
+    for query, (t, block) in enumerate(zip(tiles, blocks)):
+        if runs and runs[-1][2:] == (t, block):
+            runs[-1] = (runs[-1][0], query + 1, t, block)
+        else:
+            runs.append((query, query + 1, t, block))
+    return tuple(runs)
 
 
-_QK_UNIT = 2.0**-10  # q's unit terms; k's key-0 row is 2^10, so each product is 1
-_QK_KEY = 2.0**10
+_QK_UNIT = 2.0**-10  # q's unit terms; a probe key's row is 2^8, so each product is 1/4
+_QK_KEY = 2.0**8
 
 
-def _qk_probe_counts(run, shape: tuple[int, ...], pairs: list[tuple[int, int]]) -> np.ndarray:
-    """For each (a, b), the count a Q Kᵀ probe reads: query row q = M at term a, -M
-    at term b and a unit elsewhere, key 0 = 2^10 everywhere, so S[i, 0] is the
-    number of unit products not absorbed by ±M; every other key is zero.  V holds
-    1 at (key 0, column 0) and (key 1, column 1), so the output's two columns are
-    P[i, 0] and P[i, 1], whose ratio is exp(S[i, 0] · scale)."""
+def _qk_probe_counts(
+    run, shape: tuple[int, ...], pairs: list[tuple[int, int]], keys: list[int]
+) -> np.ndarray:
+    """For each (a, b) and each key of ``keys``, the count a Q Kᵀ probe reads: a
+    query row holds M at term a, -M at term b and a unit elsewhere, each probe
+    key's row is 2^8 everywhere, so S[i, key] is a quarter of the number of unit
+    products not absorbed by ±M; the other keys are zero.  V sends each probe key
+    to an output column of its own and one zero key (``_zero_key``) to another, so
+    the ratio of the two is exp(S[i, key] · scale).  Returns (len(pairs), len(keys))."""
     bh, n, d = shape
-    slots = [(b, i) for b in range(bh) for i in range(1, n)]
+    zero = _zero_key(n, keys)
+    slots = [(b, i) for b in range(bh) for i in range(n)]
     scale = float(np.float32(1.0 / math.sqrt(d)))
-    counts: list[int] = []
+    counts = np.zeros((len(pairs), len(keys)), int)
     for start in range(0, len(pairs), len(slots)):
         chunk = pairs[start : start + len(slots)]
         q = np.zeros(shape, np.float32)
         k = np.zeros(shape, np.float32)
         v = np.zeros(shape, np.float32)
-        k[:, 0, :] = _QK_KEY
-        v[:, 0, 0] = v[:, 1, 1] = 1.0
+        k[:, keys, :] = _QK_KEY
+        v[:, zero, 0] = 1.0
+        for col, key in enumerate(keys):
+            v[:, key, col + 1] = 1.0
         for (b, i), (a, c) in zip(slots, chunk):
             q[b, i, :] = _QK_UNIT
             q[b, i, a] = _PROBE_BIG
             q[b, i, c] = -_PROBE_BIG
         out = np.asarray(run(q, k, v), dtype=np.float64)
-        for (b, i), _ in zip(slots, chunk):
-            counts.append(round(math.log(out[b, i, 0] / out[b, i, 1]) / scale))
-    return np.asarray(counts)
+        for row, ((b, i), _) in enumerate(zip(slots, chunk)):
+            ratio = np.log(out[b, i, 1 : len(keys) + 1] / out[b, i, 0]) / scale
+            counts[start + row] = np.round(ratio * 4)
+    return counts
+
+
+def _zero_key(n: int, keys: list[int]) -> int:
+    """A key outside ``keys`` (its S is zero in a Q Kᵀ probe), as early as possible."""
+    return min(set(range(n)) - set(keys))
 
 
 def _permuted(d: int, pairs: bool) -> list[int]:
@@ -498,37 +563,57 @@ def _permuted(d: int, pairs: bool) -> list[int]:
     return [j for p in range(0, d - 1, 2) for j in (p + 1, p)] + ([d - 1] if d % 2 else [])
 
 
-@functools.cache
-def _qk_order(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[bool, int]:
-    """(pairs, tile_k) of the Q Kᵀ dot for (B·H, N, d) inputs, read from the real
-    program with order-revealing probes (:func:`_qk_probe_counts`): the candidate
-    (terms in pairs, odd first, as AVX-512 BF16's dot instruction adds them, or in
-    order; tile_k chains folded pairwise) whose simulated probes match the real
-    counts of every pair among the first 16 terms and the last ones."""
-    _, n, d = shape
-    if d < 2 or n < 2:
-        return dtype == "bfloat16", 1
-    run = _attention(dtype, causal, None)
-    head = range(min(d, 16))
-    tail = range(max(0, d - 5), d)
-    pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
-    counts = _qk_probe_counts(run, shape, pairs)
-    terms = np.ones((len(pairs), d), np.float32)
+_QK_TAIL = 64  # the last keys probed one by one: a dot kernel's column remainder
+
+
+def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int]]:
+    """The (pairs, tile_k) orders whose simulated probes give ``counts``."""
+    terms = np.full((len(pairs), d), 0.25, np.float32)
     big = np.float32(_PROBE_BIG * _QK_KEY)
     for row, (a, b) in enumerate(pairs):
         terms[row, a], terms[row, b] = big, -big
-    found = [
+    return [
         (swap, t)
         for swap in (dtype == "bfloat16", dtype != "bfloat16")
         for t in _TILES_K
-        if np.array_equal(_simulated_dot(terms[:, _permuted(d, swap)], t, d), counts)
+        if np.array_equal(4 * _simulated_dot(terms[:, _permuted(d, swap)], t, d), counts)
     ]
-    if not found:
-        raise ValueError(
-            f"xla: the Q Kᵀ probes of {shape} ({dtype}) fit no modelled dot order: "
-            f"counts {counts.tolist()} for pairs {pairs}"
-        )
-    return found[0]
+
+
+@functools.cache
+def _qk_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[bool, int], ...]:
+    """The order of each key's Q Kᵀ dots for (B·H, N, d) inputs, one (pairs, tile_k)
+    per key, read from the real program with order-revealing probes
+    (:func:`_qk_probe_counts`): for key 0 and each of the last keys, the
+    candidate (terms in pairs, odd first, as AVX-512 BF16's dot instruction adds
+    them, or in order; tile_k chains folded pairwise) whose simulated probes match
+    the real counts of every pair among the first 16 terms and the last ones.
+    YNNPACK runs the last columns of a dot (the keys past its last full tile)
+    with a kernel of a narrower tile, whose tile_k can differ; the probes find
+    them without knowing the tile."""
+    _, n, d = shape
+    if d < 2 or n < 3:
+        return ((dtype == "bfloat16", 1),) * n
+    run = _attention(dtype, False, None)  # the same dot as the causal program's
+    head = range(min(d, 16))
+    tail = range(max(0, d - 5), d)
+    pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
+    probed = sorted({0, *range(max(2, n - _QK_TAIL), n)})  # key 1 is the zero key
+    width = max(1, min(d - 1, n // 2))
+    orders: dict[int, tuple[bool, int]] = {}
+    for start in range(0, len(probed), width):
+        keys = probed[start : start + width]
+        counts = _qk_probe_counts(run, shape, pairs, keys)
+        for col, key in enumerate(keys):
+            found = _qk_candidates(dtype, d, pairs, counts[:, col])
+            if not found:
+                raise ValueError(
+                    f"xla: the Q Kᵀ probes of {shape} ({dtype}) at key {key} fit no "
+                    f"modelled dot order: counts {counts[:, col].tolist()} for pairs {pairs}"
+                )
+            orders[key] = found[0]
+    first = probed[1] if len(probed) > 1 else n
+    return tuple(orders.get(j, orders[0]) if j < first else orders[j] for j in range(n))
 
 
 def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
@@ -547,14 +632,25 @@ def _exp_model(policy: Policy, shape: tuple[int, ...], causal: bool) -> ExpModel
     return YNNPACK if fused else XLA_CPU_EXP
 
 
+def _runs(orders) -> tuple[tuple[int, int, bool, int], ...]:
+    """Per-key orders as runs (first key, key past the last, pairs, tile_k)."""
+    runs: list[tuple[int, int, bool, int]] = []
+    for j, (pairs, tile_k) in enumerate(orders):
+        if runs and runs[-1][2:] == (pairs, tile_k):
+            runs[-1] = (runs[-1][0], j + 1, pairs, tile_k)
+        else:
+            runs.append((j, j + 1, pairs, tile_k))
+    return tuple(runs)
+
+
 def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
     q, k, v = (ops.carrier(t, np.float64) for t in (q, k, v))
     n, d = q.shape[-2:]
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
-    pv_tile, pv_block = _pv_order(policy.inputs.name, shape, bool(causal))
-    qk_pairs, qk_tile = _qk_order(policy.inputs.name, shape, bool(causal))
+    pv = _pv_order(policy.inputs.name, shape)
+    qk = _runs(_qk_order(policy.inputs.name, shape))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
     return _model_core(
         q,
@@ -564,8 +660,8 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
         causal=bool(causal),
         policy=policy,
         round_p=round_p,
-        qk=(qk_pairs, qk_tile),
-        pv=(pv_tile, pv_block),
+        qk=qk,
+        pv=pv,
     )
 
 
@@ -579,15 +675,21 @@ def _model_core(
     causal: bool,
     policy: Policy,
     round_p: bool,
-    qk: tuple[bool, int],
-    pv: tuple[int, int],
+    qk: tuple[tuple[int, int, bool, int], ...],
+    pv: tuple[tuple[int, int, int, int], ...],
 ):
     """The model's steps; every rounding names the stage of ``policy`` it belongs to,
     so calibration's knobs reach it (the summation orders are XLA's, fixed)."""
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
-    s = _qk(q, k, pairs=qk[0], acc=policy.qk_acc, tile_k=qk[1])
+    s = jnp.concatenate(
+        [
+            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k)
+            for lo, hi, pairs, tile_k in qk
+        ],
+        axis=-1,
+    )
     s = ops.mul(s, round_to(scale, policy.scores), policy.scores)
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
@@ -600,7 +702,11 @@ def _model_core(
         p = ops.div(e, total[..., None], policy.stats)
     if round_p:
         p = ops.cast(p, policy.p)
-    return ops.cast(_pv(p, v, policy.pv_acc, pv[1], pv[0]), policy.out)
+    o = jnp.concatenate(
+        [_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k) for lo, hi, tile_k, block in pv],
+        axis=-2,
+    )
+    return ops.cast(o, policy.out)
 
 
 def model(fmt: Format, n: int, d: int) -> KernelModel:
