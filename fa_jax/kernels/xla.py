@@ -16,21 +16,26 @@ the optimised HLO, the rest inferred by experiment)::
 
 XLA hands the dots, the reductions and the element-wise steps between them to
 YNNPACK fusions.  Their summation orders, found with order-revealing inputs
-(FPRev-style probes: ±M pairs among ones, and random data checked against
-each candidate tree):
+(FPRev-style probes: ±M pairs among small terms, each probe checked against a
+simulation of the candidate order, :func:`_simulated_dot`):
 
-* Q Kᵀ: each dot a sequential FMA chain over d, in the order 1, 0, 3, 2, 5,
-  4, ... (pairs of terms, odd first) for bf16, 0, 1, 2, ... otherwise;
-* the softmax sum: 16 lanes (term j in lane j mod 16); each lane's terms
-  summed by a 4-ary tree whose nodes add their children left to right
-  (groups of 4, of 16, of 64 terms of the lane), its 64-term nodes added in
-  order by compensated (Kahan) summation, the last error subtracted at the
-  end (Higham 2002, section 4.3; one node, a plain tree, up to 1024 keys); the
-  16 lane sums then halved (l + l+8, then + 4, + 2, + 1);
-* P V: blocks of keys, each a sequential FMA chain from zero, the block sums
-  added in order.  YNNPACK sizes the block at run time from the CPU's L2 cache
-  and the dot kernel's tile, so the model reads it from the real program by
-  probes (:func:`_pv_block`).
+* the dots: YNNPACK picks a dot kernel by the shape (google/XNNPACK,
+  ``ynnpack/kernels/dot/generator/x86_fp32_k2.py``, ``x86_fp32_k4.py``).  A
+  kernel keeps ``tile_k`` FMA chains per output in its vector lanes (term t in
+  chain t mod tile_k), folds them pairwise at the end, ((c0 + c1) + (c2 + c3)),
+  and leaves the last n mod tile_k terms to a remainder path whose products
+  are rounded and added in order.  bf16 Q Kᵀ runs AVX-512 BF16's pair
+  instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
+  per key (a dot's last columns run a narrower kernel: :func:`_qk_order`);
+  P V's tile_k and its blocks of keys (each block's sum added in order; a
+  size YNNPACK derives at run time from the L2 cache) per query
+  (:func:`_pv_order`);
+* the softmax sum: YNNPACK's ``sum_float_k1`` (``ynnpack/kernels/reduce/sum.h``)
+  on 16 lanes, term j in lane j mod 16: chunks of 64 terms (4 per lane, left to
+  right), four chunks added together while 256 terms remain, a level-1
+  accumulator added to the level-2 one by compensated (Kahan) summation every
+  1024 terms and at the end (Higham 2002, section 4.3); the 16 lane sums then
+  halved (l + l+8, then + 4, + 2, + 1).
 
 Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
 the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
