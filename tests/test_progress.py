@@ -39,3 +39,29 @@ def test_a_terminal_gets_a_bar(monkeypatch):
     assert list(track(iter(range(3)), desc="sweep", total=3, unit="group")) == [0, 1, 2]
     assert "sweep:" in term.getvalue() and "/3 [" in term.getvalue()
     assert list(track([], desc="empty")) == []
+
+
+def test_follow_shows_a_count_read_from_elsewhere_on_a_terminal_only(monkeypatch):
+    pytest.importorskip("tqdm")
+    import threading
+
+    from fa_jax.studies.progress import follow
+
+    done = threading.Event()
+    reads = []
+
+    def count():
+        reads.append(1)
+        if len(reads) >= 2:
+            done.set()
+        return 5
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with follow("job", 8, count, unit="config"):
+        pass
+    assert reads == [] and sys.stderr.getvalue() == ""
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    with follow("job", 8, count, unit="config", interval=0.01):
+        assert done.wait(10)
+    assert "job:" in term.getvalue() and "5/8" in term.getvalue()

@@ -87,7 +87,8 @@ def follow(
                 except Exception:  # the counter is gone (the run is ending)
                     return
                 if n != bar.n:
-                    bar.update(n - bar.n)
+                    bar.n = n
+                    bar.refresh()
                 if stop.wait(interval):
                     return
 
