@@ -775,8 +775,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "backward",
-        "p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy,",
-        "p_j = shifted_exp(scores(k_j, col0), lse[..., None] + 1.0, policy,",
+        "p_j = shifted_exp(s_j, lse[..., None], policy,",
+        "p_j = shifted_exp(s_j, lse[..., None] + 1.0, policy,",
         "recomputed P shifted by L + 1",
         ATT_SIM,
     ),

@@ -81,7 +81,7 @@ from fa_jax.formats import get_format
 from fa_jax.heads import kv_groups, repeat_kv, sum_groups
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
-from fa_jax.score_mods import add_bias, prepare_bias
+from fa_jax.score_mods import add_bias, check_softcap, prepare_bias, softcap, softcap_grad_factor
 from fa_jax.softmax import (
     cast_scores,
     exp2_factor,
@@ -209,14 +209,18 @@ def _columns(x, col0, width: int):
 
 def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias, mask):
     """``scores(k_j, col0)``: S of Q against the keys ``k_j`` starting at column
-    ``col0``, the bias added (fa_jax.score_mods) and every masked (query, key) pair
-    -inf (fa_jax.masking): the same scores for the forward passes and the
-    backward's recomputation."""
+    ``col0``, softcapped, the bias added (fa_jax.score_mods) and every masked
+    (query, key) pair -inf (fa_jax.masking): the same scores for the forward passes
+    and the backward's recomputation.  With ``grad=True``, (S, the softcap's
+    factor ∂S'/∂S or None) for the backward."""
     lead, n = q.shape[:-2], q.shape[-2]
 
-    def scores(k_j, col0=0):
+    def scores(k_j, col0=0, grad=False):
         width = k_j.shape[-2]
         s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
+        t = None
+        if call.softcap is not None:
+            s, t = softcap(s, call.softcap, policy)
         s = add_bias(s, _columns(bias, col0, width), policy)
         keep = masking.keep(
             n,
@@ -229,7 +233,10 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
             mask=_columns(mask, col0, width),
             col0=col0,
         )
-        return materialised(jnp.where(keep, s, -jnp.inf))  # read by the row max and the exp
+        s = materialised(jnp.where(keep, s, -jnp.inf))  # read by the row max and the exp
+        if not grad:
+            return s
+        return s, None if t is None else softcap_grad_factor(t, policy)
 
     return scores
 
@@ -286,7 +293,8 @@ class _Call:
     must hold no tracers, and a policy's formats may be traced (vmap over formats):
     ``static`` is the (treedef, leaves) of the :class:`_Args` with every array leaf
     replaced by None; those travel as ``dynamic`` arguments.  ``groups`` is
-    H / H_kv (fa_jax.heads); ``window`` a checked (left, right) or None."""
+    H / H_kv (fa_jax.heads); ``window`` a checked (left, right) or None;
+    ``softcap`` a checked c > 0 or None (fa_jax.score_mods)."""
 
     static: tuple[Any, tuple]
     dtypes: tuple  # of q, k, v: the dtypes their cotangents must have
@@ -295,6 +303,7 @@ class _Call:
     variant: str | None = None
     groups: int = 1
     window: tuple[int, int] | None = None
+    softcap: float | None = None
 
 
 def _is_array(x) -> bool:
@@ -318,18 +327,26 @@ def _check_call(fn: str, q, k, v, policy) -> None:
             )
 
 
-def _call_of(fn: str, q, k, v, config: _Args, causal, blocks=None, variant=None, window=None):
+def _call_of(
+    fn: str, q, k, v, config: _Args, causal, blocks=None, variant=None, window=None, cap=None
+):
     """(_Call, q, k, v, dynamic) for a custom_vjp call (see _Call)."""
     q, k, v = (jnp.asarray(t) for t in (q, k, v))
     _check_call(fn, q, k, v, config.policy)
     groups = _check_shapes(fn, q, k, v)
     window = masking.check_window(window, fn)
+    cap = check_softcap(cap, fn)
+    if cap is not None and config.policy.scale == "exp2":
+        raise ValueError(
+            f"{fn}: softcap: expected a policy whose scores are scaled (Policy.scale "
+            "'scores' or 'q'), got scale='exp2', where the scores are unscaled"
+        )
     config = config._replace(**{n: _as_array(getattr(config, n)) for n in ("bias", "mask")})
     leaves, treedef = jax.tree_util.tree_flatten(config)
     static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
     dynamic = tuple(x for x in leaves if _is_array(x))
     dtypes = (q.dtype, k.dtype, v.dtype)
-    call = _Call(static, dtypes, causal, blocks, variant, groups, window)
+    call = _Call(static, dtypes, causal, blocks, variant, groups, window, cap)
     return call, q, k, v, dynamic
 
 
@@ -370,7 +387,7 @@ def _clear_masked(q, k, v, d_o, d_lse, lse, kv_lengths):
 # -- reference attention ------------------------------------------------------------
 
 
-@jit_config("policy", "causal", "return_lse", "window")
+@jit_config("policy", "causal", "return_lse", "window", "softcap")
 def reference_attention(
     q,
     k,
@@ -385,19 +402,23 @@ def reference_attention(
     bias=None,
     mask=None,
     window=None,
+    softcap=None,
 ):
     """Baseline attention with the N×M score matrix materialised (module docstring).
 
     Q (..., H, N, d); K and V (..., H_kv, M, d) and (..., H_kv, M, d_v) with H_kv
     dividing H (:mod:`fa_jax.heads`).  ``bias`` and ``mask`` broadcast to
-    (..., H, N, M); ``window`` is (left, right) or None (:mod:`fa_jax.masking`).
+    (..., H, N, M); ``window`` is (left, right) or None (:mod:`fa_jax.masking`);
+    ``softcap`` c > 0 or None (:mod:`fa_jax.score_mods`).
     Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
     log-sum-exp (..., N) too if ``return_lse``.  Differentiable in reverse mode
     with respect to q, k, v (module docstring,
     :func:`fa_jax.backward.reference_backward`).
     """
     args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask)
-    call, q, k, v, dynamic = _call_of("reference_attention", q, k, v, args, causal, window=window)
+    call, q, k, v, dynamic = _call_of(
+        "reference_attention", q, k, v, args, causal, window=window, cap=softcap
+    )
     # custom_vjp erases the return type: it is the (O, lse) of _reference_forward.
     o, lse = _reference_vjp(call, q, k, v, dynamic)  # pyright: ignore[reportGeneralTypeIssues]
     if return_lse:
@@ -406,19 +427,19 @@ def reference_attention(
 
 
 def _reference_forward(call: _Call, q, k, v, dynamic):
-    """((O, lse), (Q, K, V, scale, P)): the outputs and what the backward reads."""
+    """((O, lse), (Q, K, V, scale, P, ∂S'/∂S)): the outputs and what the backward reads."""
     args = _config(call, dynamic)
     policy, kv_lengths = args.policy, args.kv_lengths
     q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups)
     bias, mask = _score_mods("reference_attention", q, args, policy, k.shape[-2])
-    s = _scorer(q, scale, policy, call, args, kv_lengths, bias, mask)(k)
+    s, d_cap = _scorer(q, scale, policy, call, args, kv_lengths, bias, mask)(k, grad=True)
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(s, m, policy, log2_scale=_log2_scale(scale, policy))
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
     p = normalise(e, l, policy.p)
     v = masking.zero_masked_keys(v, kv_lengths, 0)
     o = ops.cast(ops.matmul(p, v, policy.pv_acc, accumulation=policy.accumulation), policy.out)
-    return (o, _lse(m[..., 0], l[..., 0], scale, policy)), (q, k, v, scale, p)
+    return (o, _lse(m[..., 0], l[..., 0], scale, policy)), (q, k, v, scale, p, d_cap)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -432,13 +453,13 @@ def _reference_vjp_fwd(call: _Call, q, k, v, dynamic):
 
 
 def _reference_vjp_bwd(call: _Call, residuals, cotangents):
-    (q, k, v, _, p), lse, dynamic = residuals
+    (q, k, v, _, p, d_cap), lse, dynamic = residuals
     args = _config(call, dynamic)
     policy = args.policy
     scale = _resolved_scale(args.scale, q.shape[-1], policy)
     d_o, d_lse = cotangents
     q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, lse, args.kv_lengths)
-    d_q, d_k, d_v = reference_backward(q, k, v, p, d_o, d_lse, scale, policy)
+    d_q, d_k, d_v = reference_backward(q, k, v, p, d_o, d_lse, scale, policy, d_cap)
     return _cotangents(call, d_q, *(sum_groups(g, call.groups, policy) for g in (d_k, d_v)))
 
 
@@ -463,10 +484,12 @@ def flash_attention(
     bias=None,
     mask=None,
     window=None,
+    softcap=None,
 ):
     """Tiled FlashAttention forward (module docstring).
 
-    Shapes, ``bias``, ``mask`` and ``window`` as for :func:`reference_attention`.
+    Shapes, ``bias``, ``mask``, ``window`` and ``softcap`` as for
+    :func:`reference_attention`.
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
     (..., N) in ``policy.stats``, both as float64 carrier arrays.  Differentiable
     in reverse mode with respect to q, k, v by FlashAttention-2's backward
@@ -490,16 +513,15 @@ def flash_attention(
         bias=bias,
         mask=mask,
         window=window,
+        softcap=softcap,
     )
 
 
-@jit_config("policy", "blocks", "variant", "causal", "window")
-def _flash(
-    q, k, v, *, policy, blocks, variant, causal, q_lengths, kv_lengths, scale, bias, mask, window
-):
-    args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask)
+@jit_config("policy", "blocks", "variant", "causal", "window", "softcap")
+def _flash(q, k, v, *, policy, blocks, variant, causal, window, softcap, **arrays):
+    args = _Args(policy, **arrays)
     call, q, k, v, dynamic = _call_of(
-        "flash_attention", q, k, v, args, causal, blocks, variant, window
+        "flash_attention", q, k, v, args, causal, blocks, variant, window, softcap
     )
     return _flash_vjp(call, q, k, v, dynamic)
 
@@ -632,8 +654,8 @@ def _flash_vjp_bwd(call: _Call, residuals, cotangents):
     q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, lse, kv_len)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
     bias, mask = _score_mods("flash_attention", q, args, policy, mk, _padded(k, bc))
-    # S_j as the forward computes it, masked entries -inf.
-    scores = _scorer(q, scale, policy, call, args, kv_len, bias, mask)
+    # S_j as the forward computes it, masked entries -inf, and the softcap's factor.
+    scores = functools.partial(_scorer(q, scale, policy, call, args, kv_len, bias, mask), grad=True)
     d_q, d_k, d_v = flash_backward(
         q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores, scale, policy
     )

@@ -28,7 +28,9 @@ Q' Kᵀ with Q' = fl(Q · scale): then dK_j = fl_grads(fl_d_acc(dS_jᵀ Q')) car
 no scale, and dQ = scale · dQ' as above.  With ``"exp2"`` the scores are
 unscaled and P_j = fl_exp(2^fl_exp(fma(S_j, c, -fl_exp(L · c₂)))), with
 c = fl_exp(scale · log2 e) and c₂ = fl_exp(log2 e) (:mod:`fa_jax.softmax`).
-The log-sum-exp's cotangent enters through ∂L_i/∂S_ij = P_ij:
+A softcap S' = c tanh(S / c) multiplies dS by its factor in d_stats before the
+rounding to d_s (:mod:`fa_jax.score_mods`).  The log-sum-exp's cotangent enters
+through ∂L_i/∂S_ij = P_ij:
 dS = P ∘ (dP − D) + P ∘ dL = P ∘ (dP − (D − dL)).
 
 The forward's variant (fa1, fa2, rowwise) changes O and L, not this backward.
@@ -86,10 +88,14 @@ def row_dot(a, b, policy: Policy):
     )
 
 
-def softmax_grad(p, d_p, d_row, policy: Policy):
+def softmax_grad(p, d_p, d_row, policy: Policy, d_cap=None):
     """dS = fl_d_s(fl_d_stats(P ∘ fl_d_stats(dP − D))) (Dao 2023, Algorithm 2), with
-    ``d_row`` the per-row D (..., N) already less the log-sum-exp cotangent."""
+    ``d_row`` the per-row D (..., N) already less the log-sum-exp cotangent; with a
+    softcap's factor ``d_cap`` = ∂S'/∂S (:mod:`fa_jax.score_mods`), multiplied in
+    d_stats before the rounding to d_s."""
     ds = ops.mul(p, ops.sub(d_p, d_row[..., None], policy.d_stats), policy.d_stats)
+    if d_cap is not None:
+        ds = ops.mul(ds, d_cap, policy.d_stats)
     return ops.cast(ds, policy.d_s)
 
 
@@ -123,8 +129,8 @@ def flash_backward(
       col0s: (n_blocks,) the first key column of each block.
       o, lse: the forward's O (..., N, d_v) and log-sum-exp L (..., N).
       d_o, d_lse: their cotangents.
-      scores: ``scores(k_j, col0)`` -> S_j (..., N, Bc) exactly as the forward
-        computes it, masked entries -inf.
+      scores: ``scores(k_j, col0)`` -> (S_j (..., N, Bc) exactly as the forward
+        computes it, masked entries -inf; a softcap's factor ∂S'/∂S, or None).
       scale: the softmax scale as the forward used it.
     Returns:
       (dQ (..., N, d), dK blocks (n_blocks, ..., Bc, d), dV blocks (n_blocks, ..., Bc, d_v)).
@@ -141,10 +147,11 @@ def flash_backward(
 
     def step(d_q, xs):
         k_j, v_j, col0 = xs
-        p_j = shifted_exp(scores(k_j, col0), lse[..., None], policy, **exp2_scales)
+        s_j, d_cap = scores(k_j, col0)
+        p_j = shifted_exp(s_j, lse[..., None], policy, **exp2_scales)
         d_v_j = ops.cast(_matmul(_t(ops.cast(p_j, policy.p)), d_o, policy), policy.grads)
         d_p_j = ops.cast(_matmul(d_o, _t(v_j), policy), policy.d_p)
-        d_s_j = softmax_grad(p_j, d_p_j, d_row, policy)
+        d_s_j = softmax_grad(p_j, d_p_j, d_row, policy, d_cap)
         d_q = ops.add(d_q, _matmul(d_s_j, k_j, policy), policy.d_acc)
         d_k_j = _d_k(_matmul(_t(d_s_j), q, policy), scale, policy)
         return d_q, (d_k_j, d_v_j)
@@ -153,7 +160,7 @@ def flash_backward(
     return _scaled(d_q, scale, policy), d_k, d_v
 
 
-def reference_backward(q, k, v, p, d_o, d_lse, scale, policy: Policy):
+def reference_backward(q, k, v, p, d_o, d_lse, scale, policy: Policy, d_cap=None):
     """The materialised attention's backward (module docstring).
 
     Args:
@@ -161,13 +168,14 @@ def reference_backward(q, k, v, p, d_o, d_lse, scale, policy: Policy):
       p: (..., N, M) the stored probabilities P (stage ``p``).
       d_o, d_lse: the cotangents of O (..., N, d_v) and of the log-sum-exp (..., N).
       scale: the softmax scale as the forward used it.
+      d_cap: a softcap's factor ∂S'/∂S (..., N, M), or None.
     Returns:
       (dQ, dK, dV) shaped like q, k, v.
     """
     d_o = ops.cast(d_o, policy.d_out)
     d_v = ops.cast(_matmul(_t(p), d_o, policy), policy.grads)
     d_p = ops.cast(_matmul(d_o, _t(v), policy), policy.d_p)
-    d_s = softmax_grad(p, d_p, _d_row(row_dot(p, d_p, policy), d_lse, policy), policy)
+    d_s = softmax_grad(p, d_p, _d_row(row_dot(p, d_p, policy), d_lse, policy), policy, d_cap)
     d_q = _scaled(_matmul(d_s, k, policy), scale, policy)
     d_k = _d_k(_matmul(_t(d_s), q, policy), scale, policy)
     return d_q, d_k, d_v

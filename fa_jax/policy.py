@@ -14,10 +14,10 @@ Forward stages, in the order attention meets them (Dao 2023, Algorithm 1):
 ``out``     the final output
 ==========  ==========================================================
 
-An additive bias (:mod:`fa_jax.score_mods`) has a stage of its own, ``bias``
-(the stored bias B and the sum S + B); left out (``None``) it takes the format
-of ``scores``.  It is not one of ``STAGES``: a policy built from the stages
-alone (every preset) adds a bias in its scores' format.
+An additive bias (:mod:`fa_jax.score_mods`) has a stage of its own, ``bias`` (B
+and S + B); left out, it takes the format of ``scores``.  It is not one of
+``STAGES``: every preset adds a bias in its scores' format.  A softcap's tanh is
+``tanh_model`` (:mod:`fa_jax.tanh_models`; correctly rounded by default).
 
 Backward stages (:mod:`fa_jax.backward`; Dao 2023, Algorithm 2).  The P that
 the backward recomputes goes through the forward stages (qk_acc, scores, exp,
@@ -73,6 +73,8 @@ from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.exponential import CORRECTLY_ROUNDED, ExpModel, get_exp_model
 from fa_jax.formats import Format, get_format
+from fa_jax.tanh_models import CORRECTLY_ROUNDED as CORRECTLY_ROUNDED_TANH
+from fa_jax.tanh_models import TanhModel, get_tanh_model
 
 __all__ = ["BACKWARD_STAGES", "FORWARD_STAGES", "NORMALISE", "STAGES", "Policy"]
 
@@ -93,7 +95,7 @@ _DEFAULTS = {**_BACKWARD_DEFAULTS, "bias": "scores"}
 _ALL_STAGES = (*STAGES, "bias")
 _SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
-_STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier")
+_STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier", "tanh_model")
 
 
 def _too_wide(fmt: Format) -> bool:
@@ -131,6 +133,7 @@ class Policy:
     normalise: str = "divide"
     carrier: str = "auto"
     bias: Format | None = None
+    tanh_model: TanhModel = CORRECTLY_ROUNDED_TANH
 
     def __post_init__(self):
         for stage, source in _DEFAULTS.items():
@@ -142,6 +145,7 @@ class Policy:
         if self.scale not in _SCALES:
             raise ValueError(f"Policy.scale: expected one of {_SCALES}, got {self.scale!r}")
         object.__setattr__(self, "exp_model", get_exp_model(self.exp_model))
+        object.__setattr__(self, "tanh_model", get_tanh_model(self.tanh_model))
         if (self.scale == "exp2") != (self.exp_model.base == "2"):
             raise ValueError(
                 f"Policy: scale='exp2' goes with a base-2 exp model and only it, got "

@@ -1,4 +1,4 @@
-"""Score modifications: an additive bias (and ALiBi's), applied to the scaled scores.
+"""Score modifications: softcapping and an additive bias (ALiBi's too) of the scaled scores.
 
 With S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) the scores of :mod:`fa_jax.attention`,
 a bias B broadcastable to (..., N, M) is stored in the policy's ``bias`` stage and
@@ -14,6 +14,13 @@ scores) is ``fa2_kernel``.  The bias enters the forward only: it has no gradient
 (its cotangent is taken as zero).  Under ``Policy.scale == "exp2"`` the scores
 are unscaled, and a bias there is refused (FlashAttention-2 divides its ALiBi
 slopes by the scale instead, which is not modelled).
+
+Softcap c > 0 (Gemma 2; FlashAttention-2's ``softcap``, applied to the scaled
+scores, before the bias and the masks), in the ``scores`` stage with the policy's
+``tanh_model`` (correctly rounded by default), and its backward factor::
+
+    ĉ = fl_scores(c);  u = fl_scores(S / ĉ);  t = tanh_model(u);  S' = fl_scores(ĉ t)
+    dS = fl_d_s(fl_d_stats(fl_d_stats(P ∘ (dP − D)) · fl_d_stats(1 − fl_d_stats(t²))))
 
 ALiBi (Press et al. 2022, "Train short, test long", §3): head h of H adds
 -slope_h · |i - j| with slopes 2^(-8 h / H), h = 1..H, for H a power of two;
@@ -36,7 +43,39 @@ from fa_jax.masking import check_broadcast
 from fa_jax.policy import Policy
 from fa_jax.softmax import cast_scores
 
-__all__ = ["add_bias", "alibi_bias", "alibi_slopes", "prepare_bias"]
+__all__ = [
+    "add_bias",
+    "alibi_bias",
+    "alibi_slopes",
+    "check_softcap",
+    "prepare_bias",
+    "softcap",
+    "softcap_grad_factor",
+]
+
+
+def check_softcap(softcap, fn: str = "attention") -> float | None:
+    """``softcap`` as a float, or None; ValueError naming it unless a finite number > 0."""
+    if softcap is None:
+        return None
+    ok = isinstance(softcap, (int, float, np.floating, np.integer)) and not isinstance(
+        softcap, bool
+    )
+    if not ok or not (math.isfinite(float(softcap)) and float(softcap) > 0):
+        raise ValueError(f"{fn}: softcap: expected a finite number > 0, got {softcap!r}")
+    return float(softcap)
+
+
+def softcap(s, c: float, policy: Policy):
+    """(S', t): S' = fl_scores(ĉ · t), t = tanh_model(fl_scores(S / ĉ)) (module docstring)."""
+    c_hat = ops.constant(c, policy.scores, s.dtype)
+    t = policy.tanh_model.fn(ops.div(s, c_hat, policy.scores), policy.scores)
+    return ops.mul(c_hat, t, policy.scores), t
+
+
+def softcap_grad_factor(t, policy: Policy):
+    """∂S'/∂S = fl_d_stats(1 − fl_d_stats(t²)) (module docstring)."""
+    return ops.sub(jnp.ones_like(t), ops.mul(t, t, policy.d_stats), policy.d_stats)
 
 
 def prepare_bias(fn: str, bias, target: tuple, policy: Policy):

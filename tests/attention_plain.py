@@ -2,10 +2,11 @@
 
 ``plain_attention(q, k, v, ...)`` is written with jnp, so jax.grad differentiates it
 (float64 autodiff: the golden backward's reference) and numpy arrays go in: K and V
-repeated over each group of H / H_kv query heads (jnp.repeat), S = Q Kᵀ · scale +
-bias, kept pairs those of every mask (causal j <= i, i < q_len, j < kv_len,
-i - left <= j <= i + right with -1 unbounded, the boolean mask), softmax over the
-kept keys; a row keeping no key gives O = 0 and lse = -inf.
+repeated over each group of H / H_kv query heads (jnp.repeat), S = c tanh(Q Kᵀ ·
+scale / c) with a softcap c (else Q Kᵀ · scale), plus the bias; the kept pairs
+those of every mask (causal j <= i, i < q_len, j < kv_len, i - left <= j <= i +
+right with -1 unbounded, the boolean mask); softmax over the kept keys; a row
+keeping no key gives O = 0 and lse = -inf.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def plain_attention(
     bias=None,
     mask=None,
     window=None,
+    softcap=None,
 ):
     """(O, lse) of float64 attention in plain jnp (module docstring)."""
     groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
@@ -37,6 +39,8 @@ def plain_attention(
     n, m = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = jnp.einsum("...id,...jd->...ij", q, k, precision=jax.lax.Precision.HIGHEST) * scale
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
     if bias is not None:
         s = s + bias
     i, j = jnp.arange(n)[:, None], jnp.arange(m)[None, :]

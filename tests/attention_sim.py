@@ -33,7 +33,7 @@ The features of fa_jax.heads, fa_jax.masking and fa_jax.score_mods ride along as
 their gradients summed over each group, fl_grads(Σ_g in d_acc); a bias rounded to
 the ``bias`` stage and added to the scaled scores in it; a boolean mask and a
 window (left, right), top-left aligned; flash visits only the key blocks left of
-``N + right``.
+``N + right``; a softcap c tanh(S / c) of the scaled scores, before the bias.
 """
 
 from __future__ import annotations
@@ -57,9 +57,31 @@ class Mods(NamedTuple):
     bias: np.ndarray | None = None
     mask: np.ndarray | None = None
     window: tuple[int, int] | None = None
+    softcap: float | None = None
 
 
 NO_MODS = Mods()
+
+
+def _tanh(x: Fraction) -> Fraction:
+    """tanh to 60 digits: (e^2x − 1) / (e^2x + 1)."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = _DIGITS
+        e = (2 * decimal.Decimal(float(x))).exp()
+        return F((e - 1) / (e + 1))
+
+
+def softcap(s, c: float, fmt):
+    """(S', t): ĉ = fl(c), t = fl(tanh(fl(S / ĉ))), S' = fl(ĉ t), all in ``fmt``."""
+    c_hat = fl(F(c), fmt)
+    t = _map(lambda a: fl(_tanh(F(fl(a / F(c_hat), fmt))), fmt), s)
+    return mul(c_hat, t, fmt), t
+
+
+def softcap_factor(t, fmt):
+    """fl(1 − fl(t²)) in ``fmt`` (d_stats)."""
+    return sub(1.0, mul(t, t, fmt), fmt)
+
 
 _DIGITS = 60
 F = Fraction
@@ -202,14 +224,25 @@ def _cols(x, col0: int, width: int, fill):
 
 
 def scores(
-    q, k, scale, policy, causal: bool, col0: int = 0, m_real: int | None = None, mods=NO_MODS
+    q,
+    k,
+    scale,
+    policy,
+    causal: bool,
+    col0: int = 0,
+    m_real: int | None = None,
+    mods=NO_MODS,
+    grad: bool = False,
 ):
     """S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) (fl_scores(Q' Kᵀ) for scale="q") of Q
     against the keys ``k`` from column ``col0``, plus fl_bias(S + B̂) with a bias;
     -inf where masked (causal, window, mask, or a padding column at or past
-    ``m_real``)."""
+    ``m_real``); softcapped first.  With ``grad``, (S, the softcap's factor or None)."""
     s = matmul(q, _t(k), policy.qk_acc, policy.accumulation.kind)
     s = mul(s, scale, policy.scores) if policy.scale == "scores" else cast(s, policy.scores)
+    t = None
+    if mods.softcap is not None:
+        s, t = softcap(s, mods.softcap, policy.scores)
     width = k.shape[-2]
     if mods.bias is not None:
         b = cast(
@@ -234,7 +267,10 @@ def scores(
         keep = keep & _cols(
             np.broadcast_to(mods.mask, (*s.shape[:-1], mods.mask.shape[-1])), col0, width, False
         )
-    return np.where(keep, s, -np.inf)
+    s = np.where(keep, s, -np.inf)
+    if not grad:
+        return s
+    return s, None if t is None else softcap_factor(t, policy.d_stats)
 
 
 def reference_forward(q, k, v, policy, causal: bool, scale=None, mods=NO_MODS):
@@ -242,13 +278,13 @@ def reference_forward(q, k, v, policy, causal: bool, scale=None, mods=NO_MODS):
     S; m = fl_stats(max S); e = fl_exp(exp(fl_exp(S - m))); l = Σ_stats e;
     P = fl_p(e / l); O = fl_out(fl_pv_acc(P V)); L = fl_stats(m + log l)."""
     q, k, v, scale = prepare(q, k, v, policy, scale, mods.groups)
-    s = scores(q, k, scale, policy, causal, mods=mods)
+    s, d_cap = scores(q, k, scale, policy, causal, mods=mods, grad=True)
     m = cast(s.max(axis=-1), policy.stats)
     e = shifted_exp(s, m[..., None], policy.exp)
     l = row_sum(e, policy.stats, policy.accumulation.kind)
     p = div(e, l[..., None], policy.p)
     o = cast(matmul(p, v, policy.pv_acc, policy.accumulation.kind), policy.out)
-    return o, log_sum_exp(m, l, policy.stats), p, (q, k, v, scale)
+    return o, log_sum_exp(m, l, policy.stats), p, (q, k, v, scale, d_cap)
 
 
 def _key_blocks(k, v, bc: int):
@@ -326,9 +362,12 @@ def _row_dot(a, b, policy):
     return row_sum(mul(a, b, policy.d_stats), policy.d_stats, policy.accumulation.kind)
 
 
-def _softmax_grad(p, d_p, d_row, policy):
-    """dS = fl_d_s(fl_d_stats(P ∘ fl_d_stats(dP − D)))."""
+def _softmax_grad(p, d_p, d_row, policy, d_cap=None):
+    """dS = fl_d_s(fl_d_stats(P ∘ fl_d_stats(dP − D))), times a softcap's factor in
+    d_stats before the rounding to d_s."""
     ds = mul(p, sub(d_p, d_row[..., None], policy.d_stats), policy.d_stats)
+    if d_cap is not None:
+        ds = mul(ds, d_cap, policy.d_stats)
     return cast(ds, policy.d_s)
 
 
@@ -351,13 +390,13 @@ def sum_groups(d, groups: int, policy):
 
 def reference_backward(prepared, p, d_o, d_lse, policy, groups: int = 1):
     """(dQ, dK, dV) of materialised attention from the stored P (fa_jax/backward.py)."""
-    q, k, v, scale = prepared
+    q, k, v, scale, d_cap = prepared
     kind = policy.accumulation.kind
     d_o = cast(d_o, policy.d_out)
     d_v = cast(matmul(_t(p), d_o, policy.d_acc, kind), policy.grads)
     d_p = cast(matmul(d_o, _t(v), policy.d_acc, kind), policy.d_p)
     d_row = sub(_row_dot(p, d_p, policy), d_lse, policy.d_stats)
-    d_s = _softmax_grad(p, d_p, d_row, policy)
+    d_s = _softmax_grad(p, d_p, d_row, policy, d_cap)
     d_q = cast(mul(matmul(d_s, k, policy.d_acc, kind), scale, policy.d_acc), policy.grads)
     d_k = _d_k(matmul(_t(d_s), q, policy.d_acc, kind), scale, policy)
     return d_q, sum_groups(d_k, groups, policy), sum_groups(d_v, groups, policy)
@@ -374,12 +413,11 @@ def flash_backward(prepared, o, lse, d_o, d_lse, policy, bc: int, causal: bool, 
     d_q = np.zeros(q.shape)
     d_ks, d_vs = [], []
     for k_j, v_j, col0 in _key_blocks(k, v, bc):
-        p_j = shifted_exp(
-            scores(q, k_j, scale, policy, causal, col0, mk, mods), lse[..., None], policy.exp
-        )
+        s_j, d_cap = scores(q, k_j, scale, policy, causal, col0, mk, mods, grad=True)
+        p_j = shifted_exp(s_j, lse[..., None], policy.exp)
         d_vs.append(cast(matmul(_t(cast(p_j, policy.p)), d_o, policy.d_acc, kind), policy.grads))
         d_p_j = cast(matmul(d_o, _t(v_j), policy.d_acc, kind), policy.d_p)
-        d_s_j = _softmax_grad(p_j, d_p_j, d_row, policy)
+        d_s_j = _softmax_grad(p_j, d_p_j, d_row, policy, d_cap)
         d_q = add(d_q, matmul(d_s_j, k_j, policy.d_acc, kind), policy.d_acc)
         d_ks.append(_d_k(matmul(_t(d_s_j), q, policy.d_acc, kind), scale, policy))
     d_q = cast(mul(d_q, scale, policy.d_acc), policy.grads)

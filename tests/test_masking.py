@@ -42,21 +42,23 @@ def _vjp(fn, q, k, v, d_o, d_lse):
     return (*out, *vjp((d_o, d_lse)))
 
 
-GOLDEN_CASES = [  # (kind, variant, causal, window)
-    ("flash", "fa2", True, (3, -1)),
-    ("reference", None, False, (2, 1)),
-    pytest.param("flash", "fa1", False, (0, 2), marks=pytest.mark.slow),
-    pytest.param("flash", "rowwise", False, (-1, 0), marks=pytest.mark.slow),
+GOLDEN_CASES = [  # (kind, variant, causal, window, softcap)
+    ("flash", "fa2", True, (3, -1), 2.5),
+    ("reference", None, False, (2, 1), None),
+    pytest.param("flash", "fa1", False, (0, 2), None, marks=pytest.mark.slow),
+    pytest.param("flash", "rowwise", False, (-1, 0), 1.5, marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("kind, variant, causal, window", GOLDEN_CASES)
-def test_golden_features_equal_plain_float64(kind, variant, causal, window):
-    """GQA, bias (ALiBi + random), boolean mask, window, causal and lengths at once:
-    golden O, lse, dQ, dK, dV equal plain float64 attention and its autodiff to
-    1e-12; rows keeping no key give O = 0, lse = -inf and zero gradients."""
+@pytest.mark.parametrize("kind, variant, causal, window, softcap", GOLDEN_CASES)
+def test_golden_features_equal_plain_float64(kind, variant, causal, window, softcap):
+    """GQA, bias (ALiBi + random), boolean mask, window, causal, lengths and a
+    softcap at once: golden O, lse, dQ, dK, dV equal plain float64 attention and
+    its autodiff to 1e-12; rows keeping no key give O = 0, lse = -inf and zero
+    gradients."""
     (q, k, v, d_o, d_lse), extra = _problem(1)
     pol = golden()
+    extra = dict(extra, softcap=softcap)
 
     def fn(q, k, v):
         if kind == "flash":
@@ -101,6 +103,7 @@ def test_skipped_key_blocks_leave_the_bits(variant):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_vmap_equals_separate_calls():
     """vmap over a batch of (Q, K, V, bias), window and mask fixed, forward and
     backward, gives each separate call's bits."""
