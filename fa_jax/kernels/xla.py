@@ -182,15 +182,21 @@ def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1):
         return ops.add(main, _rounded_products(tail, acc), acc)
     tile_k = min(tile_k, d)
     steps = d // tile_k
-    qs = jnp.moveaxis(q.reshape(*q.shape[:-1], steps, tile_k), -2, 0)[..., :, None, :]
-    ks = jnp.moveaxis(k.reshape(*k.shape[:-1], steps, tile_k), -2, 0)[..., None, :, :]
+    # Chain r holds terms r, r + tile_k, ...: (..., tile_k, N, steps) @ (..., tile_k, steps, M).
+    qs = jnp.swapaxes(q.reshape(*q.shape[:-1], steps, tile_k), -1, -2)
+    ks = jnp.swapaxes(k.reshape(*k.shape[:-1], steps, tile_k), -1, -2)
+    qs = jnp.moveaxis(qs, -2, -3)
+    ks = jnp.moveaxis(ks, -2, -3)
+    chains = ops.matmul(qs, jnp.swapaxes(ks, -1, -2), acc, accumulation="sequential")
+    return _folded(chains, acc)
 
-    def step(total, qk):
-        return ops.fma(qk[0], qk[1], total, acc), None
 
-    total = jnp.zeros((*q.shape[:-1], k.shape[-2], tile_k))
-    chains = jax.lax.scan(step, total, (qs, ks))[0]
-    return _pairwise(chains[..., None], acc)[..., 0]
+def _folded(chains, acc: Format):
+    """Fold axis -3 of ``chains`` (tile_k partial sums) pairwise, ((c0 + c1) + (c2 +
+    c3)): how YNNPACK's dot kernels combine a vector lane's chains at the end."""
+    while chains.shape[-3] > 1:
+        chains = ops.add(chains[..., 0::2, :, :], chains[..., 1::2, :, :], acc)
+    return chains[..., 0, :, :]
 
 
 def _chain(terms, acc: Format):
@@ -264,21 +270,14 @@ def _rounded_products(pairs, acc: Format):
     return total
 
 
-def _pairwise(chains, acc: Format):
-    """Sum axis -2 of ``chains`` by halving adjacent pairs, ((c0 + c1) + (c2 + c3)):
-    how YNNPACK's dot kernels fold the tile_k partial sums of a vector lane."""
-    while chains.shape[-2] > 1:
-        chains = ops.add(chains[..., 0::2, :], chains[..., 1::2, :], acc)
-    return chains[..., 0, :]
-
-
 def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
     """fl32(P V): blocks of ``block`` keys; in each, ``tile_k`` FMA chains from zero
     (key j of the block in chain j mod tile_k), folded pairwise; the block sums
     added in order; the last N mod tile_k keys (the kernel's remainder) as
-    rounded products added in order, added last.  One scan over a block's steps
-    serves every block at once, so the program's size does not grow with the
-    number of blocks."""
+    rounded products added in order, added last.  Each chain is a sequential
+    matmul (:func:`fa_jax.ops.matmul`, on the float32 hardware where its products
+    are exact), every block and chain at once, so the program's size does not
+    grow with the number of blocks."""
     m = p.shape[-1]
     rest = m % tile_k if m > tile_k else 0
     if rest:
@@ -292,26 +291,22 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
     if pad:
         p = jnp.concatenate([p, jnp.zeros((*p.shape[:-1], pad), p.dtype)], axis=-1)
         v = jnp.concatenate([v, jnp.zeros((*v.shape[:-2], pad, v.shape[-1]), v.dtype)], axis=-2)
-    # (..., n, nb, steps, tile_k) and (..., nb, steps, tile_k, dv), the step axis first.
+    lead = p.ndim - 2
+    # Chain r of block b: (..., nb, tile_k, N, steps) @ (..., nb, tile_k, steps, dv).
     ps = p.reshape(*p.shape[:-1], nb, steps, tile_k)
-    ps = jnp.moveaxis(ps, -2, 0)[..., None]  # (steps, ..., n, nb, tile_k, 1)
+    ps = jnp.transpose(ps, (*range(lead), lead + 1, lead + 3, lead, lead + 2))
     vs = v.reshape(*v.shape[:-2], nb, steps, tile_k, v.shape[-1])
-    vs = jnp.moveaxis(vs, -3, 0)[..., None, :, :, :]  # (steps, ..., 1, nb, tile_k, dv)
-
-    def step(chain, pv):
-        return ops.fma(pv[0], pv[1], chain, acc), None
-
-    chain = jnp.zeros((*p.shape[:-1], nb, tile_k, v.shape[-1]))
-    chains = jax.lax.scan(step, chain, (ps, vs))[0]
-    blocks = _pairwise(chains, acc)  # (..., n, nb, dv)
+    vs = jnp.transpose(vs, (*range(lead), lead, lead + 2, lead + 1, lead + 3))
+    chains = ops.matmul(ps, vs, acc, accumulation="sequential")
+    blocks = _folded(chains, acc)  # (..., nb, N, dv)
     if nb == 1:
-        return blocks[..., 0, :]
+        return blocks[..., 0, :, :]
 
     def add(total, block_sum):
         return ops.add(total, block_sum, acc), None
 
-    rest = jnp.moveaxis(blocks[..., 1:, :], -2, 0)
-    return jax.lax.scan(add, blocks[..., 0, :], rest)[0]
+    rest = jnp.moveaxis(blocks[..., 1:, :, :], -3, 0)
+    return jax.lax.scan(add, blocks[..., 0, :, :], rest)[0]
 
 
 # -- the model -------------------------------------------------------------------------
