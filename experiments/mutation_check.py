@@ -82,6 +82,7 @@ ATT_NO_INF = f"{_A}::test_formats_without_infinities_mask_cleanly"
 BWD_GOLDEN = "tests/test_backward.py::test_golden_gradients_match_float64_autodiff"
 _SL = "tests/test_slices32.py"
 SLICED_DOT = f"{_SL}::test_the_fast_path_rounds_the_exact_sum_where_it_decides"
+SLICED_PLANS = f"{_SL}::test_the_plans_keep_every_float32_sum_exact_and_int32_in_range"
 SLICED_SUM = f"{_SL}::test_the_fast_sum_rounds_the_exact_sum_where_it_decides"
 FALLBACK = "tests/test_sum32.py::test_the_fallback_is_exact_in_row_blocks_and_a_branch_under_vmap"
 NATIVE_CHECKS = "tests/test_native32.py::test_each_check_sends_the_matmul_to_the_fallback"
@@ -808,6 +809,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "beta = min(12, (24 - max(c - 1, 1).bit_length()) // 2 + 1)",
         "digits a bit too wide for an exact float32 dot",
         SLICED_DOT,
+        SLICED_PLANS,
     ),
     _m(
         "slices32",
