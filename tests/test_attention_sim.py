@@ -232,7 +232,10 @@ def test_eager_forward_and_backward_equal_the_simulation(kind, variant, causal, 
 # M = 10 keys), and in flash a softcap c = 2.5; every row keeps its diagonal key, so no
 # row is fully masked.
 MODS_CASES = [  # (kind, variant, causal, policy name, with the backward)
-    ("reference", None, False, "widening-sequential-scores", True),
+    # The reference shares the features' code with flash (masking, score_mods, heads).
+    pytest.param(
+        "reference", None, False, "widening-sequential-scores", True, marks=pytest.mark.slow
+    ),
     ("flash", "fa2", True, "widening-exact-q", True),
     pytest.param("flash", "fa1", False, "scrambled-exact-scores", False, marks=pytest.mark.slow),
 ]

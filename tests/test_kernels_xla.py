@@ -35,7 +35,8 @@ def _golden(q, k, v, causal):
         # 256 keys: the odd shapes below cover their concerns by default.
         pytest.param((1, 2, 256, 64), True, "bf16", marks=pytest.mark.slow),
         pytest.param((1, 2, 256, 64), True, "fp32", marks=pytest.mark.slow),
-        ((1, 2, 32, 16), False, "bf16"),
+        # XLA's own exp under jit (small shapes); the fp16 case below runs it eagerly.
+        pytest.param((1, 2, 32, 16), False, "bf16", marks=pytest.mark.slow),
         pytest.param((1, 1, 1024, 16), True, "bf16", marks=pytest.mark.slow),
         # Ragged rows (the softmax sum's padded last chunk), odd d (the bf16 pair
         # order's last term), fp32's tile_k chains with a rounded remainder, and
