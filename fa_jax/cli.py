@@ -147,6 +147,26 @@ def _items(flag: str, values) -> list[str]:
     return [v.strip() for v in out]
 
 
+def _features(flag: str, values) -> tuple:
+    """Feature labels (:class:`~fa_jax.studies.sweep.Features`), space- or
+    comma-separated."""
+    from fa_jax.studies.sweep import Features
+
+    labels = [v for raw in values for v in raw.replace(",", " ").split()]
+    if not labels:
+        raise ValueError(f"{flag}: expected at least one value")
+    out = []
+    for label in labels:
+        try:
+            out.append(Features.from_label(label))
+        except (ValueError, TypeError) as err:
+            msg = str(err)
+            if msg.startswith("Features"):
+                msg = msg.split(":", 1)[1].strip() if ":" in msg else msg
+            raise ValueError(f"{flag}: {label}: {msg}") from None
+    return tuple(out)
+
+
 def _ints(flag: str, values) -> tuple[int, ...]:
     out = []
     for v in _items(flag, values):
@@ -206,6 +226,7 @@ _GRID_FLAGS = {
     "d": "--d",
     "distribution": "--distribution",
     "causal": "--causal",
+    "features": "--features",
 }
 
 
@@ -286,6 +307,7 @@ def cmd_sweep(args) -> int:
         d=args.d,
         distribution=args.distribution,
         causal=args.causal,
+        features=_features("--features", args.features),
     )
     try:
         grid = Grid(**kw)
@@ -295,6 +317,8 @@ def cmd_sweep(args) -> int:
             if msg.startswith(f"Grid.{field}:"):
                 msg = flag + msg[len(f"Grid.{field}") :]
                 break
+        if msg.startswith("Features."):  # a feature that does not fit the grid
+            msg = "--features: " + msg[len("Features.") :]
         raise ValueError(msg) from None
     check_out_dir(args.out, {"results.csv": COLUMNS}, what="--out")
     _connect(args)
@@ -562,6 +586,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--d", type=int, default=64, help="head dimension")
     sw.add_argument("--distribution", default="normal", help="normal, uniform or outliers")
     sw.add_argument("--causal", action="store_true")
+    sw.add_argument(
+        "--features",
+        nargs="*",
+        default=["none"],
+        help="attention features, one entry each, space-separated: 'none' or parts among "
+        "kv_heads=H, window=L:R, softcap=C, alibi, splits=S, queries=Q joined by '+' "
+        "(e.g. none kv_heads=2+alibi queries=1+splits=4)",
+    )
     sw.add_argument("--out", default="fa_jax_out/sweep", help="output folder")
     sw.add_argument("--quiet", action="store_true", help="no progress line")
     _add_run_flags(sw)

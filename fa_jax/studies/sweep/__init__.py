@@ -1,9 +1,10 @@
 """Sweeps: a :class:`Grid` of configurations -> one vmapped program per static
 signature -> tidy ``results.csv`` (Golden et al. 2024, §4).
 
-:mod:`.grid` says what is swept, :mod:`.programs` what is computed per
-configuration, :mod:`.batch` how configurations are batched over lengths,
-memory and devices, and :mod:`.engine` runs it all into the CSV.  Under
+:mod:`.grid` says what is swept (:mod:`.features`: the attention features),
+:mod:`.programs` what is computed per configuration, :mod:`.batch` how
+configurations are batched over lengths, memory and devices, and
+:mod:`.engine` runs it all into the CSV.  Under
 ``jax.distributed``, :mod:`.partition` says which process computes which
 configurations and :mod:`.cluster` how the processes agree and wait.
 """
@@ -16,6 +17,7 @@ from fa_jax.studies.sweep.engine import (
     parts_folder,
     run_sweep,
 )
+from fa_jax.studies.sweep.features import Features
 from fa_jax.studies.sweep.grid import (
     COLUMNS,
     COMPARISONS,
@@ -32,6 +34,7 @@ __all__ = [
     "KEY_COLUMNS",
     "MEMORY_BUDGET",
     "METRICS",
+    "Features",
     "Grid",
     "SramBlocks",
     "canonical_keys",

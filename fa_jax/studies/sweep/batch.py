@@ -53,6 +53,7 @@ from fa_jax.inputs import make_inputs
 from fa_jax.policy import STAGES
 from fa_jax.rounding import round_to
 from fa_jax.studies.sweep.executables import Executables
+from fa_jax.studies.sweep.features import PAPER, Features
 from fa_jax.studies.sweep.grid import Grid, policy_for
 from fa_jax.studies.sweep.programs import (
     flash_program,
@@ -124,6 +125,8 @@ def _label(program, chunk, static) -> str:
         parts.append(f"Bc={static['blocks'].bc}")
     if static.get("causal"):
         parts.append("causal")
+    if static.get("features", PAPER) != PAPER:
+        parts.append(static["features"].label())
     parts.append(f"N<={max(chunk)}")
     return " ".join(parts)
 
@@ -140,7 +143,8 @@ class FormatBatch:
     and tiling reuses.  A ``preset`` of None is the golden (:func:`golden_for`).
     ``carrier``: the flash programs' ("float64" or "float32", module docstring).
     ``share``: the (format name, seq_len, seed) units this process computes
-    (None: all of them; module docstring)."""
+    (None: all of them; module docstring).  ``features``: the attention features
+    every program of the batch runs with (:class:`~.features.Features`)."""
 
     def __init__(
         self,
@@ -151,8 +155,10 @@ class FormatBatch:
         executables: Executables,
         carrier: str = "float64",
         share: frozenset | None = None,
+        features: Features = PAPER,
     ):
         self.grid, self.fmts, self.memory_budget = grid, fmts, memory_budget
+        self.features = features
         self.share = share
         self.executables, self.carrier = executables, carrier
         self.chunks = chunks_of(grid, pad)
@@ -187,7 +193,8 @@ class FormatBatch:
         return [(f, n, s) for f, n, s in every if (f.name, n, s) in self.share]
 
     def inputs(self, chunk):
-        """Q, K, V ``[C, B, H, max(chunk), d]`` zero-padded, and the lengths ``[C]``."""
+        """Q, K, V ``[C, B, H, max(chunk), d]`` zero-padded (cut to the features'
+        query rows and K/V heads), and the lengths ``[C]``."""
         if chunk not in self._inputs:
             g, entries = self.grid, self.entries(chunk)
             n_max = max(chunk)
@@ -198,7 +205,7 @@ class FormatBatch:
                         s, n, batch=g.batch, heads=g.heads, d=g.d, distribution=g.distribution
                     )
                     pad = [(0, 0), (0, 0), (0, n_max - n), (0, 0)]
-                    raw[(s, n)] = [np.pad(t, pad) for t in qkv]
+                    raw[(s, n)] = self.features.inputs(*(np.pad(t, pad) for t in qkv))
             q, k, v = (np.stack([raw[(s, n)][i] for _, n, s in entries]) for i in range(3))
             lengths = np.array([n for _, n, _ in entries], np.int32)
             self._inputs[chunk] = (q, k, v, lengths)
@@ -240,8 +247,9 @@ class FormatBatch:
         """Estimated working memory of one configuration: the (N, N) float64 scores
         and their exponentials, or a flash tile's (N, Bc + d)."""
         g, n = self.grid, max(chunk)
+        rows = n if self.features.queries is None else min(n, self.features.queries)
         cols = n if tile_cols is None else tile_cols + g.d
-        return 3 * 8 * g.batch * g.heads * n * cols
+        return 3 * 8 * g.batch * g.heads * rows * cols
 
     def _pieces(self, program, chunk, preset, tile_cols, static):
         """The chunk's configurations in pieces (module docstring): (configurations
@@ -253,7 +261,7 @@ class FormatBatch:
             shape = dataclasses.replace(shape, carrier=self.carrier)
             q, k, v = self.narrow_inputs(chunk, preset)
         args = (q, k, v, widths, lengths)
-        static = dict(static, shape=shape)
+        static = dict(static, shape=shape, features=self.features)
         total = len(lengths)
         per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
         size = min(per, PIECE * len(jax.local_devices()))

@@ -180,7 +180,7 @@ def _run(
 def _layout(grid: Grid, pad: bool):
     """The formats by batch key (their policies' shapes), the tilings by key tile
     width Bc (Br does not change flash's numbers: one run per Bc) and the groups
-    (batch key, preset, variant, Bc), in the order a sweep runs them."""
+    (batch key, features, preset, variant, Bc), in the order a sweep runs them."""
     kinds: dict = {}
     for f in grid.resolved_formats():
         kinds.setdefault(batch_key(grid, f, pad), []).append(f)
@@ -188,8 +188,9 @@ def _layout(grid: Grid, pad: bool):
     for label, b in grid.resolved_blocks():
         by_bc.setdefault(b.bc, []).append((label, b))
     groups = [
-        (kind, preset, variant, bc)
+        (kind, feat, preset, variant, bc)
         for kind in kinds
+        for feat in grid.features
         for preset in grid.policies
         for variant in grid.variants
         for bc in by_bc
@@ -202,8 +203,8 @@ def canonical_keys(grid: Grid, pad: bool = PAD_SEQ_LENS) -> list[dict[str, str]]
     sweep writes them (group, length bucket, format, length, seed, tiling)."""
     kinds, by_bc, groups = _layout(grid, pad)
     return [
-        row_key(grid, preset, f, n, label, b, variant, s)
-        for kind, preset, variant, bc in groups
+        row_key(grid, preset, f, n, label, b, variant, s, feat)
+        for kind, feat, preset, variant, bc in groups
         for chunk in chunks_of(grid, pad)
         for f in kinds[kind]
         for n in chunk
@@ -488,41 +489,42 @@ def _compute(
     new rows (and ``done`` their keys) before the next group starts."""
     kinds, by_bc, groups = _layout(grid, pad)
     batches = {
-        kind: FormatBatch(grid, fmts, pad, memory_budget, executables, carrier, share)
+        (kind, feat): FormatBatch(grid, fmts, pad, memory_budget, executables, carrier, share, feat)
         for kind, fmts in kinds.items()
+        for feat in grid.features
     }
     profile = executables.profile
 
     def flash_static(variant, bc):
         return dict(variant=variant, blocks=Blocks(bc, bc), causal=grid.causal)
 
-    def keys_of(preset, variant, bc, entries):
+    def keys_of(feat, preset, variant, bc, entries):
         return [
-            [row_key(grid, preset, f, n, lab, b, variant, s) for lab, b in by_bc[bc]]
+            [row_key(grid, preset, f, n, lab, b, variant, s, feat) for lab, b in by_bc[bc]]
             for f, n, s in entries
         ]
 
     todo = {}  # (group, chunk) with rows still to compute -> its row keys
-    for kind, preset, variant, bc in groups:
-        kb = batches[kind]
+    for kind, feat, preset, variant, bc in groups:
+        kb = batches[kind, feat]
         for chunk in kb.chunks:
-            keys = keys_of(preset, variant, bc, kb.entries(chunk))
+            keys = keys_of(feat, preset, variant, bc, kb.entries(chunk))
             if not all(tuple(k.values()) in done for ks in keys for k in ks):
-                todo[kind, preset, variant, bc, chunk] = keys
+                todo[kind, feat, preset, variant, bc, chunk] = keys
     plans = []
-    for kind, preset, variant, bc, chunk in todo:
-        kb = batches[kind]
+    for kind, feat, preset, variant, bc, chunk in todo:
+        kb = batches[kind, feat]
         plans += kb.reference_plans(chunk, preset)
         plans += kb.flash_plans(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
     executables.prepare(plans)
 
-    for kind, preset, variant, bc in track(groups, desc=desc, unit="group", quiet=quiet):
-        kb = batches[kind]
+    for kind, feat, preset, variant, bc in track(groups, desc=desc, unit="group", quiet=quiet):
+        kb = batches[kind, feat]
         new_rows = []
         for chunk in kb.chunks:
             if interrupt_requested():
                 break
-            keys = todo.get((kind, preset, variant, bc, chunk))
+            keys = todo.get((kind, feat, preset, variant, bc, chunk))
             if keys is None:
                 continue
             entries = kb.entries(chunk)
@@ -530,8 +532,9 @@ def _compute(
             base = kb.baseline(chunk, preset)
             flash = kb.flash(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
             for j, ((_, n, _), ks) in enumerate(zip(entries, keys)):
+                rows = n if feat.queries is None else min(n, feat.queries)
                 outs = {
-                    name: a[j, :, :, :n]
+                    name: a[j, :, :, :rows]
                     for name, a in (("flash", flash), ("baseline", base), ("golden", gold))
                 }
                 start = time.perf_counter()

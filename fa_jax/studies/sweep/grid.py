@@ -1,12 +1,14 @@
 """The configurations of a sweep: :class:`Grid`, its tile specs and its CSV schema.
 
 A configuration is (policy preset, format, sequence length, blocks, variant,
-seed) plus the shared shape (batch, heads, d), input distribution
-(:mod:`fa_jax.inputs`) and causal flag.  Every configuration is compared three
-ways, ``flash_vs_golden``, ``baseline_vs_golden`` and ``flash_vs_baseline``,
-with the metrics ``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff`` and
-``rmse`` of :mod:`fa_jax.metrics`: one tidy CSV row per (configuration,
-comparison, metric), :data:`KEY_COLUMNS` then ``comparison, metric, value``.
+seed, attention features) plus the shared shape (batch, heads, d), input
+distribution (:mod:`fa_jax.inputs`) and causal flag; the features (GQA, window,
+softcap, ALiBi, split-KV, decoding shapes) are :class:`~.features.Features`.
+Every configuration is compared three ways, ``flash_vs_golden``,
+``baseline_vs_golden`` and ``flash_vs_baseline``, with the metrics
+``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff`` and ``rmse`` of
+:mod:`fa_jax.metrics`: one tidy CSV row per (configuration, comparison,
+metric), :data:`KEY_COLUMNS` then ``comparison, metric, value``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fa_jax.formats import Format, custom, get_format
 from fa_jax.inputs import DISTRIBUTIONS
 from fa_jax.policy import Policy
 from fa_jax.presets import PRESETS
+from fa_jax.studies.sweep.features import PAPER, Features
 
 __all__ = [
     "COLUMNS",
@@ -53,6 +56,7 @@ KEY_COLUMNS = (
     "heads",
     "d",
     "causal",
+    "features",
 )
 COLUMNS = (*KEY_COLUMNS, "comparison", "metric", "value")
 
@@ -105,7 +109,8 @@ class Grid:
     :class:`SramBlocks`.  ``policies``: preset names of
     :data:`fa_jax.presets.PRESETS`, or ``"kernel:NAME"`` for the policy of a real
     kernel's model (:func:`policy_for`).  ``distribution``: one of
-    :data:`DISTRIBUTIONS` (module docstring).
+    :data:`DISTRIBUTIONS` (module docstring).  ``features``: :class:`Features`
+    entries, the paper's attention by default.
     """
 
     formats: tuple
@@ -119,9 +124,11 @@ class Grid:
     d: int = 64
     distribution: str = "normal"
     causal: bool = False
+    features: tuple = (Features(),)
 
     def __post_init__(self):
-        for name in ("formats", "seq_lens", "blocks", "variants", "policies", "seeds"):
+        axes = ("formats", "seq_lens", "blocks", "variants", "policies", "seeds", "features")
+        for name in axes:
             v = getattr(self, name)
             if isinstance(v, (str, bytes, Blocks, SramBlocks)) or not hasattr(v, "__iter__"):
                 raise TypeError(f"Grid.{name}: expected a tuple, got {v!r}")
@@ -156,12 +163,18 @@ class Grid:
                     f"largest seq_len {n_max}"
                 )
             labels.append(_block_label(b))
+        bcs = [b.bc for _, b in self.resolved_blocks()]
+        for feat in self.features:
+            if not isinstance(feat, Features):
+                raise TypeError(f"Grid.features: expected Features entries, got {feat!r}")
+            feat.check(self.heads, self.causal, self.seq_lens, bcs)
         for name, vals in (
             ("seq_lens", self.seq_lens),
             ("seeds", self.seeds),
             ("blocks", labels),
             ("variants", self.variants),
             ("policies", self.policies),
+            ("features", [f.label() for f in self.features]),
         ):
             if len(set(vals)) != len(vals):
                 raise ValueError(f"Grid.{name}: expected distinct entries, got {vals!r}")
@@ -214,6 +227,7 @@ class Grid:
             "d": self.d,
             "distribution": self.distribution,
             "causal": self.causal,
+            "features": [f.label() for f in self.features],
         }
 
 
@@ -243,7 +257,7 @@ def policy_for(name: str, fmt: Format, n: int, d: int) -> Policy:
     return PRESETS[name](fmt)
 
 
-def row_key(grid, preset, f, n, label, blocks, variant, seed):
+def row_key(grid, preset, f, n, label, blocks, variant, seed, features=PAPER):
     vals = {
         "policy": preset,
         "format": f.name,
@@ -260,5 +274,6 @@ def row_key(grid, preset, f, n, label, blocks, variant, seed):
         "heads": grid.heads,
         "d": grid.d,
         "causal": grid.causal,
+        "features": features.label(),
     }
     return {c: str(vals[c]) for c in KEY_COLUMNS}

@@ -1,6 +1,7 @@
 """The sweep's compiled programs: reference and flash attention, vmapped.
 
-One configuration is (policy, format, sequence length, tiles, variant, seed).
+One configuration is (policy, format, sequence length, tiles, variant, seed,
+features); the features (:class:`~.features.Features`) are static arguments.
 Each program maps one of them to its output O and is vmapped over a flat axis
 of configurations.  A :class:`~fa_jax.policy.Policy` is a pytree whose leaves
 are its stages' widths (exp_bits, man_bits, bias), so a program takes a policy
@@ -37,6 +38,7 @@ from fa_jax.exponential import ExpModel
 from fa_jax.formats import Format
 from fa_jax.policy import STAGES, Policy
 from fa_jax.presets import golden
+from fa_jax.studies.sweep.features import PAPER, Features
 from fa_jax.studies.sweep.grid import METRICS
 
 __all__ = [
@@ -143,22 +145,30 @@ def _policy(shape: PolicyShape, widths) -> Policy:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "causal"))
-def reference_program(q, k, v, widths, lengths, *, shape, causal):
+def _masks(q, k, n, features: Features) -> dict:
+    """The keywords of one configuration of length ``n`` (padded to the program's
+    length): its lengths (decoding's query rows are all real) and its features'."""
+    kw = features.attention_kwargs(q.shape[-3], q.shape[-2], k.shape[-2], q.dtype)
+    q_lengths = None if features.queries is not None else n
+    return dict(kw, q_lengths=q_lengths, kv_lengths=n)
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "causal", "features"))
+def reference_program(q, k, v, widths, lengths, *, shape, causal, features=PAPER):
     def one(q, k, v, w, n):
         pol = _policy(shape, w)
-        return reference_attention(q, k, v, pol, causal=causal, q_lengths=n, kv_lengths=n)
+        return reference_attention(q, k, v, pol, causal=causal, **_masks(q, k, n, features))
 
     return jax.vmap(one)(q, k, v, widths, lengths)
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "variant", "blocks", "causal"))
-def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal):
+@functools.partial(jax.jit, static_argnames=("shape", "variant", "blocks", "causal", "features"))
+def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal, features=PAPER):
     def one(q, k, v, w, n):
         pol = _policy(shape, w)
-        return flash_attention(
-            q, k, v, pol, blocks, variant=variant, causal=causal, q_lengths=n, kv_lengths=n
-        )[0]  # pyright: ignore[reportIndexIssue]
+        kw = dict(_masks(q, k, n, features), **features.flash_kwargs())
+        out = flash_attention(q, k, v, pol, blocks, variant=variant, causal=causal, **kw)
+        return out[0]  # pyright: ignore[reportIndexIssue]
 
     return jax.vmap(one)(q, k, v, widths, lengths)
 
