@@ -133,7 +133,7 @@ def test_bad_features_are_refused(kw, match):
 def test_bad_labels_name_the_part():
     with pytest.raises(ValueError, match=r"got 'heads=2'"):
         Features.from_label("alibi+heads=2")
-    with pytest.raises(TypeError, match="Grid.features: expected Features"):
+    with pytest.raises(TypeError, match=r"Grid\.features: expected Features"):
         Grid(formats=("bf16",), seq_lens=(16,), blocks=(Blocks(8, 8),), features=("alibi",))
 
 
