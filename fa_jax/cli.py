@@ -601,7 +601,20 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("reproduce", help="Golden et al. 2024 figures: CSV, table and PNG")
-    rp.add_argument("figure", choices=("fig3", "fig4", "fig5", "fig6", "all", "fig8", "fa3-table"))
+    rp.add_argument(
+        "figure",
+        choices=(
+            "fig3",
+            "fig4",
+            "fig5",
+            "fig6",
+            "all",
+            "fig8",
+            "fa3-table",
+            "features",
+            "decoding",
+        ),
+    )
     rp.add_argument("--quick", action="store_true", help="small grids (under a minute each on CPU)")
     rp.add_argument("--out", default="fa_jax_out", help="output folder (default fa_jax_out)")
     rp.add_argument(

@@ -68,7 +68,8 @@ def _grid(quick: bool, quick_kw: dict, full_kw: dict, policies, overrides) -> Gr
 def _keys(grid: Grid) -> set[tuple]:
     """The key-column tuples (as in the CSV) of every configuration of ``grid``."""
     return {
-        tuple(row_key(grid, p, f, n, label, b, v, seed).values())
+        tuple(row_key(grid, p, f, n, label, b, v, seed, feat).values())
+        for feat in grid.features
         for p in grid.policies
         for f in grid.resolved_formats()
         for n in grid.seq_lens
@@ -531,9 +532,10 @@ def reproduce(
     quiet: bool = False,
     ablations: bool = False,
 ) -> dict:
-    """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, or the training
-    study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all");
-    returns {name: result}."""
+    """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, the training
+    study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all"),
+    or a study of today's attention features, ``"features"`` or ``"decoding"``
+    (:mod:`fa_jax.studies.feature_figures`, not in "all"); returns {name: result}."""
     if which == "fig8":
         from fa_jax.studies.train.study import fig8
 
@@ -549,7 +551,14 @@ def reproduce(
         return {"fa3-table": fa3_table(out_dir, quick=quick, quiet=quiet, ablations=ablations)}
     if ablations:
         raise ValueError(f"--ablations: only fa3-table has ablation rows, got {which!r}")
-    one_of(which, (*FIGURES, "all", "fig8", "fa3-table"), "reproduce: which")
+    if which in ("features", "decoding"):
+        from fa_jax.studies.feature_figures import FEATURE_FIGURES
+
+        study = FEATURE_FIGURES[which]
+        return {which: study(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
+    one_of(
+        which, (*FIGURES, "all", "fig8", "fa3-table", "features", "decoding"), "reproduce: which"
+    )
     names = list(FIGURES) if which == "all" else [which]
     policies = tuple(policies)
     return {n: FIGURES[n](out_dir, quick=quick, policies=policies, quiet=quiet) for n in names}
