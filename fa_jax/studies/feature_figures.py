@@ -16,8 +16,8 @@ as a table and drawn into ``NAME.png``; each returns the same dict.
   ``num_splits``, combined by their log-sum-exps): max |flash − golden| against
   S per key count, BF16, under each policy.
 
-Grids (quick / full): ``features`` N = 256, 1024 / 1024, 4096, 8192 with 2 / 3
-seeds; ``decoding`` keys 4096, 16384 / 4096 … 131072 with S up to 8 / 16 and
+Grids (quick / full): ``features`` N = 256, 1024 / 1024, 2048, 4096 with 2 / 3
+seeds (the baseline's N × N float64 scores of 4 heads bound N); ``decoding`` keys 4096, 16384 / 4096 … 131072 with S up to 8 / 16 and
 4 / 8 seeds.
 """
 
@@ -65,7 +65,7 @@ def features(
     grid = _grid(
         quick,
         dict(base, seq_lens=(256, 1024), seeds=(0, 1)),
-        dict(base, seq_lens=(1024, 4096, 8192), seeds=(0, 1, 2)),
+        dict(base, seq_lens=(1024, 2048, 4096), seeds=(0, 1, 2)),
         policies,
         grid_overrides,
     )
