@@ -129,8 +129,8 @@ def dot_product_attention(
     if algorithm == "reference" and blocks is not None:
         raise ValueError(f"{_FN}: blocks: expected None with algorithm 'reference', got {blocks!r}")
     # (B, N, T, H), narrow floats (bfloat16, float16, ...) widened exactly to the carrier
-    q, k, v, bias = (_carried(x, policy) for x in (query, key, value, bias))
-    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+    q, k, v = (jnp.swapaxes(_carried(x, policy), 1, 2) for x in (query, key, value))
+    bias = None if bias is None else _carried(bias, policy)
     common: dict[str, Any] = dict(
         causal=bool(is_causal),
         q_lengths=q_lengths,
@@ -144,8 +144,9 @@ def dot_product_attention(
         o = reference_attention(q, k, v, policy, **common)
     else:
         tiles = default_blocks(h) if blocks is None else blocks
-        o = flash_attention(q, k, v, policy, tiles, variant=algorithm, **common)[0]
-    out = _to_dtype(jnp.swapaxes(o, 1, 2), query.dtype)
+        outputs = flash_attention(q, k, v, policy, tiles, variant=algorithm, **common)
+        o = outputs[0]  # pyright: ignore[reportIndexIssue]  # (O, lse), untyped in fa_jax.attention
+    out = _to_dtype(jnp.swapaxes(jnp.asarray(o), 1, 2), query.dtype)
     return out[0] if unbatched else out
 
 
@@ -216,11 +217,9 @@ def _window(size, t: int, s: int):
     return None, jnp.asarray((j >= i - left) & (j <= i + right))
 
 
-def _carried(x, policy: Policy):
+def _carried(x, policy: Policy) -> jax.Array:
     """``x`` widened exactly to the policy's carrier where its dtype is a floating
     type narrower than float32 (the emulation takes float32/float64 arrays)."""
-    if x is None:
-        return None
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).bits < 32:
         return widen(x, policy.carrier_dtype())

@@ -243,7 +243,10 @@ def _arrays(b=2, t=3, s=5, n=4, kv=2, h=8):
     [
         (dict(algorithm="fa3"), r"algorithm: expected one of"),
         (dict(query=np.ones((3, 4, 8))), r"query \(B, T, N, H\).*got query \(3, 4, 8\)"),
-        (dict(key=np.ones((2, 5, 3, 8)), value=np.ones((2, 5, 3, 8))), r"K dividing query's N = 4, got K = 3"),
+        (
+            dict(key=np.ones((2, 5, 3, 8)), value=np.ones((2, 5, 3, 8))),
+            r"K dividing query's N = 4, got K = 3",
+        ),
         (dict(value=np.ones((2, 6, 2, 8))), r"value \(B, S, K, H_v\).*value \(2, 6, 2, 8\)"),
         (dict(key=np.ones((2, 5, 2, 8), np.float32)), r"one floating dtype, got float64, float32"),
         (dict(query_seq_lengths=np.array([1, 2, 3])), r"query_seq_lengths: expected integers of"),
