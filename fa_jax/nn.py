@@ -126,8 +126,15 @@ def dot_product_attention(
         mask = window_mask if mask is None else jnp.logical_and(mask, window_mask)
     if policy is None:
         policy = default_policy(query.dtype)
+    if not isinstance(policy, Policy):
+        raise TypeError(
+            f"{_FN}: policy: expected a Policy (e.g. fa_jax.fa2_kernel('bf16')) or None, "
+            f"got {policy!r}"
+        )
     if algorithm == "reference" and blocks is not None:
         raise ValueError(f"{_FN}: blocks: expected None with algorithm 'reference', got {blocks!r}")
+    if blocks is not None and not isinstance(blocks, Blocks):
+        raise TypeError(f"{_FN}: blocks: expected Blocks(br, bc) or None, got {blocks!r}")
     # (B, N, T, H), narrow floats (bfloat16, float16, ...) widened exactly to the carrier
     q, k, v = (jnp.swapaxes(_carried(x, policy), 1, 2) for x in (query, key, value))
     bias = None if bias is None else _carried(bias, policy)
@@ -219,9 +226,12 @@ def _window(size, t: int, s: int):
 
 def _carried(x, policy: Policy) -> jax.Array:
     """``x`` widened exactly to the policy's carrier where its dtype is a floating
-    type narrower than float32 (the emulation takes float32/float64 arrays)."""
+    type narrower than float32 or not floating (the emulation takes float32 and
+    float64 arrays)."""
     x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).bits < 32:
+    if not jnp.issubdtype(x.dtype, jnp.floating):  # an integer bias: exact in range
+        return x.astype(policy.carrier_dtype())
+    if jnp.finfo(x.dtype).bits < 32:
         return widen(x, policy.carrier_dtype())
     return x
 

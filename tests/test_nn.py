@@ -267,6 +267,31 @@ def test_errors_name_the_argument(change, match):
         fnn.dot_product_attention(**arrays, policy=golden(), **change)
 
 
-def test_policy_must_be_a_policy():
-    with pytest.raises(TypeError, match="policy: expected a Policy"):
-        fnn.dot_product_attention(*_arrays(), policy="golden")  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(policy="golden"), r"dot_product_attention: policy: expected a Policy .* 'golden'"),
+        (dict(blocks=(2, 2)), r"dot_product_attention: blocks: expected Blocks\(br, bc\)"),
+    ],
+)
+def test_policy_and_blocks_types(change, match):
+    q, k, v = (x.astype(ml_dtypes.bfloat16) for x in _arrays())
+    with pytest.raises(TypeError, match=match):
+        fnn.dot_product_attention(q, k, v, **change)
+
+
+@pytest.mark.slow
+def test_vmap_over_the_batch_is_the_batched_call():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 5, 2, 4)) for _ in range(3))
+    kl = np.array([5, 3], np.int32)
+
+    def one(q, k, v, kl):
+        return fnn.dot_product_attention(
+            q, k, v, is_causal=True, key_value_seq_lengths=kl[None], blocks=Blocks(2, 2)
+        )
+
+    batched = fnn.dot_product_attention(
+        q, k, v, is_causal=True, key_value_seq_lengths=kl, blocks=Blocks(2, 2)
+    )
+    np.testing.assert_array_equal(np.asarray(jax.vmap(one)(q, k, v, kl)), np.asarray(batched))

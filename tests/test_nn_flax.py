@@ -100,3 +100,23 @@ def test_dropout_and_sown_weights_are_refused():
     module = _module(fnn.flax_attention_fn(policy=golden()))
     with pytest.raises(ValueError, match=r"module: expected None"):
         module(x_q, x_kv, sow_weights=True)
+
+
+@pytest.mark.slow
+def test_several_or_no_batch_dimensions_as_flax_takes_them():
+    """(2, 3, T, N, H) arrays with a (3, N, T, S) mask give the flattened (6, ...)
+    call's output; unbatched (T, N, H) arrays that of a batch of one."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, 4, 2, 8)) for _ in range(3))
+    mask = (rng.random((3, 2, 4, 4)) < 0.7).astype(np.float32)
+    fn = fnn.flax_attention_fn(policy=golden(), algorithm="reference")
+    out = fn(q, k, v, mask=mask)
+    flat = fnn.dot_product_attention(
+        *(x.reshape(6, 4, 2, 8) for x in (q, k, v)),
+        mask=np.broadcast_to(mask != 0, (2, 3, 2, 4, 4)).reshape(6, 2, 4, 4),
+        policy=golden(),
+        algorithm="reference",
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(flat).reshape(q.shape))
+    one = fn(q[0, 0], k[0, 0], v[0, 0], mask=mask[0])
+    np.testing.assert_array_equal(np.asarray(one), np.asarray(flat[0]))
