@@ -199,8 +199,8 @@ def test_equals_jax_nn_where_both_compute_exactly(case):
 
 def test_the_same_keys_influence_each_query_as_in_jax_nn():
     """∂O[i, n] / ∂V[j, n // G] is P_ij: nonzero exactly for the kept pairs, in both
-    (random inputs; causal, a left window, key lengths, GQA), read off one VJP per
-    output row (one compiled program each).  dQ and dK of the whole output are
+    (random inputs; causal, a left window, key lengths, GQA), read off one
+    compiled VJP each, called once per output row.  dQ and dK of the whole output are
     nonzero where jax.nn's are (dQ is 0 on a row keeping one key), in float64."""
     rng = np.random.default_rng(5)
     b, t, s, n, kv = 2, 5, 6, 2, 1
