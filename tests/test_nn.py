@@ -199,7 +199,7 @@ def test_equals_jax_nn_where_both_compute_exactly(case):
 
 def test_the_same_keys_influence_each_query_as_in_jax_nn():
     """∂O[i, n] / ∂V[j, n // G] is P_ij: nonzero exactly for the kept pairs, in both
-    (random inputs; causal, a left window, key lengths, GQA), read off one
+    (random inputs; causal, a window given as one int, key lengths, GQA), read off one
     compiled VJP each, called once per output row.  dQ and dK of the whole output are
     nonzero where jax.nn's are (dQ is 0 on a row keeping one key), in float64."""
     rng = np.random.default_rng(5)
@@ -207,7 +207,7 @@ def test_the_same_keys_influence_each_query_as_in_jax_nn():
     q = rng.standard_normal((b, t, n, H))
     k, v = (rng.standard_normal((b, s, kv, H)) for _ in range(2))
     kl = np.array([6, 4], np.int32)
-    kwargs = dict(is_causal=True, local_window_size=(1, 0), key_value_seq_lengths=kl)
+    kwargs = dict(is_causal=True, local_window_size=1, key_value_seq_lengths=kl)  # (1, 1)
 
     def vjp_of(fn):
         def grads(q, k, v, d_o):
@@ -217,7 +217,7 @@ def test_the_same_keys_influence_each_query_as_in_jax_nn():
 
     ours = vjp_of(lambda *a, **kw: fnn.dot_product_attention(*a, **kw, blocks=Blocks(2, 2)))
     theirs = vjp_of(jax.nn.dot_product_attention)
-    keep = _keep(b, n, t, s, causal=True, kl=kl, window=(1, 0))  # (B, N, T, S)
+    keep = _keep(b, n, t, s, causal=True, kl=kl, window=(1, 1))  # (B, N, T, S)
     for bi, i, ni in np.ndindex(b, t, n):
         d_o = np.zeros(q.shape)
         d_o[bi, i, ni] = 1.0
