@@ -18,7 +18,7 @@ the ``fa-jax`` command.
 
 from typing import TYPE_CHECKING
 
-from fa_jax import backward, bounds, inputs, metrics, ops, presets, quantization
+from fa_jax import backward, bounds, inputs, metrics, nn, ops, presets, quantization
 from fa_jax.accumulation import (
     EXACT,
     SEQUENTIAL,
@@ -125,6 +125,7 @@ __all__ = [
     "make_inputs",
     "metrics",
     "naive_softmax",
+    "nn",
     "online_softmax",
     "ops",
     "paper_uniform",
