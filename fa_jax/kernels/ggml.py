@@ -130,7 +130,8 @@ def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int):
         else:
             from fa_jax import ggml_blocks
 
-            scores = ggml_blocks.dot(qf, kr, kv)
+            raw = jnp.repeat(k.reshape(h, m, d), n, axis=0)
+            scores = ggml_blocks.dot(qf, raw, kv)
         if which == "split-kv":
             out = ga.split_kv(scores, vr, mr, scale=sc, v_fp16=kv == "f16", threads=threads)
         else:
@@ -143,6 +144,11 @@ def model(fmt: Format, n: int, d: int, *, kv_type: str | None = None, threads=1)
     ``threads`` threads (the split-KV path's output depends on it)."""
     del n, d
     kv = _kv_type(fmt, kv_type)
+    if kv == "bf16":
+        raise ValueError(
+            "ggml model: kv_type: expected one modelled, one of ('f32', 'f16', 'q8_0', "
+            "'q4_0'), got 'bf16' (its AVX512-BF16 dot product is not modelled)"
+        )
     threads = positive_int(threads, "ggml: threads")
     policy = fa2_kernel(FP32).replace(name=f"ggml_cpu({kv})")
     forward = functools.partial(_forward, kv=kv, threads=threads)
