@@ -37,7 +37,11 @@ _DEFAULT_KV = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 def _kv_type(fmt: Format, kv_type: str | None) -> str:
     if kv_type is None:
-        return _DEFAULT_KV[get_format(fmt).name]
+        name = get_format(fmt).name
+        for short, kv in _DEFAULT_KV.items():
+            if get_format(short).name == name:
+                return kv
+        raise ValueError(f"ggml: fmt: expected fp32, fp16 or bf16, got {name!r}")
     return one_of(kv_type, KV_TYPES, "ggml: kv_type")
 
 
