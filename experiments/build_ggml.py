@@ -77,7 +77,7 @@ def build(version: str, cache: Path, jobs: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--version", default=VERSION, help="llama-cpp-python version")
     parser.add_argument("--cache", type=Path, default=default_cache(), help="cache folder")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)

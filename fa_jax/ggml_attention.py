@@ -60,7 +60,7 @@ def scalar_chunk(scores, v, mask, *, scale: float, v_fp16: bool):
     """The scalar loop over the keys (last axis of ``scores``, the raw dot products):
     returns the running maximum M, the sum S (R,) and the unnormalised output (R, D_v)
     as FP32 values (ops.cpp:8952-9024)."""
-    r, m = scores.shape
+    r = scores.shape[0]
     s_all = _scores(scores, scale, mask)
     keep = jnp.ones_like(s_all, bool) if mask is None else mask != -jnp.inf
     acc_fmt = FP16 if v_fp16 else FP32
@@ -173,9 +173,7 @@ def tiled(q, k, v, mask, *, scale: float):
     o = jnp.zeros((r, v.shape[-1]))
     for lo in range(0, m, TILE):
         hi = min(lo + TILE, m)
-        s = _scores(
-            _gemm_scores(q, k[:, lo:hi]), scale, None if mask is None else mask[:, lo:hi]
-        )
+        s = _scores(_gemm_scores(q, k[:, lo:hi]), scale, None if mask is None else mask[:, lo:hi])
         s = jnp.pad(s, ((0, 0), (0, TILE - (hi - lo))), constant_values=-jnp.inf)
         tile_max = jnp.max(s, axis=1)
         skip = tile_max == -jnp.inf

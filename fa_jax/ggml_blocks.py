@@ -97,7 +97,7 @@ def dot(q, k, kind: str):
     kq, kd = quantize_ref(k, kind)  # (R, M, nb, 32), (R, M, nb, 1)
     lanes = (kq * qq[:, None]).reshape(*kq.shape[:-1], 8, 4).sum(-1)  # exact integers
     scale = ops.mul(kd, qd[:, None], FP32)  # (R, M, nb, 1)
-    acc = jnp.zeros(lanes.shape[:-2] + (8,))
+    acc = jnp.zeros((*lanes.shape[:-2], 8))
     for b in range(lanes.shape[-2]):
         acc = ops.fma(scale[..., b, :], lanes[..., b, :], acc, FP32)
     return hsum_float_8(acc)

@@ -108,7 +108,9 @@ def v_expf(x):
     b = ops.fma(-n, c(_LN2_LO), ops.fma(-n, c(_LN2_HI), x, FP32), FP32)
     u = ops.mul(b, b, FP32)
     j = ops.fma(
-        ops.fma(ops.fma(c(_C[4]), b, c(_C[3]), FP32), u, ops.fma(c(_C[2]), b, c(_C[1]), FP32), FP32),
+        ops.fma(
+            ops.fma(c(_C[4]), b, c(_C[3]), FP32), u, ops.fma(c(_C[2]), b, c(_C[1]), FP32), FP32
+        ),
         u,
         ops.fma(c(_C[0]), b, c(1.0), FP32),
         FP32,

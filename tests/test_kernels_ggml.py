@@ -28,7 +28,8 @@ def _inputs(seed, h, n, m, d, kv):
     fmt = _FMT[kv]
     with float64_enabled():
         q, k, v = (
-            np.asarray(round_to(rng.standard_normal(s), fmt)) for s in ((h, n, d), (h, m, d), (h, m, d))
+            np.asarray(round_to(rng.standard_normal(s), fmt))
+            for s in ((h, n, d), (h, m, d), (h, m, d))
         )
     return fmt, q, k, v
 

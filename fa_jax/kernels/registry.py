@@ -154,9 +154,7 @@ def model(name: str, fmt, n: int, d: int) -> KernelModel:
     )
 
 
-def emulate(
-    name: str, q, k, v, *, fmt, causal: bool = False, scale=None, **options
-) -> np.ndarray:
+def emulate(name: str, q, k, v, *, fmt, causal: bool = False, scale=None, **options) -> np.ndarray:
     """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v);
     ``options`` as for :func:`real`, passed to the kernel's model."""
     kernel = _lookup(name)
