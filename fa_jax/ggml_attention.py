@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from fa_jax import ops
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP32, get_format
-from fa_jax.ggml_vec import dot_f16, dot_f32, reduce_add_16, v_expf
+from fa_jax.ggml_vec import dot_bf16, dot_f16, dot_f32, reduce_add_16, v_expf
 
 __all__ = ["TILE", "merge_chunks", "scalar", "scalar_chunk", "split_kv", "tiled"]
 
@@ -98,12 +98,14 @@ def _normalise(o, big_s):
 
 
 def dot(q, k, dot_type: str):
-    """K·q by K's ``vec_dot`` for the float types (``f32``, ``f16``)."""
+    """K·q by K's ``vec_dot`` for the float types (``f32``, ``f16``, ``bf16``)."""
     if dot_type == "f32":
         return dot_f32(k, q[:, None, :])
     if dot_type == "f16":
         return dot_f16(k, q[:, None, :])
-    raise ValueError(f"dot: dot_type: expected 'f32' or 'f16', got {dot_type!r}")
+    if dot_type == "bf16":
+        return dot_bf16(k, q[:, None, :])
+    raise ValueError(f"dot: dot_type: expected 'f32', 'f16' or 'bf16', got {dot_type!r}")
 
 
 def scalar(scores, v, mask, *, scale: float, v_fp16: bool):

@@ -13,6 +13,11 @@ held in float64 carriers; the last axis is the vector.
   (not contracted: found by experiment, d = 80).
 * :func:`dot_f16` -- ``ggml_vec_dot_f16``: the same on FP16 inputs widened to FP32,
   then the leftovers' exact products added in double and the result rounded to FP32.
+* :func:`dot_bf16` -- ``ggml_vec_dot_bf16`` with AVX512-BF16: per 64 elements two
+  ``vdpbf16ps`` on accumulators c1 (elements 0..31) and c2 (32..63), lane j adding
+  the products of elements 2j+1 then 2j, each addition rounded to FP32 (the Intel SDM's
+  order; products of BF16 values are exact); ``_mm512_reduce_add_ps`` of c1 then of c2
+  added in double, the leftovers' exact products in double, rounded to FP32.
 * :func:`reduce_add_16` -- ``_mm512_reduce_add_ps`` (GCC's ``avx512fintrin.h``).
 * :func:`v_expf` -- ``ggml_v_expf(__m512)`` (``vec.h``): ARM's optimized-routines
   exp, ``z = fma(x, log2 e, 0x1.8p23)``, ``n = z - 0x1.8p23``, ``b = x - n·ln2_hi -
@@ -29,7 +34,7 @@ import jax.numpy as jnp
 from fa_jax import ops
 from fa_jax.formats import FP32, get_format
 
-__all__ = ["dot_f16", "dot_f32", "hsum_float_8", "reduce_add_16", "v_expf"]
+__all__ = ["dot_bf16", "dot_f16", "dot_f32", "hsum_float_8", "reduce_add_16", "v_expf"]
 
 FP64 = get_format("fp64")
 
@@ -88,6 +93,23 @@ def dot_f16(x, y):
             s = s + x[..., i] * y[..., i]
         s = ops.cast(s, FP32)
     return s
+
+
+def dot_bf16(x, y):
+    """``ggml_vec_dot_bf16`` (AVX512-BF16) of BF16 vectors on the last axis (broadcast)."""
+    n = x.shape[-1]
+    np_ = n - n % 64
+    lead = jnp.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+    acc = jnp.zeros((*lead, 2, 16), jnp.float64)
+    for i in range(0, np_, 64):
+        xb = x[..., i : i + 64].reshape(*x.shape[:-1], 2, 16, 2)
+        yb = y[..., i : i + 64].reshape(*y.shape[:-1], 2, 16, 2)
+        acc = ops.fma(xb[..., 1], yb[..., 1], acc, FP32)
+        acc = ops.fma(xb[..., 0], yb[..., 0], acc, FP32)
+    s = reduce_add_16(acc[..., 0, :]) + reduce_add_16(acc[..., 1, :])  # double
+    for i in range(np_, n):
+        s = s + x[..., i] * y[..., i]
+    return ops.cast(s, FP32)
 
 
 _LOG2E = float.fromhex("0x1.715476p+0")

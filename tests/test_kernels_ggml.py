@@ -7,6 +7,7 @@ bit-exact on every case here (AVX-512 host), so each asserts 100 % identical ele
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from fa_jax.kernels import ggml_lib
 
 _REASON = ggml_lib.unavailable()
 needs_ggml = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
-_FMT = {"f32": "fp32", "f16": "fp16", "q8_0": "fp32", "q4_0": "fp32"}
+_FMT = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "fp32", "q4_0": "fp32"}
 
 
 def _inputs(seed, h, n, m, d, kv):
@@ -60,8 +61,8 @@ def test_paths():
 def test_errors():
     with pytest.raises(ValueError, match="kv_type"):
         G.model(get_format("fp32"), 1, 64, kv_type="q5_1")
-    with pytest.raises(ValueError, match="bf16"):
-        G.model(get_format("bf16"), 1, 64)
+    with pytest.raises(ValueError, match="fmt"):
+        G.model(get_format("fp8_e4m3"), 1, 64)
     with pytest.raises(ValueError, match="threads"):
         G.model(get_format("fp32"), 1, 64, threads=0)
 
@@ -74,8 +75,8 @@ def test_q8_0_rounding_ref_half_away_x86_half_even():
     x = np.zeros((32,))
     x[0], x[1], x[2] = 127.0, 2.5, -3.5
     with float64_enabled():
-        q_ref, d_ref = ggml_blocks.quantize_ref(x, "q8_0")
-        q_x86, d_x86 = ggml_blocks.quantize_q8_0_x86(x)
+        q_ref, d_ref = jax.jit(ggml_blocks.quantize_ref, static_argnums=1)(x, "q8_0")
+        q_x86, d_x86 = jax.jit(ggml_blocks.quantize_q8_0_x86)(x)
     assert float(d_ref[0, 0]) == float(d_x86[0, 0]) == 1.0
     assert [float(t) for t in q_ref[0, :3]] == [127.0, 3.0, -4.0]
     assert [float(t) for t in q_x86[0, :3]] == [127.0, 2.0, -4.0]
@@ -87,7 +88,9 @@ def test_q4_0_scale_from_signed_max():
 
     x = np.linspace(-1.0, 0.5, 32)  # max |x| at -1: d = 1/8, values in [-8, 7]
     with float64_enabled():
-        q, d = (np.asarray(t) for t in ggml_blocks.quantize_ref(x, "q4_0"))
+        q, d = (
+            np.asarray(t) for t in jax.jit(ggml_blocks.quantize_ref, static_argnums=1)(x, "q4_0")
+        )
         back = np.asarray(ggml_blocks.dequantize(q, d, "q4_0"))
     assert float(d[0, 0]) == 0.125
     assert q.min() == -8.0 and q.max() <= 7.0
@@ -103,7 +106,7 @@ def test_scalar_f16_accumulator_exact():
 
 @needs_ggml
 @pytest.mark.slow
-@pytest.mark.parametrize("kv", ["f32", "f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("d", [64, 80, 128])
 def test_scalar_exact(kv, d):
     if kv.startswith("q") and d % 32:

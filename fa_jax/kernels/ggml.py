@@ -128,8 +128,8 @@ def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int):
     if which == "tiled":
         out = ga.tiled(qf, kr, vr, mr, scale=sc)
     else:
-        if kv in ("f32", "f16"):
-            qd = qf if kv == "f32" else round_to(qf, get_format("fp16"))
+        if kv in ("f32", "f16", "bf16"):
+            qd = qf if kv == "f32" else round_to(qf, get_format("fp16" if kv == "f16" else "bf16"))
             scores = ga.dot(qd, kr, kv)
         else:
             from fa_jax import ggml_blocks
@@ -148,11 +148,6 @@ def model(fmt: Format, n: int, d: int, *, kv_type: str | None = None, threads=1)
     ``threads`` threads (the split-KV path's output depends on it)."""
     del n, d
     kv = _kv_type(fmt, kv_type)
-    if kv == "bf16":
-        raise ValueError(
-            "ggml model: kv_type: expected one modelled, one of ('f32', 'f16', 'q8_0', "
-            "'q4_0'), got 'bf16' (its AVX512-BF16 dot product is not modelled)"
-        )
     threads = positive_int(threads, "ggml: threads")
     policy = fa2_kernel(FP32).replace(name=f"ggml_cpu({kv})")
     forward = functools.partial(_forward, kv=kv, threads=threads)
