@@ -46,6 +46,7 @@ __all__ = ["TILE", "merge_chunks", "scalar", "scalar_chunk", "split_kv", "tiled"
 
 TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV (ggml-cpu/common.h:9)
 FP16 = get_format("fp16")
+FP64 = get_format("fp64")
 
 
 def _scores(scores, scale, mask):
@@ -189,8 +190,10 @@ def tiled(q, k, v, mask, *, scale: float):
         p = jnp.where(jnp.isneginf(x), 0.0, v_expf(jnp.where(jnp.isneginf(x), 0.0, x)))
         sums = reduce_add_16(p.reshape(r, TILE // 16, 16))  # (R, 4) FP32
         # S += (double sum) in double, rounded to FP32; sum = ((0 + g0) + g1) + ...
-        dsum = ((sums[:, 0] + sums[:, 1]) + sums[:, 2]) + sums[:, 3]
-        big_s = jnp.where(skip, big_s, ops.cast(big_s + dsum, FP32))
+        dsum = sums[:, 0]
+        for g in range(1, TILE // 16):
+            dsum = ops.add(dsum, sums[:, g], FP64)
+        big_s = jnp.where(skip, big_s, ops.cast(ops.add(big_s, dsum, FP64), FP32))
         p = jnp.where(skip[:, None], 0.0, p)[:, : hi - lo]
 
         def pv(o, pj_vj):

@@ -90,7 +90,7 @@ def dot_f16(x, y):
         # double sumf += (double)(x*y): the FP16 products are exact in FP32 and the
         # double additions plain float64 arithmetic
         for i in range(np_, x.shape[-1]):
-            s = s + x[..., i] * y[..., i]
+            s = ops.add(s, ops.mul(x[..., i], y[..., i], FP64), FP64)
         s = ops.cast(s, FP32)
     return s
 
@@ -106,9 +106,9 @@ def dot_bf16(x, y):
         yb = y[..., i : i + 64].reshape(*y.shape[:-1], 2, 16, 2)
         acc = ops.fma(xb[..., 1], yb[..., 1], acc, FP32)
         acc = ops.fma(xb[..., 0], yb[..., 0], acc, FP32)
-    s = reduce_add_16(acc[..., 0, :]) + reduce_add_16(acc[..., 1, :])  # double
+    s = ops.add(reduce_add_16(acc[..., 0, :]), reduce_add_16(acc[..., 1, :]), FP64)
     for i in range(np_, n):
-        s = s + x[..., i] * y[..., i]
+        s = ops.add(s, ops.mul(x[..., i], y[..., i], FP64), FP64)
     return ops.cast(s, FP32)
 
 
