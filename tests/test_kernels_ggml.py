@@ -130,3 +130,22 @@ def test_split_kv_exact_and_thread_dependent(kv):
     """One query row over 600 keys: the output is the merge of one chunk per thread."""
     outs = [_compare(1, 1, 600, 64, kv, threads=t, seed=3) for t in (1, 2, 3)]
     assert any(not np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_library_dir_follows_the_environment(tmp_path, monkeypatch):
+    for name in ("ggml-base", "ggml-cpu", "ggml"):
+        (tmp_path / f"lib{name}.so").write_bytes(b"")
+    monkeypatch.setenv("FA_JAX_GGML_LIB", str(tmp_path))
+    assert ggml_lib.library_dir() == tmp_path
+    (tmp_path / "libggml-cpu.so").unlink()
+    assert ggml_lib.library_dir() != tmp_path
+
+
+def test_build_script_builds_where_the_kernel_looks(tmp_path, monkeypatch):
+    from helpers import load_experiment
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("FA_JAX_GGML_LIB", raising=False)
+    build = load_experiment("build_ggml")
+    assert build.default_cache() / "lib" == tmp_path / "fa_jax" / "ggml" / "lib"
+    assert ggml_lib._candidates()[0] == build.default_cache() / "lib"
