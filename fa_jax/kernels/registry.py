@@ -27,6 +27,7 @@ _BUILTINS = {
     "cudnn": ("fa_jax.kernels.gpu", "CUDNN"),
     "torch-cuda-flash": ("fa_jax.kernels.gpu", "TORCH_CUDA_FLASH"),
     "torch-cuda-mem-efficient": ("fa_jax.kernels.gpu", "TORCH_CUDA_MEM_EFFICIENT"),
+    "ggml": ("fa_jax.kernels.ggml", "GGML"),
 }
 _REGISTERED: dict[str, Kernel] = {}
 
@@ -134,11 +135,13 @@ def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool):
     return fmt, q, k, v
 
 
-def real(name: str, q, k, v, *, fmt, causal: bool = False, scale=None) -> np.ndarray:
-    """The real kernel's output (..., N, d_v) as float64 (module docstring)."""
+def real(name: str, q, k, v, *, fmt, causal: bool = False, scale=None, **options) -> np.ndarray:
+    """The real kernel's output (..., N, d_v) as float64 (module docstring); ``options``
+    are the kernel's own keywords (``ggml``: ``kv_type``, ``threads``)."""
     kernel = get(name)
     fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
-    return np.asarray(kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale), np.float64)
+    out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **options)
+    return np.asarray(out, np.float64)
 
 
 def model(name: str, fmt, n: int, d: int) -> KernelModel:
@@ -151,11 +154,12 @@ def model(name: str, fmt, n: int, d: int) -> KernelModel:
     )
 
 
-def emulate(name: str, q, k, v, *, fmt, causal: bool = False, scale=None) -> np.ndarray:
-    """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v)."""
+def emulate(name: str, q, k, v, *, fmt, causal: bool = False, scale=None, **options) -> np.ndarray:
+    """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v);
+    ``options`` as for :func:`real`, passed to the kernel's model."""
     kernel = _lookup(name)
     fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"emulate: scale: expected a finite number, got {scale!r}")
-    m = kernel.model(fmt, q.shape[-2], q.shape[-1])
+    m = kernel.model(fmt, q.shape[-2], q.shape[-1], **options)
     return m(q, k, v, causal=causal, scale=scale)

@@ -1,0 +1,151 @@
+"""The ``ggml`` kernel: llama.cpp's CPU flash attention against fa_jax's model of it.
+
+The real-kernel tests skip where ggml's libraries are absent (build them with
+``experiments/build_ggml.py`` or point ``FA_JAX_GGML_LIB`` at them); the models are
+bit-exact on every case here (AVX-512 host), so each asserts 100 % identical elements.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fa_jax import kernels
+from fa_jax._x64 import float64_enabled
+from fa_jax.formats import get_format
+from fa_jax.kernels import ggml as G
+from fa_jax.kernels import ggml_lib
+
+_REASON = ggml_lib.unavailable()
+needs_ggml = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+_FMT = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "fp32", "q4_0": "fp32"}
+
+
+def _inputs(seed, h, n, m, d, kv):
+    from fa_jax.rounding import round_to
+
+    rng = np.random.default_rng(seed)
+    fmt = _FMT[kv]
+    with float64_enabled():
+        q, k, v = (
+            np.asarray(round_to(rng.standard_normal(s), fmt))
+            for s in ((h, n, d), (h, m, d), (h, m, d))
+        )
+    return fmt, q, k, v
+
+
+def _compare(h, n, m, d, kv, causal=False, threads=1, seed=0):
+    fmt, q, k, v = _inputs(seed, h, n, m, d, kv)
+    options = {"kv_type": kv, "threads": threads}
+    real = kernels.real("ggml", q, k, v, fmt=fmt, causal=causal, **options)
+    emulated = kernels.emulate("ggml", q, k, v, fmt=fmt, causal=causal, **options)
+    assert real.shape == emulated.shape == (h, n, d)
+    np.testing.assert_array_equal(emulated, real)
+    return real
+
+
+def test_registered():
+    assert "ggml" in kernels.names()
+
+
+def test_paths():
+    assert G.path(1, 512, 1, "f16") == "split-kv"
+    assert G.path(1, 511, 1, "f16") == "scalar"
+    assert G.path(1, 4096, 1, "q8_0") == "scalar"
+    assert G.path(64, 64, 1, "f32") == "tiled"
+    assert G.path(63, 600, 1, "f32") == "scalar"
+    assert G.path(64, 64, 1, "q4_0") == "scalar"
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="kv_type"):
+        G.model(get_format("fp32"), 1, 64, kv_type="q5_1")
+    with pytest.raises(ValueError, match="fmt"):
+        G.model(get_format("fp8_e4m3"), 1, 64)
+    with pytest.raises(ValueError, match="threads"):
+        G.model(get_format("fp32"), 1, 64, threads=0)
+
+
+def test_q8_0_rounding_ref_half_away_x86_half_even():
+    """ggml's reference quantizer rounds halves away from zero (roundf), its x86 query
+    quantizer to even (_mm256_round_ps): a block whose amax is 127 (d = 1) tells them apart."""
+    from fa_jax import ggml_blocks
+
+    x = np.zeros((32,))
+    x[0], x[1], x[2] = 127.0, 2.5, -3.5
+    with float64_enabled():
+        q_ref, d_ref = jax.jit(ggml_blocks.quantize_ref, static_argnums=1)(x, "q8_0")
+        q_x86, d_x86 = jax.jit(ggml_blocks.quantize_q8_0_x86)(x)
+    assert float(d_ref[0, 0]) == float(d_x86[0, 0]) == 1.0
+    assert [float(t) for t in q_ref[0, :3]] == [127.0, 3.0, -4.0]
+    assert [float(t) for t in q_x86[0, :3]] == [127.0, 2.0, -4.0]
+
+
+def test_q4_0_scale_from_signed_max():
+    """Q4_0's scale is the signed value of largest magnitude over -8 (ggml-quants.c:132)."""
+    from fa_jax import ggml_blocks
+
+    x = np.linspace(-1.0, 0.5, 32)  # max |x| at -1: d = 1/8, values in [-8, 7]
+    with float64_enabled():
+        q, d = (
+            np.asarray(t) for t in jax.jit(ggml_blocks.quantize_ref, static_argnums=1)(x, "q4_0")
+        )
+        back = np.asarray(ggml_blocks.dequantize(q, d, "q4_0"))
+    assert float(d[0, 0]) == 0.125
+    assert q.min() == -8.0 and q.max() <= 7.0
+    assert np.max(np.abs(back - x)) <= 0.0625
+
+
+@needs_ggml
+def test_scalar_f16_accumulator_exact():
+    """Decode-like rows, F16 K/V (FP16 accumulator, Q rounded to FP16), d = 80 (leftovers
+    past the 64-element vector steps), causal."""
+    _compare(2, 5, 5, 80, "f16", causal=True)
+
+
+@needs_ggml
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_scalar_exact(kv, d):
+    if kv.startswith("q") and d % 32:
+        d = 96  # blocks of 32
+    _compare(2, 3, 37, d, kv)
+    _compare(2, 7, 7, d, kv, causal=True, seed=1)
+
+
+@needs_ggml
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_tiled_exact(kv):
+    _compare(1, 70, 70, 64, kv)
+    _compare(1, 65, 65, 80, kv, causal=True, seed=2)
+
+
+@needs_ggml
+@pytest.mark.slow
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_split_kv_exact_and_thread_dependent(kv):
+    """One query row over 600 keys: the output is the merge of one chunk per thread."""
+    outs = [_compare(1, 1, 600, 64, kv, threads=t, seed=3) for t in (1, 2, 3)]
+    assert any(not np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_library_dir_follows_the_environment(tmp_path, monkeypatch):
+    for name in ("ggml-base", "ggml-cpu", "ggml"):
+        (tmp_path / f"lib{name}.so").write_bytes(b"")
+    monkeypatch.setenv("FA_JAX_GGML_LIB", str(tmp_path))
+    assert ggml_lib.library_dir() == tmp_path
+    (tmp_path / "libggml-cpu.so").unlink()
+    assert ggml_lib.library_dir() != tmp_path
+
+
+def test_build_script_builds_where_the_kernel_looks(tmp_path, monkeypatch):
+    from helpers import load_experiment
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("FA_JAX_GGML_LIB", raising=False)
+    build = load_experiment("build_ggml")
+    assert build.default_cache() / "lib" == tmp_path / "fa_jax" / "ggml" / "lib"
+    assert ggml_lib._candidates()[0] == build.default_cache() / "lib"
