@@ -55,10 +55,9 @@ a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
 under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for
-flash attention, Dao 2023), with respect to the arrays passed in (the rounding
-to ``inputs``, and a KV cache's quantization (:mod:`fa_jax.kv_cache`, the
-policy's ``kv``), pass gradients straight through; masked rows and keys get zero
-gradient; the log-sum-exp's cotangent is accepted); first-order reverse mode only.
+flash attention, Dao 2023), with respect to the arrays passed in (the rounding to
+``inputs`` and a KV cache, :mod:`fa_jax.kv_cache`, pass gradients straight through;
+masked rows and keys get zero gradient; the lse's cotangent is accepted); first-order only.
 """
 
 from __future__ import annotations

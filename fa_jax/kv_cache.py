@@ -8,7 +8,7 @@ multiplies each value it reads by a descale factor: vLLM's FP8 KV cache
 ``descale_k``, ``descale_v`` of shape (batch, nheads_k) (Shah et al. 2024,
 arXiv 2407.08608, ``flash_attn_interface``).  Finer, per-token scales are what
 KIVI (Liu et al. 2024, arXiv 2402.02750) and KVQuant (Hooper et al. 2024,
-arXiv 2401.18079) give V; they quantize K per channel and with zero points,
+arXiv 2401.18079) give V; both quantize K per channel, KIVI with zero points,
 which this module does not model: its scales are symmetric.
 
 Policy fields (:mod:`fa_jax.policy`): ``kv``, the cache format (a Format, or
@@ -57,13 +57,10 @@ x' of that group is NaN: the result is NaN, never silently finite (keys past
 concrete array with inf or NaN raises ValueError.
 
 Everything is ``jax.jit``/``jax.vmap`` compatible and runs in the policy's
-carrier (float64, or float32 with the same bits).  A scaled cache needs a
-concrete ``kv`` format (its max); ``"none"`` accepts a traced one.
+carrier (float64, or float32: the same bits); a scaled cache needs a concrete kv.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -71,14 +68,10 @@ import numpy as np
 
 from fa_jax import ops, quantization
 from fa_jax._checks import one_of
+from fa_jax.policy import KV_SCALINGS, Policy
 from fa_jax.quantization import IntFormat
 
-if TYPE_CHECKING:
-    from fa_jax.policy import Policy
-
 __all__ = ["dequantize_kv", "kv_scales", "quantize_kv", "read_kv"]
-
-_SCALINGS = ("none", "tensor", "head", "token")
 
 
 def _axes(ndim: int, scaling: str, fn: str, shape) -> tuple[int, ...]:
@@ -115,7 +108,7 @@ def kv_scales(x, fmt, scaling: str, *, kv_lengths=None, groups: int = 1) -> jax.
     """The FP32 amax scales s of K or V (..., H_kv, M, c) for ``fmt`` (module
     docstring), in x's carrier, shaped to broadcast against x: () per tensor,
     (1, .., 1, H_kv, 1, 1) per head, (..., M, 1) per token; 1 for "none"."""
-    one_of(scaling, _SCALINGS, "kv_scales: scaling")
+    one_of(scaling, KV_SCALINGS, "kv_scales: scaling")
     x = jnp.asarray(x)
     if scaling == "none":
         return jnp.ones((), x.dtype)
@@ -130,11 +123,11 @@ def quantize_kv(x, fmt, scaling: str, *, kv_lengths=None, groups: int = 1):
     (:func:`kv_scales`), in a float32 carrier for float32 x, else float64.  A
     concrete x with inf or NaN raises ValueError."""
     fmt = quantization.storage_format(fmt)
-    one_of(scaling, _SCALINGS, "quantize_kv: scaling")
+    one_of(scaling, KV_SCALINGS, "quantize_kv: scaling")
     if scaling == "none" and isinstance(fmt, IntFormat):
         raise ValueError(
             f"quantize_kv: an integer cache ({fmt.name}) needs scales: expected scaling "
-            f"in {_SCALINGS[1:]}, got 'none'"
+            f"in {KV_SCALINGS[1:]}, got 'none'"
         )
     dtype = np.float32 if jnp.result_type(x) == np.float32 else np.float64
     x = quantization._finite_input(x, "quantize_kv", dtype)

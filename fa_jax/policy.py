@@ -56,18 +56,8 @@ output is normalised: ``"divide"`` (fl_out(o / l)) or ``"reciprocal"``
 type, for every stage that fits float32: :mod:`fa_jax.ops32`) or ``"auto"``
 (float64 when ``jax_enable_x64`` is on, else float32).  Both give the same bits.
 
-A KV cache (:mod:`fa_jax.kv_cache`) is the ``kv`` stage, the format K and V
-are stored in (a Format or ``"int8"``), and ``kv_scaling``, how they are scaled
-into it: ``"none"`` (a plain cast, scale 1), ``"tensor"``, ``"head"`` or
-``"token"`` (one FP32 amax scale per tensor, K/V head or key).  Left out
-(``kv=None``), K and V are read as the inputs stage stores them: no cache
-quantisation, which a later ``replace(inputs=...)`` keeps.  Like ``bias``,
-``kv`` is not one of ``STAGES``.  E.g. ``fa2_kernel("bf16").replace(kv="e4m3fn",
-kv_scaling="head")``.
-
 A Policy is a pytree whose leaves are its formats' widths, so policies can be
-vmapped over formats (a scaled ``kv`` needs a concrete format).  Presets live
-in :mod:`fa_jax.presets`.
+vmapped over formats.  Presets live in :mod:`fa_jax.presets`.
 """
 
 from __future__ import annotations
@@ -123,7 +113,17 @@ class Policy:
     """The Format of each attention stage (module docstring), the accumulation
     model, the scale placement, the exp model and the final normalisation.
     Build one directly or with a preset; the backward stages may be left out
-    (module docstring)."""
+    (module docstring).
+
+    A KV cache (:mod:`fa_jax.kv_cache`) is the stage ``kv``, the format K and V
+    are stored in (a Format, or ``"int8"``), with ``kv_scaling``, how they are
+    scaled into it: ``"none"`` (a plain cast, scale 1), ``"tensor"``, ``"head"``
+    or ``"token"`` (one FP32 amax scale per tensor, K/V head or key).  Left out
+    (``kv=None``), K and V are read as ``inputs`` stores them: no cache, which a
+    later ``replace(inputs=...)`` keeps.  Like ``bias``, ``kv`` is not one of
+    ``STAGES``; a scaled ``kv`` needs a concrete format (not vmapped widths).
+    E.g. ``fa2_kernel("bf16").replace(kv="e4m3fn", kv_scaling="head")``.
+    """
 
     inputs: Format
     qk_acc: Format

@@ -16,6 +16,7 @@ attention meets plain float64 (tests/attention_plain.py).
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +83,7 @@ def numpy_amax(x, scaling, kv_lengths=None, groups=1):
     return a.max(axis=tuple(i for i in range(a.ndim) if i != a.ndim - 3), keepdims=True)
 
 
-def numpy_cache(x, fmt: str, scaling: str, inputs="bfloat16", **lengths):
+def numpy_cache(x, fmt: str, scaling: str, inputs: Any = "bfloat16", **lengths):
     """(codes, scales, x') of x (FP32 values) by numpy float32 division and ml_dtypes;
     x' rounded to ``inputs`` by ml_dtypes (a name) or the exact oracle (a Format)."""
     fmt = NAME[fmt]
@@ -341,11 +342,10 @@ def test_attention_with_a_cache_in_float32_carriers():
     q, k, v, _, _ = (t[:1, :2] for t in _problem(5))
     policy = fa2_kernel(BF16).replace(kv="int8", kv_scaling="token")
     wide = reference_attention(q, k, v, policy.replace(carrier="float64"))
-    narrow = reference_attention(
-        *(t.astype(np.float32) for t in (q, k, v)), policy.replace(carrier="float32")
-    )
+    q, k, v = (t.astype(np.float32) for t in (q, k, v))
+    narrow = np.asarray(reference_attention(q, k, v, policy.replace(carrier="float32")))
     assert narrow.dtype == np.float32
-    np.testing.assert_array_equal(np.asarray(narrow, np.float64), np.asarray(wide))
+    np.testing.assert_array_equal(narrow.astype(np.float64), np.asarray(wide))
 
 
 @pytest.mark.slow
@@ -382,9 +382,8 @@ def test_simulation_op_by_op_on_dequantized_kv():
         "out": (8, 16),
     }
     inputs = custom(*widths["inputs"])
-    policy = Policy(**{s: custom(*w) for s, w in widths.items()}, name="mixed").replace(
-        kv="e4m3fn", kv_scaling="head"
-    )
+    stages: dict[str, Any] = {s: custom(*w) for s, w in widths.items()}
+    policy = Policy(**stages, name="mixed").replace(kv="e4m3fn", kv_scaling="head")
     rng = np.random.default_rng(6)
 
     def rounded(shape):
