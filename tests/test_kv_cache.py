@@ -264,6 +264,24 @@ def test_no_cache_is_todays_attention():
     assert base.replace(inputs=FP16).kv is None
 
 
+def test_a_plain_cast_cache_vmaps_over_its_widths():
+    """kv_scaling "none" is a cast, which takes traced widths: one program for
+    several cache formats equals one call per format."""
+    _, k, v, _, _ = _problem(7)
+    kj, vj = jnp.asarray(k), jnp.asarray(v)
+    base = fa2_kernel(BF16)
+    batched = jax.jit(jax.vmap(lambda m: read_kv(kj, vj, base.replace(kv=custom(5, m)))))(
+        jnp.array([1, 2])
+    )
+    for i, m in enumerate((1, 2)):
+        want = numpy_cache(k, "e5m2", "none")[2] if m == 2 else None
+        got = read_kv(kj, vj, base.replace(kv=custom(5, m)))
+        np.testing.assert_array_equal(np.asarray(batched[0][i]), np.asarray(got[0]))
+        np.testing.assert_array_equal(np.asarray(batched[1][i]), np.asarray(got[1]))
+        if want is not None:
+            np.testing.assert_array_equal(np.asarray(got[0]), want)
+
+
 # -- through attention ---------------------------------------------------------------
 
 
