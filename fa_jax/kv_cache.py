@@ -43,7 +43,7 @@ Where it happens.  A kernel dequantizes each K_j, V_j block as its loop loads
 it.  Dequantization is elementwise, x'_ij depends on x̂_ij and its group's s
 only, so dequantizing every block as read gives the same bits as dequantizing
 K and V once before the loop, which is what the emulation does (in
-:func:`fa_jax.attention`'s input preparation, for the reference, every flash
+:mod:`fa_jax.attention`'s input preparation, for the reference, every flash
 variant and the kernel loops alike); the backward reads the same K', V'.
 
 Gradients pass straight through the cache: dK and dV are the gradients with
