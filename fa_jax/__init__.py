@@ -18,7 +18,7 @@ the ``fa-jax`` command.
 
 from typing import TYPE_CHECKING
 
-from fa_jax import backward, bounds, inputs, metrics, nn, ops, presets, quantization
+from fa_jax import backward, bounds, inputs, kv_cache, metrics, nn, ops, presets, quantization
 from fa_jax.accumulation import (
     EXACT,
     SEQUENTIAL,
@@ -122,6 +122,7 @@ __all__ = [
     "get_policy",
     "golden",
     "inputs",
+    "kv_cache",
     "make_inputs",
     "metrics",
     "naive_softmax",

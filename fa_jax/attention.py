@@ -55,9 +55,9 @@ a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
 under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for
-flash attention, Dao 2023), with respect to the arrays passed in (the rounding
-to ``inputs`` passes gradients straight through; masked rows and keys get zero
-gradient; the log-sum-exp's cotangent is accepted); first-order reverse mode only.
+flash attention, Dao 2023), with respect to the arrays passed in (the rounding to
+``inputs`` and a KV cache, :mod:`fa_jax.kv_cache`, pass gradients straight through;
+masked rows and keys get zero gradient; the lse's cotangent is accepted); first-order only.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ from fa_jax._jit import jit_config
 from fa_jax.backward import flash_backward, reference_backward
 from fa_jax.formats import get_format
 from fa_jax.heads import kv_groups, repeat_kv, sum_groups
+from fa_jax.kv_cache import read_kv
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
 from fa_jax.score_mods import add_bias, check_softcap, prepare_bias, softcap, softcap_grad_factor
@@ -147,12 +148,14 @@ def blocks_from_sram(
     return Blocks(br, bc)
 
 
-def _prepare(q, k, v, policy: Policy, scale, groups: int = 1):
-    """Round Q, K, V to the input format (K and V repeated over their query heads'
-    groups: :mod:`fa_jax.heads`); resolve the scale (rounded to the format of the
+def _prepare(q, k, v, policy: Policy, scale, groups: int = 1, kv_lengths=None):
+    """Round Q, K, V to the input format, K and V read through the policy's KV cache
+    (:mod:`fa_jax.kv_cache`) and repeated over their query heads' groups
+    (:mod:`fa_jax.heads`); resolve the scale (rounded to the format of the
     stage it multiplies, as a kernel holds it)."""
     dtype = policy.carrier_dtype()
     q, k, v = (ops.cast(ops.carrier(t, dtype), policy.inputs) for t in (q, k, v))
+    k, v = read_kv(k, v, policy, kv_lengths=kv_lengths, groups=groups)
     scale = _resolved_scale(scale, q.shape[-1], policy)
     if policy.scale == "q":
         q = ops.mul(q, scale, policy.inputs)
@@ -430,7 +433,7 @@ def _reference_forward(call: _Call, q, k, v, dynamic):
     """((O, lse), (Q, K, V, scale, P, ∂S'/∂S)): the outputs and what the backward reads."""
     args = _config(call, dynamic)
     policy, kv_lengths = args.policy, args.kv_lengths
-    q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups)
+    q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups, kv_lengths)
     bias, mask = _score_mods("reference_attention", q, args, policy, k.shape[-2])
     s, d_cap = _scorer(q, scale, policy, call, args, kv_lengths, bias, mask)(k, grad=True)
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
@@ -582,7 +585,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     args = _config(call, dynamic)
     policy, kv_lengths = args.policy, args.kv_lengths
     bc = cast(Blocks, call.blocks).bc  # flash calls always carry blocks
-    q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups)
+    q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups, kv_lengths)
     prepared = (q, k, v, scale)
     bias, mask = _score_mods("flash_attention", q, args, policy, k.shape[-2], _padded(k, bc))
     # Keys right of every row's window are never visited (fa_jax.masking).

@@ -73,10 +73,11 @@ from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, get_accumulation
 from fa_jax.exponential import CORRECTLY_ROUNDED, ExpModel, get_exp_model
 from fa_jax.formats import Format, get_format
+from fa_jax.quantization import IntFormat, storage_format
 from fa_jax.tanh_models import CORRECTLY_ROUNDED as CORRECTLY_ROUNDED_TANH
 from fa_jax.tanh_models import TanhModel, get_tanh_model
 
-__all__ = ["BACKWARD_STAGES", "FORWARD_STAGES", "NORMALISE", "STAGES", "Policy"]
+__all__ = ["BACKWARD_STAGES", "FORWARD_STAGES", "KV_SCALINGS", "NORMALISE", "STAGES", "Policy"]
 
 FORWARD_STAGES = ("inputs", "qk_acc", "scores", "stats", "exp", "p", "pv_acc", "o_acc", "out")
 BACKWARD_STAGES = ("d_out", "d_acc", "d_p", "d_stats", "d_s", "grads")
@@ -96,6 +97,9 @@ _ALL_STAGES = (*STAGES, "bias")
 _SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
 _STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier", "tanh_model")
+# The KV cache (fa_jax.kv_cache): its format, a leaf (None: none), and its static scaling.
+KV_SCALINGS = ("none", "tensor", "head", "token")
+_KV_FIELDS = ("kv", "kv_scaling")
 
 
 def _too_wide(fmt: Format) -> bool:
@@ -109,7 +113,17 @@ class Policy:
     """The Format of each attention stage (module docstring), the accumulation
     model, the scale placement, the exp model and the final normalisation.
     Build one directly or with a preset; the backward stages may be left out
-    (module docstring)."""
+    (module docstring).
+
+    A KV cache (:mod:`fa_jax.kv_cache`) is the stage ``kv``, the format K and V
+    are stored in (a Format, or ``"int8"``), with ``kv_scaling``, how they are
+    scaled into it: ``"none"`` (a plain cast, scale 1), ``"tensor"``, ``"head"``
+    or ``"token"`` (one FP32 amax scale per tensor, K/V head or key).  Left out
+    (``kv=None``), K and V are read as ``inputs`` stores them: no cache, which a
+    later ``replace(inputs=...)`` keeps.  Like ``bias``, ``kv`` is not one of
+    ``STAGES``; a scaled ``kv`` needs a concrete format (not vmapped widths).
+    E.g. ``fa2_kernel("bf16").replace(kv="e4m3fn", kv_scaling="head")``.
+    """
 
     inputs: Format
     qk_acc: Format
@@ -134,6 +148,8 @@ class Policy:
     carrier: str = "auto"
     bias: Format | None = None
     tanh_model: TanhModel = CORRECTLY_ROUNDED_TANH
+    kv: Format | IntFormat | None = None
+    kv_scaling: str = "none"
 
     def __post_init__(self):
         for stage, source in _DEFAULTS.items():
@@ -155,11 +171,28 @@ class Policy:
             )
         one_of(self.normalise, NORMALISE, "Policy.normalise")
         one_of(self.carrier, ops.CARRIERS, "Policy.carrier")
+        self._check_kv()
         if self.carrier == "float32":
             self._stages_fitting_float32()
 
+    def _check_kv(self) -> None:
+        if self.kv is not None:
+            object.__setattr__(self, "kv", storage_format(self.kv))
+        one_of(self.kv_scaling, KV_SCALINGS, "Policy.kv_scaling")
+        if self.kv is None and self.kv_scaling != "none":
+            raise ValueError(
+                f"Policy.kv: kv_scaling={self.kv_scaling!r} scales K and V into a cache "
+                "format: expected one, e.g. kv='e4m3fn', got None"
+            )
+        if isinstance(self.kv, IntFormat) and self.kv_scaling == "none":
+            raise ValueError(
+                f"Policy.kv_scaling: an integer cache ({self.kv.name}) needs scales: "
+                f"expected one of {KV_SCALINGS[1:]}, got 'none'"
+            )
+
     def _stages_fitting_float32(self) -> None:
-        wide = [s for s in _ALL_STAGES if _too_wide(getattr(self, s))]
+        kv = () if self.kv is None else ("kv",)
+        wide = [s for s in (*_ALL_STAGES, *kv) if _too_wide(getattr(self, s))]
         if not wide:
             return
         what = (
@@ -184,8 +217,8 @@ class Policy:
 
     def replace(self, **changes) -> Policy:
         """A copy with some stages (or the accumulation, scale, name, exp model,
-        normalisation, carrier or bias stage) changed."""
-        unknown = set(changes) - set(_ALL_STAGES) - set(_STATIC)
+        normalisation, carrier, bias stage or KV cache) changed."""
+        unknown = set(changes) - set(_ALL_STAGES) - set(_STATIC) - set(_KV_FIELDS)
         if unknown:
             raise ValueError(
                 f"Policy.replace: unknown fields {sorted(unknown)}; stages are {STAGES}"
@@ -193,15 +226,15 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
     def tree_flatten(self):
-        children = tuple(getattr(self, s) for s in _ALL_STAGES)
-        return children, tuple(getattr(self, k) for k in _STATIC)
+        children = (*(getattr(self, s) for s in _ALL_STAGES), self.kv)
+        return children, (*(getattr(self, k) for k in _STATIC), self.kv_scaling)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        for s, f in zip(_ALL_STAGES, children):
+        for s, f in zip((*_ALL_STAGES, "kv"), children):
             object.__setattr__(obj, s, f)
-        for k, v in zip(_STATIC, aux):
+        for k, v in zip((*_STATIC, "kv_scaling"), aux):
             object.__setattr__(obj, k, v)
         return obj
 
@@ -214,6 +247,10 @@ class Policy:
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
         bias = typing.cast(Format, self.bias)
         lines += [f"  {'bias':<7} {bias.name}  (an additive bias, when given)"]
+        if self.kv is None:
+            lines += [f"  {'kv':<7} {self.inputs.name}  (K and V as inputs: no cache)"]
+        else:
+            lines += [f"  {'kv':<7} {self.kv.name}  (K and V cached, scaling {self.kv_scaling})"]
         lines += ["  backward:"]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in BACKWARD_STAGES]
         return "\n".join(lines)

@@ -13,9 +13,14 @@ that quantization in two ways:
 
 Scales (amax scaling), in the arithmetic of a quantization kernel::
 
-    s = fl_FP32(amax / fmt.max)         (s = 1 where amax = 0: nothing to scale)
+    s = fl_FP32(amax / fmt.max)         (s = 1 where that is 0: nothing to scale)
     x̂ = fl_fmt(fl_FP32(x / s))          quantize: values of fmt, float64 carrier
     x ≈ x̂ · s                           dequantize
+
+``fmt`` is a floating-point :class:`~fa_jax.formats.Format` or an integer grid,
+:class:`IntFormat` (:data:`INT8`: the integers -127 .. 127, symmetric, so that
+-max is representable as max is), for which fl_fmt rounds to the nearest integer,
+ties to even (``torch.round``, ``np.rint``), and clamps to ±max; a zero code is +0.
 
 ``amax`` is max |x| over the tensor (per tensor) or over each block of
 ``block`` consecutive rows of the sequence axis (-2) and all d columns of one
@@ -35,17 +40,25 @@ with |δ| <= 2^-24, so x / s = max / (1 + δ) lies within 2^-23 relative of max,
 which rounds to max in every format with fewer than 22 fraction bits; every
 other element maps to at most max, so nothing overflows.  This needs s in
 FP32's normal range (amax >= fmt.max · 2^-126); a smaller nonzero amax gives a
-subnormal or zero scale.
+subnormal scale, or one that underflows to 0, which is replaced by 1 as for
+amax = 0 (every |x| is then below fmt.max · 2^-149: x̂ is x rounded to fmt
+unscaled, and no x / 0 makes a NaN).
+
+A computation in float32 carriers (``dtype=np.float32`` where a function takes
+it: FP32 values) gives the same values as in float64: the scale and the
+quotient are FP32 values, rounded once by :func:`fa_jax.ops.div` in either.
 
 Inputs must be finite: a concrete array with inf or NaN raises ValueError;
 under ``jax.jit`` (where values are not known) a non-finite amax gives a NaN
 scale, so the result is NaN rather than silently wrong.
 
-Everything is ``jax.jit``/``jax.vmap`` compatible and needs ``jax_enable_x64``.
+Everything is ``jax.jit``/``jax.vmap`` compatible and needs ``jax_enable_x64``
+(except in float32 carriers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -53,13 +66,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from numpy.typing import DTypeLike
 
 from fa_jax import ops
 from fa_jax._checks import is_int, positive_int
 from fa_jax.formats import FP32, Format, get_format
 
 __all__ = [
+    "INT8",
     "SCALE_FORMAT",
+    "IntFormat",
     "amax_scale",
     "dequantize",
     "expand_block_scales",
@@ -72,24 +88,73 @@ __all__ = [
     "quantize_per_block",
     "quantize_per_tensor",
     "random_signs",
+    "storage_format",
 ]
 
 SCALE_FORMAT = FP32
 
 
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class IntFormat:
+    """A symmetric signed integer grid: the integers -max .. max with
+    max = 2^(bits - 1) - 1 (module docstring).  A pytree with no leaves: its
+    width is static."""
+
+    name: str
+    bits: int
+
+    def __post_init__(self):
+        if not is_int(self.bits) or not 2 <= self.bits <= 24:
+            raise ValueError(f"IntFormat.bits: expected an integer in 2..24, got {self.bits!r}")
+
+    @property
+    def max(self) -> float:
+        return float(2 ** (self.bits - 1) - 1)
+
+    @property
+    def is_concrete(self) -> bool:
+        return True
+
+    def fits(self, dtype) -> bool:
+        """Whether ``dtype`` (float32 or float64) holds every value: always (bits <= 24)."""
+        return True
+
+    def tree_flatten(self):
+        return (), (self.name, self.bits)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*aux)
+
+
+INT8 = IntFormat("int8", 8)
+_INT_FORMATS = {"int8": INT8}
+
+
+def storage_format(spec) -> Format | IntFormat:
+    """A quantization target: an :class:`IntFormat` or its name ("int8"), else a
+    floating-point Format by :func:`fa_jax.formats.get_format`."""
+    if isinstance(spec, IntFormat):
+        return spec
+    if isinstance(spec, str) and spec.strip().lower() in _INT_FORMATS:
+        return _INT_FORMATS[spec.strip().lower()]
+    return get_format(spec)
+
+
 # -- checks ---------------------------------------------------------------------
 
 
-def _target(fmt, fn: str) -> Format:
-    fmt = get_format(fmt)
+def _target(fmt, fn: str) -> Format | IntFormat:
+    fmt = storage_format(fmt)
     if not fmt.is_concrete:
         raise TypeError(f"{fn}: expected a concrete Format, got traced widths in {fmt!r}")
     return fmt
 
 
-def _finite_input(x, fn: str) -> jax.Array:
-    """``x`` as a float64 carrier; a concrete array must be finite."""
-    x = ops.carrier(x, np.float64)
+def _finite_input(x, fn: str, dtype: DTypeLike = np.float64) -> jax.Array:
+    """``x`` as a carrier of ``dtype``; a concrete array must be finite."""
+    x = ops.carrier(x, dtype)
     if not isinstance(x, Tracer):
         bad = int(np.sum(~np.isfinite(np.asarray(x))))
         if bad:
@@ -123,14 +188,14 @@ def _matrix_input(x, fn: str) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("fmt",))
-def _amax_scale(amax, fmt: Format):
+def _amax_scale(amax, fmt: Format | IntFormat):
     s = ops.div(amax, jnp.full_like(amax, fmt.max), SCALE_FORMAT)
-    s = jnp.where(amax == 0, 1.0, s)
+    s = jnp.where(s == 0, 1.0, s)  # amax = 0, or amax / max below FP32's subnormals
     return jnp.where(jnp.isfinite(amax), s, jnp.nan)
 
 
 @functools.partial(jax.jit, static_argnames=("fmt", "block"))
-def _block_scales(x, fmt: Format, block):
+def _block_scales(x, fmt: Format | IntFormat, block):
     if block is None:
         return _amax_scale(jnp.max(jnp.abs(x)), fmt)
     n, d = x.shape[-2:]
@@ -139,14 +204,18 @@ def _block_scales(x, fmt: Format, block):
 
 
 @functools.partial(jax.jit, static_argnames=("fmt",))
-def _quantize(x, scale, fmt: Format):
-    return ops.cast(ops.div(x, scale, SCALE_FORMAT), fmt)
+def _quantize(x, scale, fmt: Format | IntFormat):
+    y = ops.div(x, scale, SCALE_FORMAT)
+    if isinstance(fmt, IntFormat):
+        r = jnp.clip(jnp.round(y), -fmt.max, fmt.max)  # jnp.round: ties to even
+        return jnp.where(r == 0, 0.0, r).astype(y.dtype)  # an integer has no -0
+    return ops.cast(y, fmt)
 
 
-def amax_scale(amax, fmt) -> jax.Array:
-    """s = fl_FP32(amax / fmt.max) elementwise; 1 where amax = 0, NaN where amax is
-    not finite (module docstring)."""
-    return _amax_scale(ops.carrier(amax, np.float64), _target(fmt, "amax_scale"))
+def amax_scale(amax, fmt, *, dtype: DTypeLike = np.float64) -> jax.Array:
+    """s = fl_FP32(amax / fmt.max) elementwise, in a carrier of ``dtype``; 1 where
+    that is 0, NaN where amax is not finite (module docstring)."""
+    return _amax_scale(ops.carrier(amax, dtype), _target(fmt, "amax_scale"))
 
 
 def per_tensor_scale(x, fmt) -> jax.Array:
@@ -173,12 +242,12 @@ def expand_block_scales(scales, block: int) -> jax.Array:
 # -- quantize / dequantize --------------------------------------------------------
 
 
-def quantize(x, scale, fmt) -> jax.Array:
-    """x̂ = fl_fmt(fl_FP32(x / scale)) (module docstring); ``scale`` broadcasts
-    against x (a per-tensor scalar, or per-row scales (..., N, 1))."""
+def quantize(x, scale, fmt, *, dtype: DTypeLike = np.float64) -> jax.Array:
+    """x̂ = fl_fmt(fl_FP32(x / scale)) (module docstring), in a carrier of ``dtype``;
+    ``scale`` broadcasts against x (a per-tensor scalar, or per-row scales (..., N, 1))."""
     fmt = _target(fmt, "quantize")
-    x = _finite_input(x, "quantize")
-    return _quantize(x, ops.carrier(scale, np.float64), fmt)
+    x = _finite_input(x, "quantize", dtype)
+    return _quantize(x, ops.carrier(scale, dtype), fmt)
 
 
 def dequantize(x_hat, scale) -> jax.Array:

@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fa_jax import BF16, FP16, FP32, FP64, STAGES, Policy, custom, round_to
+from fa_jax import BF16, E4M3FN, E5M2, FP16, FP32, FP64, STAGES, Policy, custom, round_to
 from fa_jax.accumulation import SEQUENTIAL, chunked
 from fa_jax.policy import BACKWARD_STAGES, FORWARD_STAGES
 from fa_jax.presets import fa2_kernel, get_policy, golden, paper_uniform, torch_math
+from fa_jax.quantization import INT8
 
 
 def test_presets_name_the_documented_stage_formats():
@@ -122,3 +123,39 @@ def test_exp2_scale_goes_with_a_base_2_exp_model_only():
         fa2_kernel(BF16).replace(exp_model="exp2_correctly_rounded")
     with pytest.raises(ValueError, match=r"Policy\.scale"):
         fa2_kernel(BF16).replace(scale="log2")
+
+
+def test_kv_cache_fields():
+    """``kv`` (the KV cache's format, None: no cache) and ``kv_scaling`` (static):
+    presets take them through replace, a later replace(inputs=...) keeps no cache,
+    they enter equality, hashing, the pytree and describe."""
+    base = fa2_kernel(BF16)
+    assert base.kv is None and base.kv_scaling == "none"
+    assert base.replace(inputs=FP16).kv is None  # no cache follows the inputs
+    pol = get_policy("torch_math", "fp16").replace(kv="e4m3fn", kv_scaling="head")
+    assert pol.kv is E4M3FN and pol.kv_scaling == "head" and pol.inputs is FP16
+    assert pol.replace(kv="int8", kv_scaling="token").kv is INT8
+    assert golden().replace(kv="e5m2", kv_scaling="tensor").kv is E5M2
+    assert pol != torch_math(FP16) and hash(pol) == hash(pol.replace(name=pol.name))
+    assert pol != pol.replace(kv_scaling="token")
+    leaves, tree = jax.tree_util.tree_flatten(pol)
+    assert leaves == [*jax.tree_util.tree_leaves(torch_math(FP16)), 4, 3, 7]  # kv's widths last
+    assert jax.tree_util.tree_unflatten(tree, leaves) == pol
+    int8 = base.replace(kv="int8", kv_scaling="token")
+    assert jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(int8))) == int8
+    assert "kv      float8_e4m3fn  (K and V cached, scaling head)" in pol.describe()
+    assert "kv      bfloat16  (K and V as inputs: no cache)" in base.describe()
+
+
+def test_kv_cache_errors():
+    base = fa2_kernel(BF16)
+    with pytest.raises(ValueError, match="kv_scaling='token' scales K and V into a cache"):
+        base.replace(kv_scaling="token")
+    with pytest.raises(ValueError, match=r"Policy\.kv_scaling: an integer cache \(int8\) needs"):
+        base.replace(kv="int8")
+    with pytest.raises(ValueError, match=r"Policy\.kv_scaling: expected one of \('none', 'tensor'"):
+        base.replace(kv="e4m3fn", kv_scaling="block")
+    with pytest.raises(ValueError, match="unknown format 'e4m3x'"):
+        base.replace(kv="e4m3x")
+    with pytest.raises(ValueError, match=r"got kv=float64"):
+        base.replace(kv=FP64, kv_scaling="tensor", carrier="float32")
