@@ -19,7 +19,7 @@ from fa_jax.studies.sweep import COMPARISONS, METRICS, Features, Grid, run_sweep
 HEADS, D = 4, 8
 # The paper's attention (Features()) is every other sweep test's.
 ENTRIES = (
-    Features(kv_heads=2, softcap=5.0, alibi=True),
+    Features(kv_heads=2, softcap=5.0, alibi=True, kv="e4m3fn", kv_scaling="head"),
     Features(window=(4, 0)),
     Features(queries=1),
 )
@@ -43,7 +43,8 @@ def rows(tmp_path_factory):
 
 def direct(feat: Features, n: int):
     """flash, baseline and golden by direct calls, with the entry's features
-    written out here (not through Features.attention_kwargs)."""
+    written out here (not through Features.attention_kwargs); the KV cache is the
+    policies', not the golden's."""
     q, k, v = make_inputs(0, n, heads=HEADS, d=D)
     if feat.queries is not None:
         q = q[..., : feat.queries, :]
@@ -53,6 +54,8 @@ def direct(feat: Features, n: int):
     if feat.alibi:
         kw["bias"] = alibi_bias(alibi_slopes(HEADS), q.shape[-2], n)
     pol = fa2_kernel("bf16")
+    if feat.kv is not None:
+        pol = pol.replace(kv=feat.kv, kv_scaling=feat.kv_scaling)
     rounded = [round_to(t, "bf16") for t in (q, k, v)]
     return {
         "flash": flash_attention(q, k, v, pol, Blocks(8, 8), **kw)[0],
@@ -94,6 +97,7 @@ def test_every_entry_changes_the_numbers(rows):
         *ENTRIES,
         Features(),
         Features(kv_heads=1, window=(-1, 3), softcap=2.5, alibi=True, num_splits=2),
+        Features(kv="int8", kv_scaling="token"),
     ],
     ids=lambda f: f.label(),
 )
@@ -123,6 +127,7 @@ def test_bad_entries_are_refused(kw, match):
         (dict(num_splits=0), r"Features.num_splits"),
         (dict(kv_heads=0), r"Features.kv_heads"),
         (dict(queries=1, window=(2, 0)), r"no window with queries"),
+        (dict(kv="int8"), r"Features: Policy.kv_scaling: an integer cache"),
     ],
 )
 def test_bad_features_are_refused(kw, match):

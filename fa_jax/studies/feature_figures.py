@@ -10,15 +10,17 @@ as a table and drawn into ``NAME.png``; each returns the same dict.
   and their ratio against N, in BF16 and FP16, under each policy (Golden et al.
   2024, Figs 4–5, asked of each feature): d = 64, 4 query heads, 64×64 tiles,
   entries ``none``, ``kv_heads=1`` (MQA), ``window=256:0`` (a causal-like sliding
-  window), ``softcap=5`` and ``alibi``.
+  window), ``softcap=5``, ``alibi`` and FP8/int8 KV caches (``kv=e4m3fn/head``,
+  ``kv=e5m2/head``, ``kv=int8/token``: the cache's error against a golden that
+  reads K and V uncached).
 * ``decoding``: one query row (``queries=1``) against 4k … 128k keys, d = 128,
   Bc = 128, flash as S = 1, 2, 4, … split-KV parts (FlashAttention-2's
   ``num_splits``, combined by their log-sum-exps): max |flash − golden| against
   S per key count, BF16, under each policy.
 
 Grids (quick / full): ``features`` N = 256, 1024 / 1024, 2048, 4096 with 2 / 3
-seeds (the baseline's N × N float64 scores of 4 heads bound N); ``decoding`` keys 4096, 16384 / 4096 … 131072 with S up to 8 / 16 and
-4 / 8 seeds.
+seeds (the baseline's N × N float64 scores of 4 heads bound N); ``decoding``
+keys 4096, 16384 / 4096 … 131072 with S up to 8 / 16 and 4 / 8 seeds.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ _FEATURES = (
     Features(window=(256, 0)),
     Features(softcap=5.0),
     Features(alibi=True),
+    Features(kv="e4m3fn", kv_scaling="head"),
+    Features(kv="e5m2", kv_scaling="head"),
+    Features(kv="int8", kv_scaling="token"),
 )
 
 

@@ -261,7 +261,7 @@ class FormatBatch:
             shape = dataclasses.replace(shape, carrier=self.carrier)
             q, k, v = self.narrow_inputs(chunk, preset)
         args = (q, k, v, widths, lengths)
-        static = dict(static, shape=shape, features=self.features)
+        static = {"features": self.features, **static, "shape": shape}
         total = len(lengths)
         per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
         size = min(per, PIECE * len(jax.local_devices()))
@@ -287,8 +287,9 @@ class FormatBatch:
     def reference_plans(self, chunk, preset) -> list:
         """The :meth:`plan` of :meth:`golden` and of :meth:`baseline`."""
         causal = self.grid.causal
+        gold = self.features.for_golden()
         return [
-            self.plan(reference_program, chunk, None, causal=causal),
+            self.plan(reference_program, chunk, None, causal=causal, features=gold),
             self.plan(reference_program, chunk, preset, causal=causal),
         ]
 
@@ -326,7 +327,13 @@ class FormatBatch:
 
     def golden(self, chunk):
         if chunk not in self._golden:
-            self._golden[chunk] = self.run(reference_program, chunk, None, causal=self.grid.causal)
+            self._golden[chunk] = self.run(
+                reference_program,
+                chunk,
+                None,
+                causal=self.grid.causal,
+                features=self.features.for_golden(),
+            )
         return self._golden[chunk]
 
     def baseline(self, chunk, preset):

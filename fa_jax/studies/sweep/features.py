@@ -4,10 +4,12 @@ One entry of :attr:`Grid.features <fa_jax.studies.sweep.Grid>` says how the
 configurations' attention departs from the paper's (one K/V head per query head,
 no bias, no window): K/V heads (GQA, :mod:`fa_jax.heads`), a sliding window
 (:mod:`fa_jax.masking`), a softcap and ALiBi (:mod:`fa_jax.score_mods`), the
-number of split-KV parts of the flash pass, and decoding shapes (a few query
-rows against every key).  Golden, baseline and flash all run with the entry's
-features, on the same inputs, so the comparisons stay like for like; the
-number of splits changes flash only.
+number of split-KV parts of the flash pass, decoding shapes (a few query rows
+against every key) and a narrow KV cache (:mod:`fa_jax.kv_cache`).  Golden,
+baseline and flash all run with the entry's features, on the same inputs, so
+the comparisons stay like for like; the number of splits changes flash only,
+and the KV cache the policies only: golden reads K and V as they are, so its
+deviations include what the cache adds.
 
 Inputs: the grid's Q, K, V (:func:`fa_jax.inputs.make_inputs`) with ``heads``
 heads; with ``kv_heads`` = H_kv, K and V keep their first H_kv heads (query head
@@ -19,7 +21,7 @@ is refused with a causal mask or a window).  ALiBi's bias is
 
 Each entry has a label, the CSV's ``features`` column: ``none``, or its
 non-default fields joined by ``+`` (``kv_heads=2+window=128:0+softcap=30+alibi+
-splits=4+queries=1``); :meth:`Features.from_label` reads one back.
+splits=4+queries=1+kv=e4m3fn/head``); :meth:`Features.from_label` reads one back.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import jax.numpy as jnp
 
 from fa_jax._checks import positive_int
 from fa_jax.masking import check_window
+from fa_jax.policy import Policy
+from fa_jax.presets import golden
+from fa_jax.quantization import storage_format
 from fa_jax.score_mods import alibi_slopes, check_softcap
 
 __all__ = ["PAPER", "Features"]
@@ -47,6 +52,8 @@ class Features:
     alibi: bool = False
     num_splits: int = 1
     queries: int | None = None
+    kv: str | None = None
+    kv_scaling: str = "none"
 
     def __post_init__(self):
         if self.kv_heads is not None:
@@ -57,6 +64,12 @@ class Features:
         if not isinstance(self.alibi, bool):
             raise TypeError(f"Features.alibi: expected a bool, got {self.alibi!r}")
         positive_int(self.num_splits, "Features.num_splits")
+        if self.kv is not None or self.kv_scaling != "none":
+            try:  # the policy's own check of a KV cache
+                golden().replace(kv=self.kv, kv_scaling=self.kv_scaling)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"Features: {err}") from None
+            object.__setattr__(self, "kv", storage_format(self.kv).name)
         if self.queries is not None:
             positive_int(self.queries, "Features.queries")
             if self.window is not None:
@@ -80,6 +93,9 @@ class Features:
             parts.append(f"splits={self.num_splits}")
         if self.queries is not None:
             parts.append(f"queries={self.queries}")
+        if self.kv is not None:
+            scaling = "" if self.kv_scaling == "none" else f"/{self.kv_scaling}"
+            parts.append(f"kv={self.kv}{scaling}")
         return "+".join(parts) or "none"
 
     @classmethod
@@ -103,13 +119,16 @@ class Features:
                 elif name == "window" and value:
                     left, right = value.split(":")
                     fields["window"] = (int(left), int(right))
+                elif name == "kv" and value:
+                    fmt, _, scaling = value.partition("/")
+                    fields.update(kv=fmt, kv_scaling=scaling or "none")
                 else:
                     raise ValueError
             except ValueError:
                 raise ValueError(
-                    f"features: expected 'none' or parts among kv_heads=H, window=L:R, "
-                    f"softcap=C, alibi, splits=S, queries=Q joined by '+', got {part!r} "
-                    f"in {label!r}"
+                    "features: expected 'none' or parts among kv_heads=H, window=L:R, "
+                    "softcap=C, alibi, splits=S, queries=Q, kv=FORMAT[/SCALING] joined by "
+                    f"'+', got {part!r} in {label!r}"
                 ) from None
         return cls(**fields)
 
@@ -155,6 +174,16 @@ class Features:
             slopes = jnp.asarray(alibi_slopes(heads), dtype)
             kw["bias"] = -slopes[:, None, None] * jnp.abs(i - j).astype(dtype)
         return kw
+
+    def policy(self, policy: Policy) -> Policy:
+        """``policy`` with the entry's KV cache (unchanged without one)."""
+        if self.kv is None:
+            return policy
+        return policy.replace(kv=self.kv, kv_scaling=self.kv_scaling)
+
+    def for_golden(self) -> Features:
+        """The entry the golden runs with: the same, without the KV cache."""
+        return dataclasses.replace(self, kv=None, kv_scaling="none")
 
     def flash_kwargs(self) -> dict:
         """The keywords of the flash pass only: the number of split-KV parts."""

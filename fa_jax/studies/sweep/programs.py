@@ -156,7 +156,7 @@ def _masks(q, k, n, features: Features) -> dict:
 @functools.partial(jax.jit, static_argnames=("shape", "causal", "features"))
 def reference_program(q, k, v, widths, lengths, *, shape, causal, features=PAPER):
     def one(q, k, v, w, n):
-        pol = _policy(shape, w)
+        pol = features.policy(_policy(shape, w))
         return reference_attention(q, k, v, pol, causal=causal, **_masks(q, k, n, features))
 
     return jax.vmap(one)(q, k, v, widths, lengths)
@@ -165,7 +165,7 @@ def reference_program(q, k, v, widths, lengths, *, shape, causal, features=PAPER
 @functools.partial(jax.jit, static_argnames=("shape", "variant", "blocks", "causal", "features"))
 def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal, features=PAPER):
     def one(q, k, v, w, n):
-        pol = _policy(shape, w)
+        pol = features.policy(_policy(shape, w))
         kw = dict(_masks(q, k, n, features), **features.flash_kwargs())
         out = flash_attention(q, k, v, pol, blocks, variant=variant, causal=causal, **kw)
         return out[0]  # pyright: ignore[reportIndexIssue]
