@@ -18,6 +18,9 @@ An additive bias (:mod:`fa_jax.score_mods`) has a stage of its own, ``bias`` (B
 and S + B); left out, it takes the format of ``scores``.  It is not one of
 ``STAGES``: every preset adds a bias in its scores' format.  A softcap's tanh is
 ``tanh_model`` (:mod:`fa_jax.tanh_models`; correctly rounded by default).
+Split-KV decoding (:mod:`fa_jax.split_kv`) has one more, ``combine`` (each
+split's log-sum-exp, the rescale factors, their sum and the combined output's
+accumulator); left out, it takes the format of ``stats``.
 
 Backward stages (:mod:`fa_jax.backward`; Dao 2023, Algorithm 2).  The P that
 the backward recomputes goes through the forward stages (qk_acc, scores, exp,
@@ -90,9 +93,10 @@ _BACKWARD_DEFAULTS = {
     "d_s": "p",
     "grads": "out",
 }
-# The stage of an additive bias (fa_jax.score_mods), outside STAGES; left out, scores'.
-_DEFAULTS = {**_BACKWARD_DEFAULTS, "bias": "scores"}
-_ALL_STAGES = (*STAGES, "bias")
+# Stages outside STAGES, each with the stage it follows when left out: an additive
+# bias (fa_jax.score_mods) and split-KV's combine (fa_jax.split_kv).
+_DEFAULTS = {**_BACKWARD_DEFAULTS, "bias": "scores", "combine": "stats"}
+_ALL_STAGES = (*STAGES, "bias", "combine")
 _SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
 _STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier", "tanh_model")
@@ -134,6 +138,7 @@ class Policy:
     carrier: str = "auto"
     bias: Format | None = None
     tanh_model: TanhModel = CORRECTLY_ROUNDED_TANH
+    combine: Format | None = None
 
     def __post_init__(self):
         for stage, source in _DEFAULTS.items():
@@ -184,7 +189,7 @@ class Policy:
 
     def replace(self, **changes) -> Policy:
         """A copy with some stages (or the accumulation, scale, name, exp model,
-        normalisation, carrier or bias stage) changed."""
+        normalisation, carrier, bias or combine stage) changed."""
         unknown = set(changes) - set(_ALL_STAGES) - set(_STATIC)
         if unknown:
             raise ValueError(
@@ -214,6 +219,8 @@ class Policy:
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
         bias = typing.cast(Format, self.bias)
         lines += [f"  {'bias':<7} {bias.name}  (an additive bias, when given)"]
+        combine = typing.cast(Format, self.combine)
+        lines += [f"  {'combine':<7} {combine.name}  (split-KV decoding's combine)"]
         lines += ["  backward:"]
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in BACKWARD_STAGES]
         return "\n".join(lines)
