@@ -52,8 +52,6 @@ dimensions), ``window=(left, right)`` and a boolean ``mask``.  K and V are padde
 to a multiple of ``Bc`` and masked; flash's key loop ends at the last block holding
 a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
 ``bias`` joins the scaled scores in its own stage (:mod:`fa_jax.score_mods`).
-``num_splits`` S > 1 runs flash as S passes over parts of the key axis, combined
-by a log-sum-exp rescale (split-KV decoding, :mod:`fa_jax.split_kv`).
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
 under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for

@@ -18,9 +18,6 @@ An additive bias (:mod:`fa_jax.score_mods`) has a stage of its own, ``bias`` (B
 and S + B); left out, it takes the format of ``scores``.  It is not one of
 ``STAGES``: every preset adds a bias in its scores' format.  A softcap's tanh is
 ``tanh_model`` (:mod:`fa_jax.tanh_models`; correctly rounded by default).
-Split-KV decoding (:mod:`fa_jax.split_kv`) has one more, ``combine`` (each
-split's log-sum-exp, the rescale factors, their sum and the combined output's
-accumulator); left out, it takes the format of ``stats``.
 
 Backward stages (:mod:`fa_jax.backward`; Dao 2023, Algorithm 2).  The P that
 the backward recomputes goes through the forward stages (qk_acc, scores, exp,
@@ -113,7 +110,9 @@ class Policy:
     """The Format of each attention stage (module docstring), the accumulation
     model, the scale placement, the exp model and the final normalisation.
     Build one directly or with a preset; the backward stages may be left out
-    (module docstring)."""
+    (module docstring).  ``combine`` is split-KV decoding's stage (each split's
+    log-sum-exp, the rescale factors, their sum and the combined output's
+    accumulator: :mod:`fa_jax.split_kv`); left out, the format of ``stats``."""
 
     inputs: Format
     qk_acc: Format

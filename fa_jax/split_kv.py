@@ -1,9 +1,10 @@
 """Split-KV (flash-decoding) forward: S online-softmax passes over parts of the
 key axis, combined by a log-sum-exp rescale.
 
-FlashAttention-2's ``num_splits`` (csrc/flash_attn/src/flash_fwd_kernel.h,
-``compute_attn_1rowblock_splitkv`` and ``combine_attn_seqk_parallel``; Dao et
-al. 2023, "Flash-Decoding for long-context inference").  With n_b = ceil(M / Bc)
+FlashAttention-2's ``num_splits`` (Dao et al. 2023, "Flash-Decoding for
+long-context inference"; csrc/flash_attn/src/flash_fwd_kernel.h at commit
+0251105a, ``compute_attn_1rowblock_splitkv`` and ``combine_attn_seqk_parallel``;
+line numbers below are of that file).  With n_b = ceil(M / Bc)
 key blocks and S splits, n_bps = ceil(n_b / S) blocks per split (line 535) and
 split s visits the blocks [s n_bps, min((s + 1) n_bps, n_b)) (lines 536-539),
 a split past the last block visiting none.  Each split runs the flash loop of
@@ -19,7 +20,7 @@ key order, from m = -inf, l = 0, o = 0, giving (m_s, l_s, o_s), and writes
 
 Ō_s stays in the accumulator (fp32 ``oaccum``, the ``o_acc`` stage); L_s goes to
 ``softmax_lseaccum`` (fp32), the ``combine`` stage of the policy (default: the
-format of ``stats``).  The combine (lines 1190-1268), every value in ``combine``::
+format of ``stats``).  The combine (lines 1190-1273), every value in ``combine``::
 
     L_max = max_s L_s                   (exact; 0 where every L_s is -inf)
     t_s   = fl(exp(fl(L_s − L_max)))    (0 where L_s = -inf)
@@ -29,11 +30,16 @@ format of ``stats``).  The combine (lines 1190-1268), every value in ``combine``
     acc   = fl(w_s Ō_s + acc)           (one fused multiply-add per split, in order)
     O     = fl_out(acc)
 
-``expf``/``logf`` are taken correctly rounded in ``combine`` (the kernel built with
-``--use_fast_math`` uses ``__expf``/``__logf``, which this does not model), and the
-``+=`` of line 1255 as the FMA a CUDA compiler contracts it to.  A split whose keys
-are all masked (causal, lengths, window, mask, or no block at all) has L_s = -inf
-and contributes exactly zero; a row no split keeps has O = 0, L = -inf.
+(L_max: line 1196; t_s and Σ: 1197-1201; L: 1204; w_s: 1221; acc: 1252-1264; O:
+1273.)  ``expf``/``logf`` are taken correctly rounded in ``combine`` (the kernel,
+built with ``--use_fast_math``, gets ``__expf``/``__logf``, not modelled), the
+``+=`` of line 1264 as the FMA a CUDA compiler contracts it to, and Σ, a
+thread-level sum and a warp all-reduce in the kernel, by the accumulation model.
+Within a split the blocks go in key order, as fa_jax's one-pass flash loop takes
+them (the kernel visits them from the last to the first, in both modes).
+A split whose keys are all masked (causal, lengths, window, mask, or no block at
+all) has L_s = -inf and contributes exactly zero; a row no split keeps has O = 0
+and L = -inf (the kernel writes +inf there).
 
 The splits run side by side: one scan of n_bps steps whose carry has a split
 axis; a block past the last one is all padding, masked, and leaves its split's

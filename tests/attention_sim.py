@@ -385,8 +385,9 @@ def split_flash_forward(
 ):
     """(O, L, (Q, K, V, scale)) of split-KV flash attention (module docstring):
     per split the block loop of ``variant`` from m = -inf, l = 0, o = 0, then
-    L_s = fl_combine(m_s + ln l_s), Ō_s = fl_o_acc(o_s / l_s) (fa2; fa1 and
-    rowwise keep o_s normalised), and the combine, every value in ``combine``::
+    L_s = fl_combine(m_s + ln l_s), Ō_s = fl_o_acc(o_s / l_s) (fa2; under
+    ``normalise="reciprocal"`` fl_o_acc(o_s · fl_stats(1 / l_s)); fa1 and rowwise
+    keep o_s normalised), and the combine, every value in ``combine``::
 
         L_max = max_s L_s (0 if all -inf);  t_s = fl(exp(fl(L_s − L_max)));
         Σ = Σ_s t_s;  L = fl(fl(ln Σ) + L_max);  w_s = fl(exp(fl(L_s − L)));
@@ -408,7 +409,12 @@ def split_flash_forward(
             s = scores(q, k_j, scale, policy, causal, col0, mk, mods)
             m, l, o = _step(variant, m, l, o, s, v_j, policy)
         lse_s.append(log_sum_exp(m, l, fmt))
-        o_s.append(div(o, l[..., None], policy.o_acc) if variant == "fa2" else o)
+        if variant != "fa2":
+            o_s.append(o)
+        elif policy.normalise == "reciprocal":
+            o_s.append(mul(o, div(np.ones(l.shape), l, policy.stats)[..., None], policy.o_acc))
+        else:
+            o_s.append(div(o, l[..., None], policy.o_acc))
     lse_max = np.max(lse_s, axis=0)
     lse_max = np.where(lse_max == -np.inf, 0.0, lse_max)
     t = np.stack([shifted_exp(x, lse_max, fmt) for x in lse_s], axis=-1)
