@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from fa_jax import masking, ops
+from fa_jax import masking, ops, split_kv
 from fa_jax._checks import one_of, positive_int
 from fa_jax._fusion import materialised
 from fa_jax._jit import jit_config
@@ -307,6 +307,7 @@ class _Call:
     groups: int = 1
     window: tuple[int, int] | None = None
     softcap: float | None = None
+    num_splits: int = 1  # split-KV decoding's S (fa_jax.split_kv)
 
 
 def _is_array(x) -> bool:
@@ -488,11 +489,13 @@ def flash_attention(
     mask=None,
     window=None,
     softcap=None,
+    num_splits=1,
 ):
     """Tiled FlashAttention forward (module docstring).
 
     Shapes, ``bias``, ``mask``, ``window`` and ``softcap`` as for
-    :func:`reference_attention`.
+    :func:`reference_attention`.  ``num_splits`` S in [1, ceil(M / Bc)] splits
+    the key axis for split-KV decoding (:mod:`fa_jax.split_kv`; S = 1: one pass).
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
     (..., N) in ``policy.stats``, both as float64 carrier arrays.  Differentiable
     in reverse mode with respect to q, k, v by FlashAttention-2's backward
@@ -517,15 +520,18 @@ def flash_attention(
         mask=mask,
         window=window,
         softcap=softcap,
+        num_splits=num_splits,
     )
 
 
-@jit_config("policy", "blocks", "variant", "causal", "window", "softcap")
-def _flash(q, k, v, *, policy, blocks, variant, causal, window, softcap, **arrays):
+@jit_config("policy", "blocks", "variant", "causal", "window", "softcap", "num_splits")
+def _flash(q, k, v, *, policy, blocks, variant, causal, window, softcap, num_splits, **arrays):
     args = _Args(policy, **arrays)
     call, q, k, v, dynamic = _call_of(
         "flash_attention", q, k, v, args, causal, blocks, variant, window, softcap
     )
+    s = split_kv.check_num_splits(num_splits, k.shape[-2], blocks.bc, variant, "flash_attention")
+    call = dataclasses.replace(call, num_splits=s)
     return _flash_vjp(call, q, k, v, dynamic)
 
 
@@ -611,6 +617,15 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         jnp.zeros((*lead, n), q.dtype),
         jnp.zeros((*lead, n, dv), q.dtype),
     )
+    if call.num_splits > 1:  # split-KV decoding: S passes side by side, then combined
+        n_blocks = _padded(prepared[1], bc) // bc  # of the whole key axis (FA2's splits)
+        m_s, l_s, o_s = split_kv.split_forward(
+            step, init, _key_blocks(k, v, bc), call.num_splits, n_blocks
+        )
+        lse_s, o_s = split_kv.split_outputs(
+            m_s, l_s, o_s, scale, policy, normalised=variant != "fa2"
+        )
+        return split_kv.combine(lse_s, o_s, policy), prepared
     last = None if kv_lengths is None else jnp.max(kv_len)  # past it no block holds a key
     if full:
         blocks = _key_blocks(k[..., :full, :], v[..., :full, :], bc)

@@ -91,9 +91,10 @@ _BACKWARD_DEFAULTS = {
     "d_s": "p",
     "grads": "out",
 }
-# The stage of an additive bias (fa_jax.score_mods), outside STAGES; left out, scores'.
-_DEFAULTS = {**_BACKWARD_DEFAULTS, "bias": "scores"}
-_ALL_STAGES = (*STAGES, "bias")
+# Stages outside STAGES, each with the stage it follows when left out: an additive
+# bias (fa_jax.score_mods) and split-KV's combine (fa_jax.split_kv).
+_DEFAULTS = {**_BACKWARD_DEFAULTS, "bias": "scores", "combine": "stats"}
+_ALL_STAGES = (*STAGES, "bias", "combine")
 _SCALES = ("scores", "q", "exp2")
 NORMALISE = ("divide", "reciprocal")
 _STATIC = ("accumulation", "scale", "name", "exp_model", "normalise", "carrier", "tanh_model")
@@ -113,7 +114,9 @@ class Policy:
     """The Format of each attention stage (module docstring), the accumulation
     model, the scale placement, the exp model and the final normalisation.
     Build one directly or with a preset; the backward stages may be left out
-    (module docstring).
+    (module docstring).  ``combine`` is split-KV decoding's stage (each split's
+    log-sum-exp, the rescale factors, their sum and the combined output's
+    accumulator: :mod:`fa_jax.split_kv`); left out, the format of ``stats``.
 
     A KV cache (:mod:`fa_jax.kv_cache`) is the stage ``kv``, the format K and V
     are stored in (a Format, or ``"int8"``), with ``kv_scaling``, how they are
@@ -148,6 +151,7 @@ class Policy:
     carrier: str = "auto"
     bias: Format | None = None
     tanh_model: TanhModel = CORRECTLY_ROUNDED_TANH
+    combine: Format | None = None
     kv: Format | IntFormat | None = None
     kv_scaling: str = "none"
 
@@ -217,7 +221,7 @@ class Policy:
 
     def replace(self, **changes) -> Policy:
         """A copy with some stages (or the accumulation, scale, name, exp model,
-        normalisation, carrier, bias stage or KV cache) changed."""
+        normalisation, carrier, bias or combine stage, or KV cache) changed."""
         unknown = set(changes) - set(_ALL_STAGES) - set(_STATIC) - set(_KV_FIELDS)
         if unknown:
             raise ValueError(
@@ -247,6 +251,8 @@ class Policy:
         lines += [f"  {s:<7} {getattr(self, s).name}" for s in FORWARD_STAGES]
         bias = typing.cast(Format, self.bias)
         lines += [f"  {'bias':<7} {bias.name}  (an additive bias, when given)"]
+        combine = typing.cast(Format, self.combine)
+        lines += [f"  {'combine':<7} {combine.name}  (split-KV decoding's combine)"]
         if self.kv is None:
             lines += [f"  {'kv':<7} {self.inputs.name}  (K and V as inputs: no cache)"]
         else:

@@ -34,6 +34,14 @@ their gradients summed over each group, fl_grads(Σ_g in d_acc); a bias rounded 
 the ``bias`` stage and added to the scaled scores in it; a boolean mask and a
 window (left, right), top-left aligned; flash visits only the key blocks left of
 ``N + right``; a softcap c tanh(S / c) of the scaled scores, before the bias.
+
+Split-KV decoding (fa_jax/split_kv.py, FlashAttention-2's ``num_splits``):
+``split_flash_forward`` runs the same block loop per split, split s over the key
+blocks [s n_bps, min((s + 1) n_bps, n_b)) with n_bps = ceil(n_b / S), n_b the
+key blocks of the whole key axis (a split past the visited blocks visits none),
+and combines the splits' (L_s, Ō_s) in the ``combine`` stage: the log-sum-exp
+rescale of FA2's combine kernel, with one fused multiply-add per split
+``acc = fl(w_s Ō_s + acc)``.  Rows may keep no key of a split (L_s = -inf).
 """
 
 from __future__ import annotations
@@ -46,7 +54,14 @@ from typing import NamedTuple
 import numpy as np
 from oracle import round_exact
 
-__all__ = ["Mods", "flash_backward", "flash_forward", "reference_backward", "reference_forward"]
+__all__ = [
+    "Mods",
+    "flash_backward",
+    "flash_forward",
+    "reference_backward",
+    "reference_forward",
+    "split_flash_forward",
+]
 
 
 class Mods(NamedTuple):
@@ -128,6 +143,11 @@ def mul(a, b, fmt):
 def div(a, b, fmt):
     """fl(a / b), 0 where b = 0 (a fully masked row)."""
     return _map(lambda x, y: fl(x / y, fmt) if y else 0.0, a, b)
+
+
+def fma(a, b, c, fmt):
+    """fl(a b + c), one rounding."""
+    return _map(lambda x, y, z: fl(x * y + z, fmt), a, b, c)
 
 
 def _exp(x: Fraction) -> Fraction:
@@ -309,11 +329,43 @@ def _online(m, l, s, policy):
     return m_new, l_new, e, alpha
 
 
+def _step(variant: str, m, l, o, s, v_j, policy):
+    """One key block of the flash loop of ``variant``: the new (m, l, o)."""
+    kind = policy.accumulation.kind
+    if variant == "fa2":
+        m, l, e, alpha = _online(m, l, s, policy)
+        pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
+        o = add(mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
+    elif variant == "fa1":
+        m_blk = cast(s.max(axis=-1), policy.stats)
+        e = shifted_exp(s, m_blk[..., None], policy.exp)
+        l_blk = row_sum(e, policy.stats, kind)
+        m_new = cast(np.maximum(m, m_blk), policy.stats)
+        alpha = shifted_exp(m, m_new, policy.exp)
+        beta = shifted_exp(m_blk, m_new, policy.exp)
+        l_alpha = mul(l, alpha, policy.stats)
+        l = add(l_alpha, mul(beta, l_blk, policy.stats), policy.stats)
+        pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
+        num = add(
+            mul(l_alpha[..., None], o, policy.o_acc),
+            mul(beta[..., None], pv, policy.o_acc),
+            policy.o_acc,
+        )
+        m, o = m_new, div(num, l[..., None], policy.o_acc)
+    else:
+        assert variant == "rowwise", f"variant: expected fa1, fa2 or rowwise, got {variant}"
+        l_old = l
+        m, l, e, alpha = _online(m, l, s, policy)
+        ratio = div(mul(l_old, alpha, policy.stats), l, policy.o_acc)
+        pv = matmul(div(e, l[..., None], policy.p), v_j, policy.pv_acc, kind)
+        o = add(mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
+    return m, l, o
+
+
 def flash_forward(q, k, v, policy, bc: int, variant: str, causal: bool, mods=NO_MODS):
     """(O, L, (Q, K, V, scale)) of tiled attention over key blocks of ``bc``
     columns in order (fa_jax/attention.py's equations for ``variant``); keys
     right of every row's window are not visited."""
-    kind = policy.accumulation.kind
     q, k, v, scale = prepare(q, k, v, policy, groups=mods.groups)
     prepared = (q, k, v, scale)
     if mods.window is not None and mods.window[1] >= 0:
@@ -323,35 +375,57 @@ def flash_forward(q, k, v, policy, bc: int, variant: str, causal: bool, mods=NO_
     m, l, o = np.full((*lead, n), -np.inf), np.zeros((*lead, n)), np.zeros((*lead, n, dv))
     for k_j, v_j, col0 in _key_blocks(k, v, bc):
         s = scores(q, k_j, scale, policy, causal, col0, mk, mods)
-        if variant == "fa2":
-            m, l, e, alpha = _online(m, l, s, policy)
-            pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
-            o = add(mul(o, alpha[..., None], policy.o_acc), pv, policy.o_acc)
-        elif variant == "fa1":
-            m_blk = cast(s.max(axis=-1), policy.stats)
-            e = shifted_exp(s, m_blk[..., None], policy.exp)
-            l_blk = row_sum(e, policy.stats, kind)
-            m_new = cast(np.maximum(m, m_blk), policy.stats)
-            alpha = shifted_exp(m, m_new, policy.exp)
-            beta = shifted_exp(m_blk, m_new, policy.exp)
-            l_alpha = mul(l, alpha, policy.stats)
-            l = add(l_alpha, mul(beta, l_blk, policy.stats), policy.stats)
-            pv = matmul(cast(e, policy.p), v_j, policy.pv_acc, kind)
-            num = add(
-                mul(l_alpha[..., None], o, policy.o_acc),
-                mul(beta[..., None], pv, policy.o_acc),
-                policy.o_acc,
-            )
-            m, o = m_new, div(num, l[..., None], policy.o_acc)
-        else:
-            assert variant == "rowwise", f"variant: expected fa1, fa2 or rowwise, got {variant}"
-            l_old = l
-            m, l, e, alpha = _online(m, l, s, policy)
-            ratio = div(mul(l_old, alpha, policy.stats), l, policy.o_acc)
-            pv = matmul(div(e, l[..., None], policy.p), v_j, policy.pv_acc, kind)
-            o = add(mul(ratio[..., None], o, policy.o_acc), pv, policy.o_acc)
+        m, l, o = _step(variant, m, l, o, s, v_j, policy)
     out = div(o, l[..., None], policy.out) if variant == "fa2" else cast(o, policy.out)
     return out, log_sum_exp(m, l, policy.stats), prepared
+
+
+def split_flash_forward(
+    q, k, v, policy, bc: int, variant: str, causal: bool, num_splits: int, mods=NO_MODS
+):
+    """(O, L, (Q, K, V, scale)) of split-KV flash attention (module docstring):
+    per split the block loop of ``variant`` from m = -inf, l = 0, o = 0, then
+    L_s = fl_combine(m_s + ln l_s), Ō_s = fl_o_acc(o_s / l_s) (fa2; under
+    ``normalise="reciprocal"`` fl_o_acc(o_s · fl_stats(1 / l_s)); fa1 and rowwise
+    keep o_s normalised), and the combine, every value in ``combine``::
+
+        L_max = max_s L_s (0 if all -inf);  t_s = fl(exp(fl(L_s − L_max)));
+        Σ = Σ_s t_s;  L = fl(fl(ln Σ) + L_max);  w_s = fl(exp(fl(L_s − L)));
+        acc = fl(w_s Ō_s + acc) in split order;  O = fl_out(acc)."""
+    fmt, kind = policy.combine, policy.accumulation.kind
+    q, k, v, scale = prepare(q, k, v, policy, groups=mods.groups)
+    prepared = (q, k, v, scale)
+    n_blocks = -(-k.shape[-2] // bc)
+    per_split = -(-n_blocks // num_splits)
+    if mods.window is not None and mods.window[1] >= 0:
+        hi = min(k.shape[-2], q.shape[-2] + mods.window[1])
+        k, v = k[..., :hi, :], v[..., :hi, :]
+    lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    blocks = _key_blocks(k, v, bc)
+    lse_s, o_s = [], []
+    for first in range(0, per_split * num_splits, per_split):
+        m, l, o = np.full((*lead, n), -np.inf), np.zeros((*lead, n)), np.zeros((*lead, n, dv))
+        for k_j, v_j, col0 in blocks[first : first + per_split]:
+            s = scores(q, k_j, scale, policy, causal, col0, mk, mods)
+            m, l, o = _step(variant, m, l, o, s, v_j, policy)
+        lse_s.append(log_sum_exp(m, l, fmt))
+        if variant != "fa2":
+            o_s.append(o)
+        elif policy.normalise == "reciprocal":
+            o_s.append(mul(o, div(np.ones(l.shape), l, policy.stats)[..., None], policy.o_acc))
+        else:
+            o_s.append(div(o, l[..., None], policy.o_acc))
+    lse_max = np.max(lse_s, axis=0)
+    lse_max = np.where(lse_max == -np.inf, 0.0, lse_max)
+    t = np.stack([shifted_exp(x, lse_max, fmt) for x in lse_s], axis=-1)
+    total = row_sum(t, fmt, kind)
+    live = total > 0
+    log_total = log_sum_exp(np.zeros(total.shape), np.where(live, total, 1.0), fmt)
+    lse = np.where(live, add(log_total, lse_max, fmt), -np.inf)
+    acc = np.zeros(o_s[0].shape)
+    for x, o in zip(lse_s, o_s):
+        acc = fma(shifted_exp(x, lse, fmt)[..., None], o, acc, fmt)
+    return cast(acc, policy.out), lse, prepared
 
 
 # -- backward --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from attention_sim import (
     flash_forward,
     reference_backward,
     reference_forward,
+    split_flash_forward,
 )
 from helpers import x64_enabled
 from oracle import round_exact
@@ -357,3 +358,42 @@ def test_a_float64_midpoint_quotient_rounds_by_its_residual():
         o, lse, p, _ = reference_forward(q, k, v, MIDPOINT, False, scale=t)
         assert p[0, 1] == want_p != mu
         _assert_bitwise(got, (o, lse), f"midpoint quotient {mu!r} (scale {t!r})")
+
+
+# Split-KV decoding (fa_jax.split_kv): M = 10 keys in 4 blocks of Bc = 3.  S = 3 gives
+# splits of 2, 2 and 0 blocks (the last visits none); under causal masking rows 0-5
+# keep no key of the second split, so L_s = -inf meets the combine.  The combine
+# stage gets a format of its own.  The backward is flash's, from the combined O and
+# L (the default case above checks it); the slow cases run it from split-KV's.
+SPLIT_CASES = [  # (variant, causal, policy name, S, with the backward)
+    ("fa2", False, "scrambled-sequential-scores", 3, False),
+    pytest.param("fa2", True, "widening-exact-q", 3, True, marks=pytest.mark.slow),
+    pytest.param("fa2", False, "widening-sequential-scores", 2, True, marks=pytest.mark.slow),
+    pytest.param("fa2", False, "scrambled-exact-q+reciprocal", 4, False, marks=pytest.mark.slow),
+    pytest.param("fa1", True, "scrambled-exact-q", 3, False, marks=pytest.mark.slow),
+    pytest.param("rowwise", True, "widening-exact-scores", 4, False, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("variant, causal, name, splits, backward", SPLIT_CASES)
+def test_split_kv_equals_the_simulation(variant, causal, name, splits, backward):
+    """O and L of split-KV flash attention (and dQ, dK, dV of the FA2 backward from
+    the combined O and L), jitted, equal the simulation's bits."""
+    policy = POLICIES[name.removesuffix("+reciprocal")].replace(combine=custom(7, 13))
+    if name.endswith("+reciprocal"):  # Ō_s = fl_o_acc(o_s · fl_stats(1 / l_s))
+        policy = policy.replace(normalise="reciprocal")
+    args = _problem(_seed("split", variant, causal, name, splits))
+
+    def fn(q, k, v):
+        return flash_attention(
+            q, k, v, policy, BLOCKS, variant=variant, causal=causal, num_splits=splits
+        )
+
+    if backward:
+        got = jax.jit(lambda *a: _forward_backward(fn, *a))(*args)
+    else:
+        got = jax.jit(fn)(*args[:3])
+    q, k, v, d_o, d_lse = args
+    o, lse, prepared = split_flash_forward(q, k, v, policy, BLOCKS.bc, variant, causal, splits)
+    bwd = () if not backward else flash_backward(prepared, o, lse, d_o, d_lse, policy, 3, causal)
+    _assert_bitwise(got, (o, lse, *bwd), f"split {variant} S={splits} causal={causal} {name}")

@@ -93,7 +93,7 @@ def test_get_policy_and_replace():
 def test_policies_are_hashable_pytrees():
     assert hash(fa2_kernel(BF16)) == hash(fa2_kernel("bfloat16"))
     leaves = jax.tree_util.tree_leaves(paper_uniform(BF16))
-    assert leaves == [8, 7, 127] * (len(STAGES) + 1)  # the stages and the bias stage
+    assert leaves == [8, 7, 127] * (len(STAGES) + 2)  # the stages, bias and combine
 
 
 def test_vmap_over_policy_formats():
