@@ -41,6 +41,10 @@ A split whose keys are all masked (causal, lengths, window, mask, or no block at
 all) has L_s = -inf and contributes exactly zero; a row no split keeps has O = 0
 and L = -inf (the kernel writes +inf there).
 
+The boundaries follow M, the key axis given, also where ``kv_lengths`` keep
+fewer keys (FlashAttention-2 takes each sequence's own length there, which is
+not modelled): a padded call and an unpadded one differ once S > 1.
+
 The splits run side by side: one scan of n_bps steps whose carry has a split
 axis; a block past the last one is all padding, masked, and leaves its split's
 (m, l, o) unchanged (α = 1, nothing added), as not visiting it would.

@@ -162,7 +162,9 @@ class FormatBatch:
         self.share = share
         self.executables, self.carrier = executables, carrier
         self.chunks = chunks_of(grid, pad)
-        self.flash_chunks = flash_chunks_of(grid, pad)
+        # Split-KV's boundaries follow the key axis given, so its flash runs unpadded.
+        unpadded = features.num_splits > 1
+        self.flash_chunks = flash_chunks_of(grid, pad and not unpadded)
         if carrier == "float32":
             for preset in grid.policies:
                 for f in fmts:  # the policy's own check, with its message
@@ -317,12 +319,14 @@ class FormatBatch:
             if fc not in self._flash:
                 self._flash[fc] = self.run(flash_program, fc, preset, tile_cols=tile_cols, **static)
             where.update((e, (fc, i)) for i, e in enumerate(self.entries(fc)))
-        n_max = max(chunk)
+        rows = self.inputs(chunk)[0].shape[-2]  # the chunk's padded query rows
+
+        def padded(x):  # a shorter flash chunk's rows, zero-padded (never read)
+            x = x[..., :rows, :]
+            return np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows - x.shape[-2]), (0, 0)])
+
         return np.stack(
-            [
-                self._flash[fc][i, ..., :n_max, :]
-                for fc, i in (where[e] for e in self.entries(chunk))
-            ]
+            [padded(self._flash[fc][i]) for fc, i in (where[e] for e in self.entries(chunk))]
         )
 
     def golden(self, chunk):

@@ -30,6 +30,7 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+import numpy as np
 
 from fa_jax._checks import positive_int
 from fa_jax.masking import check_window
@@ -154,11 +155,12 @@ class Features:
             )
 
     def inputs(self, q, k, v):
-        """Q, K, V ``(..., H, N, d)`` cut to the entry's query rows and K/V heads."""
+        """Q, K, V ``(..., H, N, d)`` cut to the entry's query rows and K/V heads
+        (copies: a cut holds none of the memory of what it was cut from)."""
         if self.queries is not None:
-            q = q[..., : self.queries, :]
+            q = np.array(q[..., : self.queries, :])
         if self.kv_heads is not None:
-            k, v = k[..., : self.kv_heads, :, :], v[..., : self.kv_heads, :, :]
+            k, v = np.array(k[..., : self.kv_heads, :, :]), np.array(v[..., : self.kv_heads, :, :])
         return q, k, v
 
     def attention_kwargs(self, heads: int, n: int, m: int, dtype) -> dict:
