@@ -1,0 +1,180 @@
+"""The kernels' features against the real kernels, bit for bit: an additive bias,
+a boolean mask, K/V with fewer heads (GQA), decoding shapes (few queries, many
+keys), and for XLA a local window and key lengths (fa_jax.kernels.registry).
+
+PyTorch's kernels run for every CPU capability ATen builds them for on x86-64:
+the one here in this process, a lower one in a subprocess started with
+``ATEN_CPU_CAPABILITY`` set (skipped with the reason where this CPU cannot run
+it).  Where a model is exact on a case's inputs the assertion is 100% identical."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from helpers import x64_enabled
+
+from fa_jax import BF16, FP16, FP32, kernels
+from fa_jax.rounding import round_to
+from fa_jax.score_mods import alibi_bias, alibi_slopes
+
+FORMATS = {"bf16": BF16, "fp16": FP16, "fp32": FP32}
+CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
+
+
+@functools.cache
+def case_inputs(fmt: str, shape: tuple, kv_heads: int, m: int, features: tuple, seed: int):
+    """(q, k, v, features) for (B, H, N, d), H_kv K/V heads and M keys: standard
+    normal inputs and a bias (normal · 2, or ALiBi's) rounded to ``fmt``, a mask
+    keeping 80% of the pairs (with one query row that keeps none)."""
+    b, h, n, d = shape
+    f = FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    with x64_enabled():
+
+        def rounded(x):
+            return np.asarray(round_to(x, f), np.float64)
+
+        q = rounded(rng.standard_normal((b, h, n, d)))
+        k, v = (rounded(rng.standard_normal((b, kv_heads, m, d))) for _ in range(2))
+        out = {}
+        if "bias" in features:
+            out["bias"] = rounded(2 * rng.standard_normal((b, h, n, m)))
+        if "alibi" in features:
+            out["bias"] = rounded(alibi_bias(alibi_slopes(h), n, m))
+        if "mask" in features:
+            mask = rng.random((b, 1, n, m)) < 0.8
+            mask[..., n // 2, :] = False
+            out["mask"] = mask
+        if "window" in features:
+            out["window"] = (5, 3)
+        if "kv_lengths" in features:
+            out["kv_lengths"] = np.array([[m], [m - m // 3]][:b])
+    return q, k, v, out
+
+
+# -- PyTorch --------------------------------------------------------------------
+
+# The real kernels in a process whose ATen dispatches to one capability: reads
+# inputs.npz (q, k, v, and bias/mask where given) and the call, writes out.npz.
+_CHILD = """
+import json, sys
+import numpy as np, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+kernel, dtype = json.loads(sys.argv[2])
+x = dict(np.load(sys.argv[1] + "/inputs.npz"))
+dt = getattr(torch, dtype)
+q, k, v = (torch.from_numpy(x[t]).to(dt) for t in "qkv")
+shape = (*q.shape[:-1], k.shape[-2])
+mask = None
+if "bias" in x:
+    b = np.broadcast_to(x["bias"], shape)
+    if "mask" in x:
+        b = np.where(np.broadcast_to(x["mask"], shape), b, -np.inf)
+    mask = torch.from_numpy(np.ascontiguousarray(b, np.float32)).to(dt)
+elif "mask" in x:
+    mask = torch.from_numpy(np.array(np.broadcast_to(x["mask"], shape)))
+backend = SDPBackend.MATH if kernel == "torch-math" else SDPBackend.FLASH_ATTENTION
+with sdpa_kernel(backend), torch.no_grad():
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=k.shape[-3] != q.shape[-3])
+np.savez(sys.argv[1] + "/out.npz", o=o.to(torch.float64).numpy(),
+         capability=np.array(str(torch.backends.cpu.get_cpu_capability())))
+"""
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_real(capability: str, kernel: str, fmt: str, q, k, v, features: dict) -> np.ndarray:
+    """The real kernel's output under ``capability``: here through the registry if
+    it is this process's, else in a subprocess with ATEN_CPU_CAPABILITY set; skips
+    where this CPU cannot run that capability's kernels."""
+    from fa_jax.kernels import torch_cpu
+
+    if capability == torch_cpu.capability():
+        return kernels.real(kernel, q, k, v, fmt=fmt, **features)
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(os.path.join(tmp, "inputs.npz"), q=q, k=k, v=v, **features)
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower()}
+        call = json.dumps([kernel, _DTYPES[fmt]])
+        subprocess.run([sys.executable, "-c", _CHILD, tmp, call], env=env, check=True)
+        with np.load(os.path.join(tmp, "out.npz")) as out:
+            ran = str(out["capability"])
+            if ran != capability:
+                pytest.skip(
+                    f"this CPU cannot run ATen's {capability} kernels "
+                    f"(ATEN_CPU_CAPABILITY={capability.lower()} gave {ran})"
+                )
+            return out["o"]
+
+
+def torch_emulated(capability: str, kernel: str, fmt: str, q, k, v, features: dict):
+    """The model of ``capability``'s build, called as the registry calls it."""
+    from fa_jax.kernels import torch_cpu
+
+    factory = {"torch-math": torch_cpu.math_model, "torch-flash": torch_cpu.flash_model}[kernel]
+    model = factory(FORMATS[fmt], q.shape[-2], q.shape[-1], cpu_capability=capability)
+    return model(q, k, v, **features)
+
+
+# (kernel, format, (B, H, N, d), H_kv, M, features, seed).  Default tier: small,
+# odd lengths, every feature of the kernel at once.
+TORCH_DEFAULT = (
+    ("torch-flash", "bf16", (1, 4, 19, 24), 2, 37, ("bias", "mask"), 0),
+    ("torch-math", "fp16", (1, 4, 19, 24), 1, 37, ("bias", "mask"), 0),
+)
+# The default tier runs the capability here; every capability runs in -m slow.
+# Slow tier: d = 80 and 96, GQA ratios 2 to 8, several flash key blocks, decoding
+# shapes (1 and 16 queries against up to 2048 keys), ALiBi.
+TORCH_SLOW = tuple(
+    (kernel, fmt, shape, kv, m, features, 1)
+    for kernel in ("torch-flash", "torch-math")
+    for fmt, shape, kv, m, features in (
+        ("bf16", (1, 8, 67, 80), 1, 67, ("bias",)),
+        ("fp16", (2, 4, 33, 96), 2, 555, ("mask",)),
+        ("bf16", (1, 8, 1, 64), 2, 2048, ()),
+        ("fp16", (1, 4, 16, 128), 4, 1031, ("bias", "mask")),
+        ("bf16", (1, 8, 64, 64), 8, 64, ("alibi",)),
+    )
+)
+
+
+def _torch_check(capability: str, case: tuple):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    kernel, fmt, shape, kv_heads, m, features, seed = case
+    q, k, v, extra = case_inputs(fmt, shape, kv_heads, m, features, seed)
+    real = torch_real(capability, kernel, fmt, q, k, v, extra)
+    emulated = torch_emulated(capability, kernel, fmt, q, k, v, extra)
+    assert real.shape == emulated.shape == q.shape
+    comparison = kernels.compare(real, emulated, real, fmt)
+    assert comparison.identical_share == 1.0, f"{capability} {case}: {comparison.summary()}"
+
+
+def _here() -> str:
+    torch_cpu = pytest.importorskip("fa_jax.kernels.torch_cpu")
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    return torch_cpu.capability()
+
+
+@pytest.mark.parametrize("index", range(len(TORCH_DEFAULT)))
+def test_torch_features_bit_identical(index):
+    _torch_check(_here(), TORCH_DEFAULT[index])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", CAPABILITIES)
+@pytest.mark.parametrize("index", range(len(TORCH_DEFAULT)))
+def test_torch_features_bit_identical_other_builds(capability, index):
+    _torch_check(capability, TORCH_DEFAULT[index])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", CAPABILITIES)
+@pytest.mark.parametrize("index", range(len(TORCH_SLOW)))
+def test_torch_features_bit_identical_slow(capability, index):
+    _torch_check(capability, TORCH_SLOW[index])
