@@ -178,3 +178,115 @@ def test_torch_features_bit_identical_other_builds(capability, index):
 @pytest.mark.parametrize("index", range(len(TORCH_SLOW)))
 def test_torch_features_bit_identical_slow(capability, index):
     _torch_check(capability, TORCH_SLOW[index])
+
+
+# -- XLA ------------------------------------------------------------------------
+
+# (format, (B, H, N, d), H_kv, M, features, causal, seed).  Default tier: one small
+# case with every feature (the probes and compiles of each new shape cost seconds).
+XLA_DEFAULT = (("bf16", (2, 4, 5, 4), 2, 6, ("bias", "mask", "window", "kv_lengths"), False, 0),)
+# Slow tier: GQA ratios 2 to 8, d = 80 and 96, odd lengths, decoding shapes (1 and
+# 16 queries against up to 2048 keys), every format where the model holds.
+XLA_SLOW = (
+    ("bf16", (2, 8, 33, 80), 2, 33, (), False, 1),
+    ("bf16", (1, 4, 50, 96), 2, 50, ("bias", "mask"), False, 1),
+    ("fp16", (1, 4, 50, 96), 2, 50, ("bias", "mask"), False, 1),
+    ("bf16", (1, 8, 64, 64), 1, 64, ("alibi", "window"), True, 1),
+    ("bf16", (1, 4, 1, 64), 1, 1000, (), False, 1),
+    ("bf16", (1, 4, 16, 64), 2, 700, ("bias", "mask"), False, 1),
+    ("bf16", (2, 2, 600, 64), 2, 600, ("bias", "window", "kv_lengths"), False, 1),
+    ("bf16", (1, 8, 16, 64), 8, 2048, ("kv_lengths",), False, 1),
+)
+
+
+def _xla_check(case: tuple):
+    fmt, shape, kv_heads, m, features, causal, seed = case
+    q, k, v, extra = case_inputs(fmt, shape, kv_heads, m, features, seed)
+    real = kernels.real("xla", q, k, v, fmt=fmt, causal=causal, **extra)
+    emulated = kernels.emulate("xla", q, k, v, fmt=fmt, causal=causal, **extra)
+    assert real.shape == emulated.shape == q.shape
+    comparison = kernels.compare(real, emulated, real, fmt)
+    assert comparison.identical_share == 1.0, f"{case}: {comparison.summary()}"
+    if "mask" in features:
+        # jax masks with a large negative, not -inf: the row that keeps no key
+        # weighs every key alike (fa_jax's reference gives 0 there)
+        assert np.abs(real[..., shape[2] // 2, :]).max() > 0
+
+
+@pytest.mark.parametrize("index", range(len(XLA_DEFAULT)))
+def test_xla_features_bit_identical(index):
+    _xla_check(XLA_DEFAULT[index])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(XLA_SLOW)))
+def test_xla_features_bit_identical_slow(index):
+    _xla_check(XLA_SLOW[index])
+
+
+# -- the registry ------------------------------------------------------------------
+
+
+def test_unsupported_features_and_bad_values_are_refused():
+    q, k, v, extra = case_inputs("bf16", (1, 4, 5, 16), 2, 7, ("bias", "mask"), 0)
+    with pytest.raises(ValueError, match=r"'torch-flash': window: not supported.*bias.*gqa"):
+        kernels.emulate("torch-flash", q, k, v, fmt="bf16", window=(2, 2))
+    with pytest.raises(ValueError, match=r"'cudnn': gqa: not supported"):
+        kernels.emulate("cudnn", q, k, v, fmt="bf16")
+    with pytest.raises(ValueError, match="bias: expected values exact in bfloat16"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", bias=extra["bias"] + 1e-3)
+    with pytest.raises(ValueError, match="mask: expected a boolean array"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", mask=extra["mask"].astype(float))
+    with pytest.raises(ValueError, match=r"bias: expected an array broadcastable"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", bias=extra["bias"][..., :3])
+    with pytest.raises(ValueError, match=r"kv_lengths: expected integers in \[0, M = 7\]"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", kv_lengths=np.array([8]))
+    with pytest.raises(ValueError, match=r"window: expected \(left, right\)"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", window=(2,))
+    three = np.concatenate([k, k[:, :1]], axis=1)  # 3 K/V heads for 4 query heads
+    with pytest.raises(ValueError, match=r"H_kv heads .* divides"):
+        kernels.emulate("xla", q, three, three, fmt="bf16")
+    with pytest.raises(ValueError, match=r"'xla': unknown option 'kv_type'"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", kv_type="q8_0")
+    q, k, v, extra = case_inputs("bf16", (1, 4, 5, 16), 2, 5, ("mask",), 0)
+    with pytest.raises(ValueError, match="causal: expected no bias or mask"):
+        kernels.emulate("torch-math", q, k, v, fmt="bf16", causal=True, mask=extra["mask"])
+
+
+def test_a_kernel_gets_its_features_and_options():
+    """A registered kernel declares features and options; the registry passes them
+    (and only those given), checked, to its real function and its model."""
+    from fa_jax import fa2_kernel
+    from fa_jax.kernels import Kernel, KernelModel
+
+    seen = []
+
+    def forward(q, k, v, *, policy, causal, scale, **given):
+        seen.append(sorted(given))
+        return np.zeros(q.shape)
+
+    def real(q, k, v, *, fmt, causal=False, scale=None, **given):
+        seen.append(sorted(given))
+        return np.zeros(q.shape)
+
+    kernel = Kernel(
+        name="test-features",
+        description="records what it gets",
+        real=real,
+        model=lambda fmt, n, d: KernelModel("t", fa2_kernel(fmt), "reference", forward=forward),
+        unavailable=lambda: None,
+        platform=lambda: {},
+        features=frozenset({"mask", "gqa"}),
+        options=("kv_type",),
+    )
+    kernels.register(kernel)
+    q, k, v, extra = case_inputs("bf16", (1, 4, 5, 16), 1, 7, ("mask",), 0)
+    kernels.real("test-features", q, k, v, fmt="bf16")
+    kernels.emulate("test-features", q, k, v, fmt="bf16", mask=extra["mask"], kv_type="q8_0")
+    assert seen == [[], ["kv_type", "mask"]]
+    with pytest.raises(ValueError, match=r"'test-features': bias: not supported.*gqa.*mask"):
+        kernels.real("test-features", q, k, v, fmt="bf16", bias=np.zeros((5, 7)))
+    with pytest.raises(ValueError, match=r"features: expected names among"):
+        Kernel("bad", "", real, kernel.model, lambda: None, dict, features=frozenset({"alibi"}))
+    with pytest.raises(ValueError, match="options: expected names other than"):
+        Kernel("bad", "", real, kernel.model, lambda: None, dict, options=("bias",))
