@@ -311,7 +311,9 @@ def _flash_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, **fe
     """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS),
     with its tiles for the inputs' N and M (``blocks`` of the KernelModel are those
     for M = N); ``bias`` and ``mask`` as the attn_mask the kernel adds to its scaled
-    scores, K/V with fewer heads as ``enable_gqa`` reads them."""
+    scores (in one FMA where the build fuses a · b + c: ``_scale_attn_mask_fusion_kernel``'s
+    ``a * scale + mask``, contracted by the compiler), K/V with fewer heads as
+    ``enable_gqa`` reads them."""
     _check_causal("torch-flash", causal, features)
     blocks = flash_blocks(q.shape[-2], k.shape[-2])
     out = flash_attention(
