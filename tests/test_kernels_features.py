@@ -173,20 +173,24 @@ def test_torch_features_bit_identical_other_builds(capability, index):
     _torch_check(capability, TORCH_DEFAULT[index])
 
 
-# A query block of one row (N = 1, or 33 = 32 + 1 queries) runs its P V product as
-# the CPU BLAS does for one row, in an order the model does not follow (measured:
-# only that row differs, by at most 3 ulp).
-_ONE_ROW = pytest.mark.xfail(
-    strict=True, reason="a one-row query block's P V order is not modelled"
-)
-_GAPS = {(1, "DEFAULT"), (1, "AVX2"), (1, "AVX512"), (2, "DEFAULT")}
+# Measured gaps.  33 = 32 + 1 queries: only the last query block's one row
+# differs (at most 3 ulp, every build): the CPU BLAS's one-row P V order is not
+# modelled.  One query against 2048 keys on DEFAULT: 2 of 512 outputs by 1 ulp
+# (AVX2 and AVX512 exact), not yet explained.
+_GAPS = {(1, c): "a one-row query block's P V order is not modelled" for c in CAPABILITIES} | {
+    (2, "DEFAULT"): "DEFAULT, one query, 2048 keys: 2 of 512 outputs by 1 ulp"
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("capability", "index"),
     [
-        pytest.param(c, i, marks=[_ONE_ROW] if (i, c) in _GAPS else [])
+        pytest.param(
+            c,
+            i,
+            marks=[pytest.mark.xfail(strict=True, reason=_GAPS[i, c])] if (i, c) in _GAPS else [],
+        )
         for i in range(len(TORCH_SLOW))
         for c in CAPABILITIES
     ],
