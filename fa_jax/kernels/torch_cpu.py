@@ -183,12 +183,15 @@ def _sdpa(
     gqa = np.shape(k)[:-2] != np.shape(q)[:-2]
     attn_mask = _attn_mask((*np.shape(q)[:-1], np.shape(k)[-2]), dtype, bias, mask)
     q, k, v = (torch.from_numpy(np.asarray(t, dtype=np.float32)).to(dtype) for t in (q, k, v))
-    extra = {} if attn_mask is None else {"attn_mask": attn_mask}
-    if gqa:
-        extra["enable_gqa"] = True
     with sdpa_kernel(getattr(SDPBackend, backend)), torch.no_grad():
         o = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=bool(causal), scale=None if scale is None else float(scale), **extra
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=bool(causal),
+            scale=None if scale is None else float(scale),
+            enable_gqa=bool(gqa),
         )
     return o.to(torch.float64).numpy()
 
