@@ -309,3 +309,39 @@ def test_a_kernel_gets_its_features_and_options():
         Kernel("bad", "", real, kernel.model, lambda: None, dict, features=frozenset({"alibi"}))
     with pytest.raises(ValueError, match="options: expected names other than"):
         Kernel("bad", "", real, kernel.model, lambda: None, dict, options=("bias",))
+
+
+# -- fa-jax validate ----------------------------------------------------------------
+
+
+def test_validate_flags_become_features():
+    from fa_jax import cli
+    from fa_jax.studies.validation import Features, Shape
+
+    args = cli.build_parser().parse_args(
+        "validate --kernel xla --kv-heads 2 --q-len 3 --bias alibi --mask random "
+        "--window 4,-1 --kv-len 7".split()
+    )
+    assert cli._validation_features(args) == Features(2, 3, "alibi", "random", (4, -1), 7)
+    args = cli.build_parser().parse_args("validate --kernel xla".split())
+    assert cli._validation_features(args) == Features()
+    bad = cli.build_parser().parse_args("validate --kernel xla --window 4".split())
+    with pytest.raises(ValueError, match="--window: expected L,R"):
+        cli._validation_features(bad)
+    with pytest.raises(ValueError, match="kv_heads: expected a divisor of H = 4"):
+        Features(kv_heads=3).check(Shape(heads=4))
+    with pytest.raises(ValueError, match=r"Features\.bias"):
+        Features(bias="sine")
+
+
+def test_validate_with_features_reports_them():
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    from fa_jax.studies.validation import Features, Shape, format_validation, validate
+
+    features = Features(kv_heads=1, q_len=3, bias="alibi", mask="random")
+    v = validate("torch-math", "bf16", shape=Shape(1, 2, 20, 8), presets=(), features=features)
+    assert v.rows[0][1].identical_share == 1.0 and v.rows[0][1].elements == 1 * 2 * 3 * 8
+    assert v.to_dict()["features"] == {"kv_heads": 1, "q_len": 3, "bias": "alibi", "mask": "random"}
+    text = format_validation(v)
+    assert "features: kv_heads=1, q_len=3, bias=alibi, mask=random" in text
+    assert "torch-math model [kv_heads=1" in text
