@@ -122,13 +122,13 @@ def torch_emulated(capability: str, kernel: str, fmt: str, q, k, v, features: di
     return model(q, k, v, **features)
 
 
-# (kernel, format, (B, H, N, d), H_kv, M, features, seed).  Default tier: small,
+# (kernel, format, (B, H, N, d), H_kv, M, features, seed).  First tier: small,
 # odd lengths, every feature of the kernel at once.
 TORCH_DEFAULT = (
     ("torch-flash", "bf16", (1, 4, 19, 24), 2, 37, ("bias", "mask"), 0),
     ("torch-math", "fp16", (1, 4, 19, 24), 1, 37, ("bias", "mask"), 0),
 )
-# The default tier runs the capability here; every capability runs in -m slow.
+# Every capability runs in -m slow (the default suite's time goes to xla's case).
 # Slow tier: d = 80 and 96, GQA ratios 2 to 8, several flash key blocks, decoding
 # shapes (1 and 16 queries against up to 2048 keys), ALiBi.
 TORCH_SLOW = tuple(
@@ -161,6 +161,7 @@ def _here() -> str:
     return torch_cpu.capability()
 
 
+@pytest.mark.slow  # 10 to 16 s each: the default suite's time goes to xla's case
 @pytest.mark.parametrize("index", range(len(TORCH_DEFAULT)))
 def test_torch_features_bit_identical(index):
     _torch_check(_here(), TORCH_DEFAULT[index])
@@ -334,6 +335,7 @@ def test_validate_flags_become_features():
         Features(bias="sine")
 
 
+@pytest.mark.slow  # 9 s: the torch-math model's compile
 def test_validate_with_features_reports_them():
     pytest.importorskip("torch", reason="PyTorch is not installed")
     from fa_jax.studies.validation import Features, Shape, format_validation, validate
