@@ -224,7 +224,8 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
     def scores(k_j, col0=0, grad=False):
         width = k_j.shape[-2]
         b_j = _columns(bias, col0, width)
-        if b_j is not None and call.variant in _FUSED_BIAS and call.softcap is None:
+        fused = call.variant in _FUSED_BIAS and policy.scale == "scores"
+        if b_j is not None and fused and call.softcap is None:
             # PyTorch's CPU flash loop built with FMA: S' = fl(fl(Q Kᵀ) · scale + B̂), one FMA
             raw = ops.matmul(
                 q, jnp.swapaxes(k_j, -1, -2), policy.qk_acc, accumulation=policy.accumulation
