@@ -39,6 +39,10 @@ Per key block j, with scores S_j (rows × Bc):
 ``torch_avx2``, PyTorch's CPU flash loop on AVX2 (ATen's ``cpu_flash_attention``),
 is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
 :mod:`fa_jax.kernels.torch_cpu`); :mod:`fa_jax.vector_loop` says what it does.
+Where its build fuses a · b + c (``Lanes.fused``), it adds a bias to the scaled
+scores in one FMA, S' = fl_bias(fl_qk_acc(Q Kᵀ) · scale + B̂) (ATen's
+``_scale_attn_mask_fusion_kernel``, ``a * scale + mask`` contracted by the
+compiler), as measured on the kernel.
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
 ``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
@@ -107,6 +111,8 @@ __all__ = [
 VARIANTS = ("fa1", "fa2", "rowwise")
 # Variants that model one real kernel's loop, lengths masks included as padding.
 KERNEL_VARIANTS = tuple(_LANES)
+# Kernel variants whose loop adds a bias to the scaled scores in one FMA.
+_FUSED_BIAS = tuple(name for name, lanes in _LANES.items() if lanes.fused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,11 +226,24 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
 
     def scores(k_j, col0=0, grad=False):
         width = k_j.shape[-2]
-        s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
-        t = None
-        if call.softcap is not None:
-            s, t = softcap(s, call.softcap, policy)
-        s = add_bias(s, _columns(bias, col0, width), policy)
+        b_j = _columns(bias, col0, width)
+        fused = call.variant in _FUSED_BIAS and policy.scale == "scores"
+        if b_j is not None and fused and call.softcap is None:
+            # PyTorch's CPU flash loop built with FMA: S' = fl(fl(Q Kᵀ) · scale + B̂), one FMA
+            raw = ops.matmul(
+                q, jnp.swapaxes(k_j, -1, -2), policy.qk_acc, accumulation=policy.accumulation
+            )
+            masked = b_j == -jnp.inf
+            s = jnp.where(
+                masked, -jnp.inf, ops.fma(raw, scale, jnp.where(masked, 0.0, b_j), policy.bias)
+            )
+            t = None
+        else:
+            s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
+            t = None
+            if call.softcap is not None:
+                s, t = softcap(s, call.softcap, policy)
+            s = add_bias(s, b_j, policy)
         keep = masking.keep(
             n,
             width,

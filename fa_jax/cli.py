@@ -490,9 +490,39 @@ def cmd_validate(args) -> int:
         causal=args.causal,
         seeds=_seeds("--seeds", args.seeds),
         presets=() if args.no_presets else _items("--presets", args.presets),
+        features=_validation_features(args),
     )
     print(json.dumps(result.to_dict(), indent=1) if args.json else format_validation(result))
     return 0
+
+
+def _validation_features(args):
+    """validate's feature flags as a Features."""
+    from fa_jax.studies.validation import Features
+
+    def count(flag, value):
+        return None if value is None else positive_int(_one_int(flag, value), flag)
+
+    window = None
+    if args.window is not None:
+        try:
+            left, right = (int(w) for w in args.window.split(","))
+        except ValueError:
+            raise ValueError(
+                f"--window: expected L,R (ints, -1 for unbounded), got {args.window!r}"
+            ) from None
+        window = (left, right)
+    try:
+        return Features(
+            kv_heads=count("--kv-heads", args.kv_heads),
+            q_len=count("--q-len", args.q_len),
+            bias=args.bias,
+            mask=None if args.mask == "none" else args.mask,
+            window=window,
+            kv_len=count("--kv-len", args.kv_len),
+        )
+    except ValueError as err:
+        raise ValueError(f"validate: {err}") from None
 
 
 def cmd_calibrate(args) -> int:
@@ -695,6 +725,14 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument(
         "--no-presets", action="store_true", help="only the kernel's model, not the generic presets"
     )
+    va.add_argument("--kv-heads", help="K/V heads, dividing --heads (grouped-query attention)")
+    va.add_argument("--q-len", help="queries (decoding shapes: --n is then the keys)")
+    va.add_argument("--bias", choices=("alibi", "random"), help="an additive bias")
+    va.add_argument(
+        "--mask", choices=("random", "none"), default="none", help="a boolean mask (80%% kept)"
+    )
+    va.add_argument("--window", help="a local window L,R (-1: unbounded side)")
+    va.add_argument("--kv-len", help="keys kept per sequence (key lengths)")
     va.add_argument("--json", action="store_true", help="print JSON instead of a table")
     va.set_defaults(func=cmd_validate)
     ca = sub.add_parser(

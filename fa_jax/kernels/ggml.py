@@ -173,4 +173,5 @@ GGML = Kernel(
     unavailable=ggml_lib.unavailable,
     platform=_platform_facts,
     formats=("fp32", "fp16", "bf16"),
+    options=("kv_type", "threads"),
 )

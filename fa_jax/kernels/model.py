@@ -11,6 +11,15 @@ Calling convention (every kernel, real or emulated): q, k, v are float64 arrays
 of shape ``(..., N, d)`` whose values are exact in the kernel's format; the
 result is a float64 numpy array.  ``scale=None`` means 1/sqrt(d); ``causal``
 keeps key j for query i when j <= i (top-left aligned).
+
+Features (:data:`FEATURES`), each passed only when used, with the meaning of
+:func:`fa_jax.attention.reference_attention`: ``bias`` (float64, broadcastable
+to (..., H, N, M), values exact in the kernel's format or -inf), ``mask``
+(boolean, True = keep), ``window`` ((left, right), top-left aligned),
+``kv_lengths`` (ints broadcastable to the leading dimensions), and ``gqa``: K
+and V with H_kv heads dividing H (:mod:`fa_jax.heads`).  A kernel declares the
+features it supports (``Kernel.features``) and any keyword options of its own
+(``Kernel.options``), which reach its ``real`` and its ``model`` unchanged.
 """
 
 from __future__ import annotations
@@ -23,12 +32,15 @@ import numpy as np
 
 from fa_jax._x64 import float64_enabled
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
-from fa_jax.formats import Format
 from fa_jax.policy import Policy
 
-__all__ = ["ALGORITHMS", "Kernel", "KernelModel", "flat_heads"]
+__all__ = ["ALGORITHMS", "FEATURES", "Kernel", "KernelModel", "flat_heads"]
 
 ALGORITHMS = ("reference", "flash")
+
+# The features a kernel may support beyond (q, k, v, causal, scale): the keyword
+# arguments of reference_attention, and "gqa" for K/V with fewer heads.
+FEATURES = ("bias", "mask", "window", "kv_lengths", "gqa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +48,10 @@ class KernelModel:
     """fa_jax's model of a real kernel: policy, algorithm, blocks, loop variant.
 
     ``forward``, when given, replaces the algorithm: a function
-    ``forward(q, k, v, *, policy, causal, scale)`` of float64 arrays composed of
-    :mod:`fa_jax.ops` steps, for a kernel whose order of steps neither
-    attention function follows (``algorithm`` then names the closest one).
+    ``forward(q, k, v, *, policy, causal, scale, **features)`` of float64 arrays
+    composed of :mod:`fa_jax.ops` steps, for a kernel whose order of steps
+    neither attention function follows (``algorithm`` then names the closest
+    one); it gets the features given (module docstring).
     """
 
     kernel: str
@@ -71,13 +84,18 @@ class KernelModel:
                 f"got them with {self.algorithm!r}"
             )
 
-    def __call__(self, q, k, v, *, causal: bool = False, scale=None) -> np.ndarray:
-        """The emulated output (..., N, d_v) as a float64 numpy array."""
+    def __call__(self, q, k, v, *, causal: bool = False, scale=None, **features) -> np.ndarray:
+        """The emulated output (..., N, d_v) as a float64 numpy array; ``features``
+        (module docstring) only those used, K/V with fewer heads taken as GQA."""
         with float64_enabled():
             if self.forward is not None:
-                out = self.forward(q, k, v, policy=self.policy, causal=causal, scale=scale)
+                out = self.forward(
+                    q, k, v, policy=self.policy, causal=causal, scale=scale, **features
+                )
             elif self.algorithm == "reference":
-                out = reference_attention(q, k, v, self.policy, causal=causal, scale=scale)
+                out = reference_attention(
+                    q, k, v, self.policy, causal=causal, scale=scale, **features
+                )
             else:
                 assert self.blocks is not None  # checked in __post_init__
                 out = flash_attention(
@@ -89,6 +107,7 @@ class KernelModel:
                     variant=self.variant or "fa2",
                     causal=causal,
                     scale=scale,
+                    **features,
                 )[0]  # pyright: ignore[reportIndexIssue]
             return np.asarray(out, dtype=np.float64)
 
@@ -97,24 +116,46 @@ class KernelModel:
 class Kernel:
     """A real attention kernel (module docstring for the calling convention).
 
-    ``real(q, k, v, *, fmt, causal=False, scale=None)`` runs it; ``model(fmt, n,
-    d)`` is fa_jax's model of it for that format and shape; ``unavailable()``
-    is None where it runs here, else the reason; ``platform()`` gives the facts
-    a report needs (library versions, CPU capability, backend and device);
-    ``formats`` are the names of the formats the real kernel runs natively.
+    ``real(q, k, v, *, fmt, causal=False, scale=None, **features)`` runs it;
+    ``model(fmt, n, d, **options)`` is fa_jax's model of it for that format and shape;
+    ``unavailable()`` is None where it runs here, else the reason;
+    ``platform()`` gives the facts a report needs (library versions, CPU
+    capability, backend and device); ``formats`` are the names of the formats
+    the real kernel runs natively; ``features`` the names of :data:`FEATURES` it
+    supports (both ``real`` and the model then take them); ``options`` the names
+    of keyword options of its own (e.g. a thread count), passed to ``real`` and
+    to ``model``.
     """
 
     name: str
     description: str
     real: Callable[..., np.ndarray]
-    model: Callable[[Format, int, int], KernelModel]
+    model: Callable[..., KernelModel]
     unavailable: Callable[[], str | None]
     platform: Callable[[], dict[str, str]]
     formats: tuple[str, ...] = ("bf16", "fp16")
+    features: frozenset[str] = frozenset()
+    options: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ValueError(
+                f"Kernel {self.name!r}: features: expected names among {FEATURES}, "
+                f"got {sorted(unknown)}"
+            )
+        clash = set(self.options) & {*FEATURES, "fmt", "causal", "scale"}
+        if clash:
+            raise ValueError(
+                f"Kernel {self.name!r}: options: expected names other than the common "
+                f"arguments and features, got {sorted(clash)}"
+            )
+        object.__setattr__(self, "features", frozenset(self.features))
+        object.__setattr__(self, "options", tuple(self.options))
 
 
 def flat_heads(q, k, v):
     """(..., N, d) arrays as float32 (B·H, N, d) for a real kernel's call (their values
-    are exact in any format up to FP32), and the leading shape to restore."""
+    are exact in any format up to FP32), and q's leading shape to restore."""
     lead = np.shape(q)[:-2]
     return lead, [np.asarray(t, np.float32).reshape(-1, *np.shape(t)[-2:]) for t in (q, k, v)]

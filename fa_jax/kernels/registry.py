@@ -5,6 +5,14 @@ Built-in kernels are registered on first use from the modules that define them
 ``torch-cuda-mem-efficient``), so that importing :mod:`fa_jax.kernels` imports
 neither PyTorch nor the kernels' modules.  :func:`real` runs a kernel,
 :func:`emulate` runs fa_jax's model of it on the same inputs.
+
+Both take the features of :data:`fa_jax.kernels.model.FEATURES` (``bias``,
+``mask``, ``window``, ``kv_lengths``; K and V with H_kv heads dividing H) and a
+kernel's own keyword options (``Kernel.options``); they are checked here once,
+and a kernel asked for a feature it does not declare (``Kernel.features``)
+raises ValueError naming the kernel, the feature and what it supports.  A
+feature not given is not passed on, so a kernel without features is called as
+before.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import math
 import numpy as np
 
 from fa_jax.formats import Format, get_format
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels.model import FEATURES, Kernel, KernelModel
 
 __all__ = ["available", "emulate", "get", "model", "names", "real", "register"]
 
@@ -89,7 +97,10 @@ def _native_format(kernel: Kernel, fmt) -> Format:
 
 
 def _shapes(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q, k, v as float64 numpy arrays after checking (..., N, d), (..., M, d), (..., M, d_v)."""
+    """q, k, v as float64 numpy arrays after checking (..., H, N, d), (..., H_kv, M, d),
+    (..., H_kv, M, d_v) with H_kv dividing H (equal leading dimensions otherwise)."""
+    from fa_jax.heads import kv_groups
+
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(
@@ -97,16 +108,16 @@ def _shapes(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             f"at least 2, got shapes {q.shape}, {k.shape}, {v.shape}"
         )
     if (
-        q.shape[:-2] != k.shape[:-2]
-        or k.shape[:-2] != v.shape[:-2]
-        or q.shape[-1] != k.shape[-1]
+        q.shape[-1] != k.shape[-1]
         or k.shape[-2] != v.shape[-2]
+        or k.shape[:-2] != v.shape[:-2]
         or 0 in q.shape + k.shape + v.shape
     ):
         raise ValueError(
             "kernel: expected q (..., N, d), k (..., M, d), v (..., M, d_v) with equal "
             f"leading dimensions and no empty axis, got shapes {q.shape}, {k.shape}, {v.shape}"
         )
+    kv_groups("kernel", q.shape, k.shape, v.shape)  # H_kv dividing H, else ValueError
     return q, k, v
 
 
@@ -135,12 +146,91 @@ def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool):
     return fmt, q, k, v
 
 
-def real(name: str, q, k, v, *, fmt, causal: bool = False, scale=None, **options) -> np.ndarray:
-    """The real kernel's output (..., N, d_v) as float64 (module docstring); ``options``
-    are the kernel's own keywords (``ggml``: ``kv_type``, ``threads``)."""
+def _features(kernel: Kernel, fmt: Format, q, k, given: dict, options: dict) -> dict:
+    """The features given (not None), checked against the inputs and against what
+    ``kernel`` supports, then its own options after theirs: what its ``real`` and
+    its model get."""
+    from fa_jax.masking import check_broadcast, check_window
+
+    target = (*q.shape[:-1], k.shape[-2])  # (..., H, N, M)
+    out: dict = {}
+    if given["bias"] is not None:
+        bias = np.asarray(given["bias"])
+        if not np.issubdtype(bias.dtype, np.floating):
+            raise ValueError(f"kernel: bias: expected a float array, got dtype {bias.dtype}")
+        check_broadcast("kernel", "bias", bias, target)
+        bias = bias.astype(np.float64)
+        if np.isnan(bias).any() or (bias == np.inf).any():
+            raise ValueError("kernel: bias: expected finite values or -inf, got NaN or +inf")
+        _exact_in(fmt, bias=bias)
+        out["bias"] = bias
+    if given["mask"] is not None:
+        mask = np.asarray(given["mask"])
+        if mask.dtype != np.bool_:
+            raise ValueError(
+                f"kernel: mask: expected a boolean array (True = keep), got dtype {mask.dtype}"
+            )
+        check_broadcast("kernel", "mask", mask, target)
+        out["mask"] = mask
+    window = check_window(given["window"], "kernel")
+    if window is not None:
+        out["window"] = window
+    if given["kv_lengths"] is not None:
+        lengths = np.asarray(given["kv_lengths"])
+        lead = q.shape[:-2]
+        if not np.issubdtype(lengths.dtype, np.integer):
+            raise ValueError(f"kernel: kv_lengths: expected integers, got dtype {lengths.dtype}")
+        try:
+            ok = np.broadcast_shapes(lengths.shape, lead) == lead
+        except ValueError:
+            ok = False
+        if not ok or lengths.min() < 0 or lengths.max() > k.shape[-2]:
+            raise ValueError(
+                f"kernel: kv_lengths: expected integers in [0, M = {k.shape[-2]}] "
+                f"broadcastable to the leading dimensions {lead}, got shape "
+                f"{lengths.shape}, values in [{lengths.min()}, {lengths.max()}]"
+            )
+        out["kv_lengths"] = lengths.astype(np.int64)
+    used = [name for name in FEATURES if name in out]
+    if k.shape[:-2] != q.shape[:-2]:
+        used.append("gqa")
+    for name in used:
+        if name not in kernel.features:
+            raise ValueError(
+                f"kernel {kernel.name!r}: {name}: not supported by this kernel; it "
+                f"supports {sorted(kernel.features) or 'no features'}"
+            )
+    for name in options:
+        if name not in kernel.options:
+            raise ValueError(
+                f"kernel {kernel.name!r}: unknown option {name!r}: expected one of "
+                f"{list(kernel.options) or 'none'}"
+            )
+    return {**out, **options}
+
+
+def real(
+    name: str,
+    q,
+    k,
+    v,
+    *,
+    fmt,
+    causal: bool = False,
+    scale=None,
+    bias=None,
+    mask=None,
+    window=None,
+    kv_lengths=None,
+    **options,
+) -> np.ndarray:
+    """The real kernel's output (..., N, d_v) as float64 (module docstring);
+    ``options`` are the kernel's own keywords (``ggml``: ``kv_type``, ``threads``)."""
     kernel = get(name)
     fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
-    out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **options)
+    given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
+    extra = _features(kernel, fmt, q, k, given, options)
+    out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **extra)
     return np.asarray(out, np.float64)
 
 
@@ -154,12 +244,29 @@ def model(name: str, fmt, n: int, d: int) -> KernelModel:
     )
 
 
-def emulate(name: str, q, k, v, *, fmt, causal: bool = False, scale=None, **options) -> np.ndarray:
-    """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v);
-    ``options`` as for :func:`real`, passed to the kernel's model."""
+def emulate(
+    name: str,
+    q,
+    k,
+    v,
+    *,
+    fmt,
+    causal: bool = False,
+    scale=None,
+    bias=None,
+    mask=None,
+    window=None,
+    kv_lengths=None,
+    **options,
+) -> np.ndarray:
+    """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v):
+    its model built for ``options`` (as for :func:`real`), called with the features."""
     kernel = _lookup(name)
     fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"emulate: scale: expected a finite number, got {scale!r}")
+    given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
+    extra = _features(kernel, fmt, q, k, given, options)
+    features = {name: x for name, x in extra.items() if name not in options}
     m = kernel.model(fmt, q.shape[-2], q.shape[-1], **options)
-    return m(q, k, v, causal=causal, scale=scale)
+    return m(q, k, v, causal=causal, scale=scale, **features)

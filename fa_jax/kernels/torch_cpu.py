@@ -71,10 +71,12 @@ from fa_jax.exponential import (
     ExpModel,
 )
 from fa_jax.formats import FP32, Format, get_format
+from fa_jax.heads import kv_groups, repeat_kv
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
+from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
 from fa_jax.vector_loop import LANES, gemm_accumulate, lane_sum
 
@@ -141,7 +143,34 @@ def platform() -> dict[str, str]:
     }
 
 
-def _sdpa(backend: str, q, k, v, fmt: Format, causal: bool, scale) -> np.ndarray:
+def _check_causal(kernel: str, causal: bool, features: dict) -> None:
+    """SDPA refuses an explicit attn_mask together with is_causal."""
+    if causal and any(features.get(name) is not None for name in ("bias", "mask")):
+        raise ValueError(
+            f"{kernel}: causal: expected no bias or mask with causal=True (SDPA refuses an "
+            "attn_mask with is_causal), got both"
+        )
+
+
+def _attn_mask(shape: tuple, dtype, bias, mask):
+    """SDPA's attn_mask for a bias (a float mask of the query's dtype, its values
+    exact there), a boolean mask (True = keep), or both (the bias, -inf where the
+    mask drops the pair); broadcast to (..., H, N, M); None for neither."""
+    import torch
+
+    if bias is None and mask is None:
+        return None
+    if bias is None:
+        return torch.from_numpy(np.array(np.broadcast_to(mask, shape)))
+    b = np.broadcast_to(np.asarray(bias, np.float64), shape)
+    if mask is not None:
+        b = np.where(np.broadcast_to(mask, shape), b, -np.inf)
+    return torch.from_numpy(np.ascontiguousarray(b, np.float32)).to(dtype)
+
+
+def _sdpa(
+    backend: str, q, k, v, fmt: Format, causal: bool, scale, bias=None, mask=None
+) -> np.ndarray:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -151,22 +180,34 @@ def _sdpa(backend: str, q, k, v, fmt: Format, causal: bool, scale) -> np.ndarray
             f"torch CPU attention: format: expected one of {sorted(_DTYPES)}, got {fmt.name!r}"
         )
     dtype = getattr(torch, _DTYPES[fmt.name])
+    gqa = np.shape(k)[:-2] != np.shape(q)[:-2]
+    attn_mask = _attn_mask((*np.shape(q)[:-1], np.shape(k)[-2]), dtype, bias, mask)
     q, k, v = (torch.from_numpy(np.asarray(t, dtype=np.float32)).to(dtype) for t in (q, k, v))
     with sdpa_kernel(getattr(SDPBackend, backend)), torch.no_grad():
         o = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=bool(causal), scale=None if scale is None else float(scale)
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=bool(causal),
+            scale=None if scale is None else float(scale),
+            enable_gqa=bool(gqa),
         )
     return o.to(torch.float64).numpy()
 
 
-def real_math(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
-    """PyTorch's math SDPA on the CPU, in ``fmt`` (bf16 or fp16)."""
-    return _sdpa("MATH", q, k, v, fmt, causal, scale)
+def real_math(q, k, v, *, fmt: Format, causal: bool = False, scale=None, **features) -> np.ndarray:
+    """PyTorch's math SDPA on the CPU, in ``fmt`` (bf16 or fp16); ``bias`` and ``mask``
+    as its attn_mask, K/V with fewer heads by ``enable_gqa``."""
+    _check_causal("torch-math", causal, features)
+    return _sdpa("MATH", q, k, v, fmt, causal, scale, **features)
 
 
-def real_flash(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
-    """PyTorch's flash SDPA on the CPU, in ``fmt`` (bf16 or fp16)."""
-    return _sdpa("FLASH_ATTENTION", q, k, v, fmt, causal, scale)
+def real_flash(q, k, v, *, fmt: Format, causal: bool = False, scale=None, **features) -> np.ndarray:
+    """PyTorch's flash SDPA on the CPU, in ``fmt`` (bf16 or fp16); ``bias`` and
+    ``mask`` as its attn_mask, K/V with fewer heads by ``enable_gqa``."""
+    _check_causal("torch-flash", causal, features)
+    return _sdpa("FLASH_ATTENTION", q, k, v, fmt, causal, scale, **features)
 
 
 def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
@@ -200,14 +241,27 @@ def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None
         exp_model=build.softmax_exp,
         scale="q",
     )
-    forward = functools.partial(_math_jit, variant=build.variant)
+    forward = functools.partial(_math_call, variant=build.variant)
     return KernelModel("torch-math", policy, "reference", forward=forward)
 
 
-def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale):
-    """ATen's math SDPA on FP32 upcasts (module docstring), step by step."""
+def _math_call(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=None, mask=None):
+    _check_causal("torch-math", causal, {"bias": bias, "mask": mask})
+    return _math_jit(
+        q, k, v, policy=policy, variant=variant, causal=causal, scale=scale, bias=bias, mask=mask
+    )
+
+
+def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=None, mask=None):
+    """ATen's math SDPA on FP32 upcasts (module docstring), step by step; K and V
+    repeated per group (``enable_gqa``: ``repeat_interleave``), the float attn_mask
+    (``bias``, exact in the input format) added to the scaled scores in FP32
+    (``attn.add_(attn_mask)``), a boolean one as -inf (``convert_boolean_attn_mask``),
+    rows with no key kept 0 (``_safe_softmax``)."""
     fp32 = policy.scores
     q, k, v = (ops.cast(ops.carrier(t, np.float64), policy.inputs) for t in (q, k, v))
+    groups = kv_groups("torch-math", q.shape, k.shape, v.shape)
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
@@ -215,11 +269,16 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale):
     s = gemm_accumulate(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
     if causal:
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
+    if bias is not None:
+        s = add_bias(s, ops.carrier(bias, s.dtype), policy)  # exact: FP32 holds the bias
+    if mask is not None:
+        s = jnp.where(mask, s, -jnp.inf)
     row_max = jnp.max(s, axis=-1, keepdims=True)
-    e = shifted_exp(s, row_max, policy)
+    empty = row_max == -jnp.inf
+    e = shifted_exp(s, jnp.where(empty, 0.0, row_max), policy)
     total = lane_sum(e, LANES[variant], policy.stats, accumulators=1, vector_tail=True)
     reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
-    p = ops.mul(e, reciprocal[..., None], policy.p)
+    p = jnp.where(empty, 0.0, ops.mul(e, reciprocal[..., None], policy.p))
     o = gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
     return ops.cast(o, policy.out)
 
@@ -247,13 +306,22 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
         normalise="reciprocal",
     )
     blocks = flash_blocks(n, n)
-    forward = functools.partial(_flash_forward, blocks=blocks, variant=build.variant)
+    forward = functools.partial(_flash_forward, variant=build.variant)
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 
-def _flash_forward(q, k, v, *, policy: Policy, blocks: Blocks, variant: str, causal, scale):
-    """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS)."""
-    out = flash_attention(q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale)
+def _flash_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, **features):
+    """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS),
+    with its tiles for the inputs' N and M (``blocks`` of the KernelModel are those
+    for M = N); ``bias`` and ``mask`` as the attn_mask the kernel adds to its scaled
+    scores (in one FMA where the build fuses a · b + c: ``_scale_attn_mask_fusion_kernel``'s
+    ``a * scale + mask``, contracted by the compiler), K/V with fewer heads as
+    ``enable_gqa`` reads them."""
+    _check_causal("torch-flash", causal, features)
+    blocks = flash_blocks(q.shape[-2], k.shape[-2])
+    out = flash_attention(
+        q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale, **features
+    )
     return out[0]  # pyright: ignore[reportIndexIssue]  (custom_vjp erases the (O, lse) type)
 
 
@@ -267,6 +335,7 @@ TORCH_MATH = Kernel(
     model=math_model,
     unavailable=_unavailable,
     platform=platform,
+    features=frozenset({"bias", "mask", "gqa"}),
 )
 
 TORCH_FLASH = Kernel(
@@ -279,4 +348,5 @@ TORCH_FLASH = Kernel(
     model=flash_model,
     unavailable=_unavailable,
     platform=platform,
+    features=frozenset({"bias", "mask", "gqa"}),
 )

@@ -52,10 +52,19 @@ eager fp16 path, small shapes) XLA's own float32 exp runs: a Cephes polynomial
 with a two-constant Cody-Waite reduction and FMAs, results below FLT_MIN flushed
 to zero, modelled bit for bit by :func:`xla_cpu_exp`.  The two differ by one
 ulp on a few percent of inputs.
+
+Features (a bias, a boolean mask, a window, key lengths, K/V with fewer heads,
+N != M) go to jax's 4-D call (:class:`_Layout`).  jax adds the bias to the
+scaled scores in float32, then sets every pair that the mask, causal, window or
+key lengths drop to its large negative (not -inf: a row that keeps no key
+averages V).  XLA runs the dots of a grouped call on (B·H_kv, G·N, d) queries
+against (B·H_kv, M, d) keys; the model takes that view, probing the dots and
+reading the program of the 4-D call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import math
@@ -66,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import ops
+from fa_jax import masking, ops
 from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format
 from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
@@ -108,12 +117,156 @@ def _attention(dtype: str, causal: bool, scale):
     return _jit_attention(dtype, causal, scale)
 
 
-def real(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:
-    """XLA's output for (..., N, d) inputs exact in ``fmt``, as float64."""
-    lead, (q, k, v) = flat_heads(q, k, v)
-    run = _attention(fmt.name, bool(causal), None if scale is None else float(scale))
-    out = np.asarray(run(q, k, v), dtype=np.float64)
-    return out.reshape(*lead, *out.shape[-2:])
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A call with features (K/V with fewer heads, decoding shapes, a bias, a mask, a
+    window, key lengths): jax's 4-D call on ``batch`` sequences of ``n`` queries in
+    ``kv_heads`` · ``groups`` heads and ``m`` keys in ``kv_heads`` heads; ``bias``
+    and ``mask`` the shapes of the 4-D arrays passed (None: not passed),
+    ``window`` jax's ``local_window_size``, ``lengths`` whether
+    ``key_value_seq_lengths`` is.  XLA runs its dots on (B·H_kv, G·N, d) queries
+    against (B·H_kv, M, d) keys (jax's ``_dot_product_attention_xla`` groups the
+    heads so), the grouped view the model takes."""
+
+    batch: int
+    kv_heads: int
+    groups: int
+    n: int
+    m: int
+    bias: tuple[int, ...] | None = None
+    mask: tuple[int, ...] | None = None
+    window: tuple[int, int] | None = None
+    lengths: bool = False
+
+    def plain(self) -> _Layout:
+        """The same shapes without bias, mask, window or lengths: the program probed."""
+        return _Layout(self.batch, self.kv_heads, self.groups, self.n, self.m)
+
+
+def _call_fn(dtype: str, causal: bool, scale, layout: _Layout):
+    """jax's 4-D call for ``layout``: (q, k, v) as (B, H, N, d), (B, H_kv, M, d),
+    and the bias, mask and lengths it passes; the output (B, H, N, d) in float32."""
+
+    def run(q, k, v, bias=None, mask=None, lengths=None):
+        q, k, v = (jnp.swapaxes(t, 1, 2).astype(dtype) for t in (q, k, v))
+        o = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            bias=None if bias is None else bias.astype(dtype),
+            mask=mask,
+            scale=scale,
+            is_causal=causal,
+            key_value_seq_lengths=lengths,
+            local_window_size=layout.window,
+            implementation="xla",
+        )
+        return jnp.swapaxes(o, 1, 2).astype(jnp.float32)
+
+    return run
+
+
+@functools.cache
+def _call(dtype: str, causal: bool, scale, layout: _Layout):
+    """:func:`_call_fn`, jitted except for fp16 (as :func:`_attention`)."""
+    run = _call_fn(dtype, causal, scale, layout)
+    return run if dtype == "float16" else jax.jit(run)
+
+
+@functools.cache
+def _grouped_run(dtype: str, layout: _Layout):
+    """The plain program of ``layout`` (no scale, causal, bias or mask) on the grouped
+    view: q (B·H_kv, G·N, d), k and v (B·H_kv, M, d) -> (B·H_kv, G·N, d); what the
+    order-revealing probes run."""
+    b, kv, g, n, m = layout.batch, layout.kv_heads, layout.groups, layout.n, layout.m
+    call = _call_fn(dtype, False, None, layout.plain())
+
+    def run(q, k, v):
+        q4 = q.reshape(b, kv * g, n, q.shape[-1])
+        k4, v4 = (t.reshape(b, kv, m, t.shape[-1]) for t in (k, v))
+        return call(q4, k4, v4).reshape(q.shape)
+
+    return run if dtype == "float16" else jax.jit(run)
+
+
+def _window(window, n: int, m: int) -> tuple[int, int] | None:
+    """fa_jax's (left, right) window (-1: unbounded) as jax's local_window_size."""
+    if window is None:
+        return None
+    return tuple(int(w) if w >= 0 else n + m for w in window)  # type: ignore[return-value]
+
+
+def _layout(q_shape, k_shape, features: dict) -> _Layout:
+    """The 4-D call of (..., H, N, d) queries and (..., H_kv, M, d) keys with
+    ``features``: the leading dimensions before the heads flattened into jax's batch."""
+    if len(q_shape) < 3:
+        raise ValueError(
+            f"xla: expected q (..., H, N, d) with a heads axis for these features, "
+            f"got shape {tuple(q_shape)}"
+        )
+    batch = int(np.prod(q_shape[:-3], dtype=int))
+    h, kv, n, m = q_shape[-3], k_shape[-3], q_shape[-2], k_shape[-2]
+    full = (batch, h, n, m)
+
+    def shape_of(name):
+        return None if features.get(name) is None else full
+
+    return _Layout(
+        batch,
+        kv,
+        h // kv,
+        n,
+        m,
+        bias=shape_of("bias"),
+        mask=shape_of("mask"),
+        window=_window(features.get("window"), n, m),
+        lengths=features.get("kv_lengths") is not None,
+    )
+
+
+def _lengths(kv_lengths, lead: tuple, batch: int):
+    """key_value_seq_lengths (B,) of lengths broadcastable to the leading dimensions
+    (..., H): jax's take one per batch, so equal across the heads."""
+    lengths = np.broadcast_to(np.asarray(kv_lengths, np.int32), lead)
+    if not (lengths == lengths[..., :1]).all():
+        raise ValueError(
+            "xla: kv_lengths: expected one length per batch, equal across the heads "
+            "(jax's key_value_seq_lengths has shape (B,)), got lengths that differ by head"
+        )
+    return lengths[..., 0].reshape(batch)
+
+
+def _featured(q, k, features: dict) -> bool:
+    """Whether a call needs the 4-D program: features, fewer K/V heads or N != M."""
+    return (
+        bool(features) or np.shape(q)[:-2] != np.shape(k)[:-2] or np.shape(q)[-2] != np.shape(k)[-2]
+    )
+
+
+def real(q, k, v, *, fmt: Format, causal: bool = False, scale=None, **features) -> np.ndarray:
+    """XLA's output for (..., N, d) inputs exact in ``fmt``, as float64; ``features``
+    (bias, mask, window, kv_lengths; K/V with fewer heads) as jax's arguments."""
+    scale = None if scale is None else float(scale)
+    if not _featured(q, k, features):
+        lead, (q, k, v) = flat_heads(q, k, v)
+        run = _attention(fmt.name, bool(causal), scale)
+        out = np.asarray(run(q, k, v), dtype=np.float64)
+        return out.reshape(*lead, *out.shape[-2:])
+    layout = _layout(np.shape(q), np.shape(k), features)
+    full = (layout.batch, layout.kv_heads * layout.groups, layout.n, layout.m)
+    q4, k4, v4 = (
+        np.asarray(t, np.float32).reshape(layout.batch, *np.shape(t)[-3:]) for t in (q, k, v)
+    )
+    args = {}
+    if layout.bias is not None:
+        args["bias"] = np.broadcast_to(np.asarray(features["bias"], np.float32), full)
+    if layout.mask is not None:
+        args["mask"] = np.broadcast_to(np.asarray(features["mask"], bool), full)
+    if layout.lengths:
+        args["lengths"] = _lengths(features["kv_lengths"], np.shape(q)[:-2], layout.batch)
+    run = _call(fmt.name, bool(causal), scale, layout)
+    out = np.asarray(run(q4, k4, v4, **args), dtype=np.float64)
+    return out.reshape(np.shape(q)[:-1] + out.shape[-1:])
 
 
 # -- XLA CPU's float32 exp -----------------------------------------------------------
@@ -333,16 +486,41 @@ def _converts_product_to_bf16(body: str) -> bool:
     return any(opcodes.get(name) == "multiply" for name in operands)
 
 
+def _program_text(dtype: str, shape: tuple[int, ...], causal: bool, layout) -> str:
+    """The optimised HLO of the real call: the 3-D one on (B·H, N, d) inputs, or
+    ``layout``'s 4-D one (``shape`` then its grouped view)."""
+    if layout is None:
+        x = jax.ShapeDtypeStruct(shape, np.float32)
+        return _jit_attention(dtype, causal, None).lower(x, x, x).compile().as_text() or ""
+    b, kv, g, n, m, d = (*dataclasses.astuple(layout)[:5], shape[-1])
+    f32 = np.float32
+    args = [
+        jax.ShapeDtypeStruct((b, kv * g, n, d), f32),
+        jax.ShapeDtypeStruct((b, kv, m, d), f32),
+        jax.ShapeDtypeStruct((b, kv, m, d), f32),
+    ]
+    extra = {}
+    if layout.bias is not None:
+        extra["bias"] = jax.ShapeDtypeStruct(layout.bias, f32)
+    if layout.mask is not None:
+        extra["mask"] = jax.ShapeDtypeStruct(layout.mask, np.bool_)
+    if layout.lengths:
+        extra["lengths"] = jax.ShapeDtypeStruct((b,), np.int32)
+    run = jax.jit(_call_fn(dtype, causal, None, layout))
+    return run.lower(*args, **extra).compile().as_text() or ""
+
+
 @functools.cache
-def _in_ynn_fusions(dtype: str, shape: tuple[int, ...], causal: bool) -> tuple[bool, bool]:
-    """Whether, in the program XLA compiles for (B·H, N, d) inputs, P's bf16
-    conversion (a convert of the product e · (1/l)) and the exp sit in YNNPACK
-    fusions (module docstring); neither for fp16, which runs eagerly.  The
-    conversions of Q, K and V to bf16 do not count."""
+def _in_ynn_fusions(
+    dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> tuple[bool, bool]:
+    """Whether, in the program XLA compiles for (B·H, N, d) inputs (or ``layout``'s
+    call), P's bf16 conversion (a convert of the product e · (1/l)) and the exp sit
+    in YNNPACK fusions (module docstring); neither for fp16, which runs eagerly.
+    The conversions of Q, K and V to bf16 do not count."""
     if dtype == "float16":
         return False, False
-    x = jax.ShapeDtypeStruct(shape, np.float32)
-    text = _jit_attention(dtype, causal, None).lower(x, x, x).compile().as_text()
+    text = _program_text(dtype, shape, causal, layout)
     bodies = _computations(text or "")
     convert = exp = False
     for line in bodies.get("ENTRY", "").splitlines():
@@ -360,26 +538,30 @@ _PROBE_TERMS = 8  # small terms counted after the -M of a probe column
 _PROBE_MAX_FP16_KEYS = 2**14  # beyond, fp16 outputs cannot count the small terms
 
 
-def _pv_probe_counts(run, shape: tuple[int, ...], tests: list[int]) -> np.ndarray:
+def _pv_probe_counts(
+    run, shape: tuple[int, ...], tests: list[int], m: int | None = None
+) -> np.ndarray:
     """For each key j of ``tests`` and each query, the small terms counted by a P V
     probe: q = k = 0, so P is uniform (``run`` is the program without a mask), and
     V's column holds M at key 0, -M at key j and small terms on the next keys.
     All of them are counted where key j's product joins key 0's in one FMA chain
     (M - M cancels, then they add); fewer where the keys sit in different chains
-    or blocks (those after j in j's chain are absorbed by -M).  Returns
-    (len(tests), N)."""
-    _, n, d = shape
+    or blocks (those after j in j's chain are absorbed by -M).  ``m`` keys (N by
+    default).  Returns (len(tests), N)."""
+    bh, n, d = shape
+    m = n if m is None else m
     zeros = np.zeros(shape, np.float32)
+    kv_zeros = np.zeros((bh, m, d), np.float32)
     counts = np.zeros((len(tests), n), int)
     for start in range(0, len(tests), d):
         chunk = tests[start : start + d]
-        v = np.zeros(shape, np.float32)
+        v = np.zeros((bh, m, d), np.float32)
         for col, j in enumerate(chunk):
             v[:, 0, col] = _PROBE_BIG
             v[:, j, col] = -_PROBE_BIG
             v[:, j + 1 : j + 1 + _PROBE_TERMS, col] = _PROBE_SMALL
-        out = np.asarray(run(zeros, zeros, v), dtype=np.float64)
-        counts[start : start + len(chunk)] = np.round(out[0, :, : len(chunk)].T * n / _PROBE_SMALL)
+        out = np.asarray(run(zeros, kv_zeros, v), dtype=np.float64)
+        counts[start : start + len(chunk)] = np.round(out[0, :, : len(chunk)].T * m / _PROBE_SMALL)
     return counts
 
 
@@ -429,17 +611,22 @@ def _pv_predicted(n: int, tests: list[int], p: float, tile_k: int, block: int) -
     return np.round(sums / (p * _PROBE_SMALL)).astype(int)
 
 
-def _probe_p(dtype: str, shape: tuple[int, ...], causal: bool) -> float:
-    """The probes' uniform P: fl32(1 / N) (q = k = 0, every exp 1, the sum exact), and
-    rounded to ``dtype`` where XLA keeps P's rounding."""
-    p = np.float32(1.0) / np.float32(shape[1])
-    if _p_rounded(dtype, shape, causal):
+def _probe_p(
+    dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> float:
+    """The probes' uniform P: fl32(1 / M) (q = k = 0, every exp 1, the sum exact), and
+    rounded to ``dtype`` where XLA keeps P's rounding (in ``layout``'s plain call)."""
+    m = shape[1] if layout is None else layout.m
+    p = np.float32(1.0) / np.float32(m)
+    if _p_rounded(dtype, shape, causal, None if layout is None else layout.plain()):
         p = np.asarray(p).astype(jnp.dtype(dtype)).astype(np.float32)
     return float(p)
 
 
 @functools.cache
-def _pv_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
+def _pv_order(
+    dtype: str, shape: tuple[int, ...], layout: _Layout | None = None
+) -> tuple[tuple[int, int, int, int], ...]:
     """(tile_k, block) of the P V dot for (B·H, N, d) inputs, read from the real
     program with order-revealing probes (:func:`_pv_probe_counts`).
 
@@ -452,15 +639,18 @@ def _pv_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, 
     multiples of tile_k for the first key whose probe, with the one tile_k before
     it, no longer matches one block's prediction (a key alone can be the last of a
     block).  One block of N keys where N < 4 and, for fp16, beyond 2^14 keys (not
-    probed)."""
+    probed).  With ``layout``, the grouped view's (B·H_kv, G·N, d) queries against
+    its M keys, in its plain call."""
     _, n, d = shape
-    if n < 4 or (dtype == "float16" and n > _PROBE_MAX_FP16_KEYS):
-        return ((0, n, 1, n),)
-    run = _attention(dtype, False, None)  # the same dot as the causal program's
-    first = list(range(1, min(n - 1, 9)))
-    p = _probe_p(dtype, shape, False)
-    counts = _pv_probe_counts(run, shape, first)
-    predicted = {t: _pv_predicted(n, first, p, t, n) for t in _TILES_K}
+    m = n if layout is None else layout.m
+    if m < 4 or (dtype == "float16" and m > _PROBE_MAX_FP16_KEYS):
+        return ((0, n, 1, m),)
+    # The same dot as the causal (or masked) program's.
+    run = _attention(dtype, False, None) if layout is None else _grouped_run(dtype, layout.plain())
+    first = list(range(1, min(m - 1, 9)))
+    p = _probe_p(dtype, shape, False, layout)
+    counts = _pv_probe_counts(run, shape, first, m)
+    predicted = {t: _pv_predicted(m, first, p, t, m) for t in _TILES_K}
     tiles = []
     for query in range(n):
         found = [t for t in _TILES_K if np.array_equal(predicted[t], counts[:, query])]
@@ -471,7 +661,7 @@ def _pv_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, 
             )
         tiles.append(found[0])
     # Per query: lo·tile_k is in key 0's block, hi·tile_k is not (or hi past the end).
-    bounds = {query: (1, -(-(n - 1) // t)) for query, t in enumerate(tiles)}
+    bounds = {query: (1, -(-(m - 1) // t)) for query, t in enumerate(tiles)}
     closed = {query: False for query in range(n)}
     while True:
         open_rows = [r for r in range(n) if bounds[r][1] - bounds[r][0] > 1]
@@ -485,9 +675,9 @@ def _pv_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, 
             span = np.linspace(lo + 1, hi - 1, num=min(per_group, hi - lo - 1))
             for j in sorted({int(x) for x in span}):
                 plan.append(((t, lo, hi), j, len(tests)))
-                tests += [min((j - 1) * t, n - 1), min(j * t, n - 1)]
-        got = _pv_probe_counts(run, shape, tests)
-        want = {t: _pv_predicted(n, tests, p, t, n) for t, _, _ in groups}
+                tests += [min((j - 1) * t, m - 1), min(j * t, m - 1)]
+        got = _pv_probe_counts(run, shape, tests, m)
+        want = {t: _pv_predicted(m, tests, p, t, m) for t, _, _ in groups}
         for query in range(n):
             t, lo, hi = tiles[query], *bounds[query]
             if hi - lo <= 1:
@@ -502,7 +692,7 @@ def _pv_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, 
                     hi, closed[query] = j, True
                     break
             bounds[query] = (lo, hi)
-    blocks = [bounds[r][1] * tiles[r] if closed[r] else n for r in range(n)]
+    blocks = [bounds[r][1] * tiles[r] if closed[r] else m for r in range(n)]
     runs: list[tuple[int, int, int, int]] = []
     for query, (t, block) in enumerate(zip(tiles, blocks)):
         if runs and runs[-1][2:] == (t, block):
@@ -517,24 +707,30 @@ _QK_KEY = 2.0**8
 
 
 def _qk_probe_counts(
-    run, shape: tuple[int, ...], pairs: list[tuple[int, int]], keys: list[int]
+    run,
+    shape: tuple[int, ...],
+    pairs: list[tuple[int, int]],
+    keys: list[int],
+    m: int | None = None,
 ) -> np.ndarray:
     """For each (a, b) and each key of ``keys``, the count a Q Kᵀ probe reads: a
     query row holds M at term a, -M at term b and a unit elsewhere, each probe
     key's row is 2^8 everywhere, so S[i, key] is a quarter of the number of unit
     products not absorbed by ±M; the other keys are zero.  V sends each probe key
     to an output column of its own and one zero key (``_zero_key``) to another, so
-    the ratio of the two is exp(S[i, key] · scale).  Returns (len(pairs), len(keys))."""
+    the ratio of the two is exp(S[i, key] · scale).  ``m`` keys (N by default).
+    Returns (len(pairs), len(keys))."""
     bh, n, d = shape
-    zero = _zero_key(n, keys)
+    m = n if m is None else m
+    zero = _zero_key(m, keys)
     slots = [(b, i) for b in range(bh) for i in range(n)]
     scale = float(np.float32(1.0 / math.sqrt(d)))
     counts = np.zeros((len(pairs), len(keys)), int)
     for start in range(0, len(pairs), len(slots)):
         chunk = pairs[start : start + len(slots)]
         q = np.zeros(shape, np.float32)
-        k = np.zeros(shape, np.float32)
-        v = np.zeros(shape, np.float32)
+        k = np.zeros((bh, m, d), np.float32)
+        v = np.zeros((bh, m, d), np.float32)
         k[:, keys, :] = _QK_KEY
         v[:, zero, 0] = 1.0
         for col, key in enumerate(keys):
@@ -581,7 +777,9 @@ def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[
 
 
 @functools.cache
-def _qk_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[bool, int], ...]:
+def _qk_order(
+    dtype: str, shape: tuple[int, ...], layout: _Layout | None = None
+) -> tuple[tuple[bool, int], ...]:
     """The order of each key's Q Kᵀ dots for (B·H, N, d) inputs, one (pairs, tile_k)
     per key, read from the real program with order-revealing probes
     (:func:`_qk_probe_counts`): for key 0 and each of the last keys, the
@@ -590,20 +788,23 @@ def _qk_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[bool, int], ...
     the real counts of every pair among the first 16 terms and the last ones.
     YNNPACK runs the last columns of a dot (the keys past its last full tile)
     with a kernel of a narrower tile, whose tile_k can differ; the probes find
-    them without knowing the tile."""
+    them without knowing the tile.  With ``layout``, the grouped view's M keys, in
+    its plain call."""
     _, n, d = shape
-    if d < 2 or n < 3:
-        return ((dtype == "bfloat16", 1),) * n
-    run = _attention(dtype, False, None)  # the same dot as the causal program's
+    m = n if layout is None else layout.m
+    if d < 2 or m < 3 or n < 2:
+        return ((dtype == "bfloat16", 1),) * m
+    # The same dot as the causal (or masked) program's.
+    run = _attention(dtype, False, None) if layout is None else _grouped_run(dtype, layout.plain())
     head = range(min(d, 16))
     tail = range(max(0, d - 5), d)
     pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
-    probed = sorted({0, *range(max(2, n - _QK_TAIL), n)})  # key 1 is the zero key
-    width = max(1, min(d - 1, n // 2))
+    probed = sorted({0, *range(max(2, m - _QK_TAIL), m)})  # key 1 is the zero key
+    width = max(1, min(d - 1, m // 2))
     orders: dict[int, tuple[bool, int]] = {}
     for start in range(0, len(probed), width):
         keys = probed[start : start + width]
-        counts = _qk_probe_counts(run, shape, pairs, keys)
+        counts = _qk_probe_counts(run, shape, pairs, keys, m)
         for col, key in enumerate(keys):
             found = _qk_candidates(dtype, d, pairs, counts[:, col])
             if not found:
@@ -612,23 +813,28 @@ def _qk_order(dtype: str, shape: tuple[int, ...]) -> tuple[tuple[bool, int], ...
                     f"modelled dot order: counts {counts[:, col].tolist()} for pairs {pairs}"
                 )
             orders[key] = found[0]
-    first = probed[1] if len(probed) > 1 else n
-    return tuple(orders.get(j, orders[0]) if j < first else orders[j] for j in range(n))
+    first = probed[1] if len(probed) > 1 else m
+    return tuple(orders.get(j, orders[0]) if j < first else orders[j] for j in range(m))
 
 
-def _p_rounded(dtype: str, shape: tuple[int, ...], causal: bool) -> bool:
-    """Whether XLA keeps P's rounding to ``dtype`` for (B·H, N, d) inputs: False when
-    the conversion sits in a YNNPACK fusion (module docstring)."""
-    return dtype != "bfloat16" or not _in_ynn_fusions(dtype, shape, causal)[0]
+def _p_rounded(
+    dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> bool:
+    """Whether XLA keeps P's rounding to ``dtype`` for (B·H, N, d) inputs (or
+    ``layout``'s call): False when the conversion sits in a YNNPACK fusion (module
+    docstring)."""
+    return dtype != "bfloat16" or not _in_ynn_fusions(dtype, shape, causal, layout)[0]
 
 
-def _exp_model(policy: Policy, shape: tuple[int, ...], causal: bool) -> ExpModel:
+def _exp_model(
+    policy: Policy, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> ExpModel:
     """The policy's exp, except that XLA's two exps stand for whichever of them the
     program runs for (B·H, N, d) inputs: YNNPACK's inside a YNNPACK fusion, XLA's own
     elsewhere (module docstring). Any other exp model (a calibration knob) is kept."""
     if policy.exp_model not in (XLA_CPU_EXP, YNNPACK):
         return policy.exp_model
-    fused = _in_ynn_fusions(policy.inputs.name, shape, causal)[1]
+    fused = _in_ynn_fusions(policy.inputs.name, shape, causal, layout)[1]
     return YNNPACK if fused else XLA_CPU_EXP
 
 
@@ -643,7 +849,9 @@ def _runs(orders) -> tuple[tuple[int, int, bool, int], ...]:
     return tuple(runs)
 
 
-def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
+def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
+    if _featured(q, k, features):
+        return _featured_forward(q, k, v, policy=policy, causal=causal, scale=scale, **features)
     q, k, v = (ops.carrier(t, np.float64) for t in (q, k, v))
     n, d = q.shape[-2:]
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
@@ -665,6 +873,57 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale):
     )
 
 
+def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
+    """The model of :func:`real`'s 4-D call (:class:`_Layout`): on the grouped view
+    (B·H_kv, G·N, d) of the queries against (B·H_kv, M, d) keys, as XLA's dots run;
+    the bias (exact in the input format, so in FP32) added to the scaled scores in
+    FP32, then every pair that the mask, causal, window or key lengths drop set to
+    jax's large negative (not -inf: a row that keeps no key averages V)."""
+    layout = _layout(np.shape(q), np.shape(k), features)
+    b, kv, g, n, m = layout.batch, layout.kv_heads, layout.groups, layout.n, layout.m
+    d = np.shape(q)[-1]
+    shape = (b * kv, g * n, d)
+    q3 = ops.carrier(q, np.float64).reshape(shape)
+    k3, v3 = (ops.carrier(t, np.float64).reshape(b * kv, m, -1) for t in (k, v))
+    full = (b, kv * g, n, m)
+    lengths = None
+    if features.get("kv_lengths") is not None:
+        lengths = _lengths(features["kv_lengths"], np.shape(q)[:-2], b)[:, None]
+    keep = masking.keep(
+        n,
+        m,
+        (b, kv * g),
+        causal=bool(causal),
+        kv_lengths=lengths,
+        window=features.get("window"),
+        mask=features.get("mask"),
+    )
+    keep = jnp.broadcast_to(keep, full).reshape(b * kv, g * n, m)
+    bias = features.get("bias")
+    if bias is not None:
+        bias = jnp.broadcast_to(ops.carrier(bias, np.float64), full).reshape(b * kv, g * n, m)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    dtype = policy.inputs.name
+    round_p = _p_rounded(dtype, shape, bool(causal), layout)
+    pv = _pv_order(dtype, shape, layout)
+    qk = _runs(_qk_order(dtype, shape, layout))
+    policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
+    out = _model_core(
+        q3,
+        k3,
+        v3,
+        scale,
+        causal=False,
+        policy=policy,
+        round_p=round_p,
+        qk=qk,
+        pv=pv,
+        bias=bias,
+        keep=keep,
+    )
+    return out.reshape(np.shape(q)[:-1] + np.shape(v)[-1:])
+
+
 @functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv"))
 def _model_core(
     q,
@@ -677,9 +936,13 @@ def _model_core(
     round_p: bool,
     qk: tuple[tuple[int, int, bool, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
+    bias=None,
+    keep=None,
 ):
     """The model's steps; every rounding names the stage of ``policy`` it belongs to,
-    so calibration's knobs reach it (the summation orders are XLA's, fixed)."""
+    so calibration's knobs reach it (the summation orders are XLA's, fixed).
+    ``bias`` is added to the scaled scores in the scores' stage, and ``keep`` (the
+    pairs kept) sets the others to jax's large negative, as ``causal`` does."""
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
@@ -691,8 +954,12 @@ def _model_core(
         axis=-1,
     )
     s = ops.mul(s, round_to(scale, policy.scores), policy.scores)
+    if bias is not None:
+        s = ops.add(s, bias, policy.scores)
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
+    if keep is not None:
+        s = jnp.where(keep, s, _LARGE_NEGATIVE)
     shifted = ops.sub(s, jnp.max(s, axis=-1, keepdims=True), policy.exp)
     e = policy.exp_model.fn(shifted, policy.exp)
     total = _softmax_sum(e, policy.stats)
@@ -767,4 +1034,5 @@ XLA = Kernel(
     unavailable=lambda: None,
     platform=platform,
     formats=("bf16", "fp16", "fp32"),
+    features=frozenset({"bias", "mask", "window", "kv_lengths", "gqa"}),
 )
