@@ -38,17 +38,13 @@ Per key block j, with scores S_j (rows × Bc):
 
 ``torch_avx2``, PyTorch's CPU flash loop on AVX2 (ATen's ``cpu_flash_attention``),
 is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
-:mod:`fa_jax.kernels.torch_cpu`); :mod:`fa_jax.vector_loop` says what it does.
-Where its build fuses a · b + c (``Lanes.fused``), it adds a bias to the scaled
-scores in one FMA, S' = fl_bias(fl_qk_acc(Q Kᵀ) · scale + B̂) (ATen's
-``_scale_attn_mask_fusion_kernel``, ``a * scale + mask`` contracted by the
-compiler), as measured on the kernel.
+:mod:`fa_jax.kernels.torch_cpu`); :mod:`fa_jax.vector_loop` says what it does
+(a bias joins its scaled scores in one FMA where its build fuses a · b + c).
 
-Sums and products round to ``stats`` (m, l), ``exp`` (shifts and exponentials),
-``pv_acc`` (the P V product) and ``o_acc`` (the running o).  The log-sum-exp
-``m + log l`` is returned in the stats format, rounded once.  ``Policy.scale``
-"q" scales Q instead of S; "exp2" leaves S unscaled and folds the scale into
-every exp, an exp2 (:mod:`fa_jax.softmax`; the lse is then m · scale + log l).
+Sums and products round to ``stats`` (m, l), ``exp`` (shifts, exponentials),
+``pv_acc`` (P V) and ``o_acc`` (the running o); the lse m + log l to ``stats``,
+once.  ``Policy.scale`` "q" scales Q instead of S; "exp2" leaves S unscaled and
+folds the scale into every exp2 (:mod:`fa_jax.softmax`; lse = m · scale + log l).
 
 Masks (:mod:`fa_jax.masking`): ``causal`` (j <= i, top-left), ``q_lengths`` and
 ``kv_lengths`` (rows i < q_len, keys j < kv_len, broadcast to the leading
@@ -58,10 +54,10 @@ a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
 ``bias`` joins the scaled scores in its own stage (:mod:`fa_jax.score_mods`).
 
 Gradients: both functions carry a ``jax.custom_vjp`` whose backward is emulated
-under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2 for
-flash attention, Dao 2023), with respect to the arrays passed in (the rounding to
-``inputs`` and a KV cache, :mod:`fa_jax.kv_cache`, pass gradients straight through;
-masked rows and keys get zero gradient; the lse's cotangent is accepted); first-order only.
+under the same policy (:mod:`fa_jax.backward`; FlashAttention-2's Algorithm 2),
+with respect to the arrays passed in (the rounding to ``inputs`` and a KV cache,
+:mod:`fa_jax.kv_cache`, pass gradients straight through; masked rows and keys get
+zero gradient; the lse's cotangent is accepted); first-order only.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ what differs between the builds:
   by 64 and 32): lane i meets i + 8, then i + 4, i + 2, i + 1; a · b + c fused.
 
 :data:`LANES` names each loop, as :func:`fa_jax.attention.flash_attention`
-takes it for ``variant``, with its :class:`Lanes`.
+takes it for ``variant``, with its :class:`Lanes`.  Where a build fuses, a bias
+joins the scaled scores in one FMA, S' = fl(fl_qk_acc(Q Kᵀ) · scale + B̂) (ATen's
+``_scale_attn_mask_fusion_kernel``: ``a * scale + mask``, contracted), as measured.
 """
 
 from __future__ import annotations

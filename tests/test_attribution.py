@@ -104,6 +104,7 @@ def _direct(kind, q, k, v, policy):
     return np.asarray(reference_attention(q, k, v, policy))
 
 
+@pytest.mark.extended  # 14 s
 def test_paper_uniform_matches_direct_calls_and_writes_rows(tmp_path):
     """The stacked, jitted runs equal direct calls of the attention functions with
     the static policies, bitwise; every forward stage has its rows."""

@@ -48,6 +48,7 @@ def test_calibrate_errors():
         calibrate("xla", "bf16", shape=TINY, seeds=())
 
 
+@pytest.mark.extended  # 16 s; calibrate itself runs by default
 def test_cli_calibrate(capsys):
     """The command over the same shape and a knob the ablation test already tried."""
     argv = ["calibrate", "--kernel", "xla", "--n", "32", "--d", "16", "--knobs", "o_acc"]

@@ -2,8 +2,9 @@
 the same bits on both, with jax_enable_x64 on and off, and a float32 policy's
 programs hold no 64-bit array (each float32 program is checked as it is compiled).
 
-Compiling the float32 programs dominates: the default run keeps one case per
-concern; ``-m slow`` runs every attention × preset × format and every model."""
+Compiling the float32 programs dominates: the case of fa2 with masks runs in CI's
+second stage (``-m extended``); ``-m slow`` runs every attention × preset × format
+and every model."""
 
 import jax
 import numpy as np
@@ -85,6 +86,7 @@ MASKS = dict(
 )
 
 
+@pytest.mark.extended  # 45 s: the float32 carrier compiles both programs
 def test_fa2_kernel_with_masks_gives_the_same_bits():
     assert_same_bits(ATTENTION["fa2"], fa2_kernel("bf16"), *problem(1, lead=(3,)), **MASKS)
 

@@ -22,6 +22,7 @@ def gpu_check():
     return load_experiment(SCRIPT)
 
 
+@pytest.mark.extended  # 16 s
 def test_quick_run_on_cpu_is_bit_identical_and_lists_every_case(gpu_check, capsys):
     x64 = jax.config.read("jax_enable_x64")
     status = gpu_check.main(["--quick", "--skip-timing", "--device", "cpu"])

@@ -197,6 +197,7 @@ def test_equals_jax_nn_where_both_compute_exactly(case):
     np.testing.assert_array_equal(theirs[rows], np.broadcast_to(mean, theirs.shape)[rows])
 
 
+@pytest.mark.extended  # the structure is checked against Flax by default
 def test_the_same_keys_influence_each_query_as_in_jax_nn():
     """∂O[i, n] / ∂V[j, n // G] is P_ij: nonzero exactly for the kept pairs, in both
     (random inputs; causal, a window given as one int, key lengths, GQA), read off one

@@ -53,13 +53,10 @@ with a two-constant Cody-Waite reduction and FMAs, results below FLT_MIN flushed
 to zero, modelled bit for bit by :func:`xla_cpu_exp`.  The two differ by one
 ulp on a few percent of inputs.
 
-Features (a bias, a boolean mask, a window, key lengths, K/V with fewer heads,
-N != M) go to jax's 4-D call (:class:`_Layout`).  jax adds the bias to the
-scaled scores in float32, then sets every pair that the mask, causal, window or
-key lengths drop to its large negative (not -inf: a row that keeps no key
-averages V).  XLA runs the dots of a grouped call on (B·H_kv, G·N, d) queries
-against (B·H_kv, M, d) keys; the model takes that view, probing the dots and
-reading the program of the 4-D call.
+Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
+4-D call (:class:`_Layout`): the bias is added to the scaled FP32 scores, dropped
+pairs get jax's large negative (not -inf: a row keeping no key averages V), and
+the dots run on the grouped (B·H_kv, G·N, d) view, which the model probes.
 """
 
 from __future__ import annotations
