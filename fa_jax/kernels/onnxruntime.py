@@ -1,0 +1,165 @@
+"""ONNX Runtime's CPU attention: the ONNX ``Attention`` op and its bit-exact model.
+
+``onnxruntime-attention``: the ONNX ``Attention`` op (opset 23) on the
+CPUExecutionProvider, a graph of one node built with :mod:`onnx.helper`
+(``onnxruntime/core/providers/cpu/llm/attention.cc``).  It runs unfused, per
+head (heads split over ``intra_op_num_threads``; each GEMM single-threaded, so
+the output does not depend on the thread count):
+
+- S = MLAS sgemm(Q, Kᵀ, alpha = scale, beta = 1 onto a causal mask of 0 and the
+  format's lowest finite value, or beta = 0) (``ComputeAttentionProbs``);
+- P = MLAS softmax of S (``attention_softmax.h``: ``MlasComputeSoftmax``);
+- O = MLAS sgemm(P, V) (``ComputeVxAttentionScore``).
+
+In FP16 (``AttentionGemm`` on x86-64, where ``MlasHGemmSupported`` is false) each
+GEMM upcasts its operands to FP32, runs the FP32 sgemm and rounds C to FP16; the
+softmax upcasts S, runs in FP32 and rounds P to FP16.  So S and P are rounded to
+FP16.  The model is those steps with :mod:`fa_jax.mlas` (its sgemm, exp and
+softmax).  ``scale=None`` passes fl32(1/sqrt(d)) as the op's ``scale``.
+
+Keyword beyond the common calling convention (:mod:`fa_jax.kernels.model`):
+``threads`` (the session's ``intra_op_num_threads``, default 1; the model takes
+it and its output does not depend on it).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform as _platform
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import mlas, ops
+from fa_jax._checks import positive_int
+from fa_jax.formats import FP16, FP32, Format, get_format
+from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.presets import fa2_kernel
+
+__all__ = ["ONNXRUNTIME_ATTENTION", "attention_model", "real_attention"]
+
+_OPSET = 23
+_FORMATS = ("fp32", "fp16")
+
+
+def _unavailable() -> str | None:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return "onnxruntime and onnx are not installed (pip install fa_jax[onnxruntime])"
+    return None
+
+
+def _platform_facts() -> dict[str, str]:
+    import onnxruntime
+
+    return {
+        "onnxruntime": str(onnxruntime.__version__),
+        "backend": "cpu",
+        "machine": _platform.machine(),
+        "processor": _platform.processor() or _platform.machine(),
+    }
+
+
+def _fmt(fmt) -> Format:
+    f = get_format(fmt)
+    if f.name not in {get_format(n).name for n in _FORMATS}:
+        raise ValueError(f"onnxruntime: fmt: expected one of {_FORMATS}, got {f.name!r}")
+    return f
+
+
+def _scale(scale, d: int) -> float:
+    return float(np.float32(1.0 / np.sqrt(d) if scale is None else scale))
+
+
+@functools.cache
+def _session(op: str, elem: int, causal: bool, scale: float, threads: int):
+    import onnxruntime as ort
+    from onnx import helper
+
+    node = helper.make_node(op, ["Q", "K", "V"], ["Y"], is_causal=int(causal), scale=scale)
+    graph = helper.make_graph(
+        [node],
+        "attention",
+        [helper.make_tensor_value_info(n, elem, None) for n in "QKV"],
+        [helper.make_tensor_value_info("Y", elem, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def real_attention(
+    q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1
+) -> np.ndarray:
+    """The ONNX ``Attention`` op's output (..., N, d_v) on ONNX Runtime's CPU, as float64."""
+    from onnx import TensorProto
+
+    f = _fmt(fmt)
+    threads = positive_int(threads, "onnxruntime: threads")
+    dtype = np.float32 if f.name == FP32.name else np.float16
+    elem = TensorProto.FLOAT if dtype is np.float32 else TensorProto.FLOAT16
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    lead = q.shape[:-2]
+    q4, k4, v4 = (np.asarray(t, dtype).reshape(1, -1, *t.shape[-2:]) for t in (q, k, v))
+    sess = _session("Attention", elem, bool(causal), _scale(scale, q.shape[-1]), threads)
+    out = sess.run(None, {"Q": q4, "K": k4, "V": v4})[0]
+    return np.asarray(out, np.float64).reshape(*lead, q.shape[-2], v.shape[-1])
+
+
+def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool):
+    del policy
+    q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    return _attention_jit(q, k, v, causal=bool(causal), scale=_scale(scale, q.shape[-1]), fp16=fp16)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "fp16"))
+def _attention_jit(q, k, v, *, causal: bool, scale: float, fp16: bool):
+    n, m = q.shape[-2], k.shape[-2]
+    c = None
+    if causal:
+        lowest = float(np.finfo(np.float16 if fp16 else np.float32).min)
+        mask = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], 0.0, lowest)
+        c = jnp.broadcast_to(mask, (*q.shape[:-1], m))
+    s = mlas.sgemm(q, jnp.swapaxes(k, -1, -2), alpha=scale, c=c, trans_b=True)
+    if fp16:
+        s = ops.cast(s, FP16)
+    p = mlas.softmax(s)
+    if fp16:
+        p = ops.cast(p, FP16)
+    o = mlas.sgemm(p, v)
+    return ops.cast(o, FP16) if fp16 else o
+
+
+def attention_model(fmt: Format, n: int, d: int, *, threads: int = 1) -> KernelModel:
+    """fa_jax's model of ``onnxruntime-attention`` in ``fmt`` (module docstring);
+    ``threads`` is accepted for symmetry with :func:`real_attention` (the output
+    does not depend on it)."""
+    del n, d
+    f = _fmt(fmt)
+    positive_int(threads, "onnxruntime: threads")
+    fp16 = f.name == FP16.name
+    policy = fa2_kernel(f).replace(name=f"onnxruntime_attention({f.name})", p=f)
+    forward = functools.partial(_attention_forward, fp16=fp16)
+    return KernelModel("onnxruntime-attention", policy, "reference", forward=forward)
+
+
+ONNXRUNTIME_ATTENTION = Kernel(
+    name="onnxruntime-attention",
+    description=(
+        "ONNX Runtime's CPU ONNX Attention op (opset 23), unfused: MLAS sgemm, "
+        "MLAS softmax (onnxruntime/core/providers/cpu/llm/attention.cc)"
+    ),
+    real=real_attention,
+    model=attention_model,
+    unavailable=_unavailable,
+    platform=_platform_facts,
+    formats=_FORMATS,
+)
