@@ -26,8 +26,9 @@ N >= K); per slice each element is an FMA chain from zero over the slice, then
 C = fl(acc · alpha) (the first slice with beta = 0) or fma(acc, alpha, C).
 One row of A with alpha = 1 (``M == 1``) goes instead to
 ``MlasSgemmKernelM1Avx`` (B not transposed): products rounded (AVX, no FMA),
-summed in groups of four (((p0 + p1) + p2) + p3), the groups added in order,
-then a pair (p + p) and a last single product for the K mod 4 rest
+summed in groups of four (((p0 + p1) + p2) + p3), the groups added in order
+onto C (beta = 1; from the first group for beta = 0), then a pair (p + p) and
+a last single product for the K mod 4 rest
 (measured with :func:`fa_jax.kernels.reveal.reveal_matmul_order` on ONNX
 Runtime's MatMul).  ``MlasSgemmKernelM1TransposeBAvx`` (one row, B transposed,
 alpha = 1) is not modelled: :func:`sgemm` raises.
@@ -133,10 +134,12 @@ def stride_k(n: int, k: int, *, trans_a: bool = False) -> int:
     return sk
 
 
-def _m1(a, b):
-    """``MlasSgemmKernelM1Avx``: one row of A times B (K, N), products rounded."""
+def _m1(a, b, c):
+    """``MlasSgemmKernelM1Avx`` on each row of A (..., M, K) alone, times B (..., K, N):
+    products rounded, the groups added in order onto C (beta = 1) or from the
+    first group (beta = 0)."""
     k = a.shape[-1]
-    prod = ops.mul(a[..., 0, :, None], b, FP32)  # (..., K, N)
+    prod = ops.mul(a[..., :, :, None], b[..., None, :, :], FP32)  # (..., M, K, N)
 
     def group(lo: int, hi: int):
         g = prod[..., lo, :]
@@ -145,47 +148,49 @@ def _m1(a, b):
         return g
 
     cuts = list(range(0, k - k % 4, 4))
-    groups = [(c, c + 4) for c in cuts]
+    groups = [(lo, lo + 4) for lo in cuts]
     rest = k - 4 * len(cuts)
     if rest >= 2:
         groups.append((4 * len(cuts), 4 * len(cuts) + 2))
     if rest % 2:
         groups.append((k - 1, k))
-    acc = None
+    acc = c
     if cuts:  # the groups of four in order, one vectorised chain
         quads = prod[..., : 4 * len(cuts), :].reshape(*prod.shape[:-2], len(cuts), 4, -1)
         g4 = quads[..., 0, :]
         for i in range(1, 4):
             g4 = ops.add(g4, quads[..., i, :], FP32)
-        acc = ops.sum(g4, FP32, axis=-2, accumulation="sequential")
+        acc = ops.sum(g4, FP32, axis=-2, accumulation="sequential", initial=acc)
         groups = groups[len(cuts) :]
     for lo, hi in groups:
         g = group(lo, hi)
         acc = g if acc is None else ops.add(acc, g, FP32)
     assert acc is not None
-    return acc[..., None, :]
+    return acc
 
 
-def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False):
+def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart: bool = False):
     """fl(alpha · a @ b (+ c)) as MLAS's FP32 GEMM computes it (module docstring):
     ``a`` (..., M, K); ``b`` (..., K, N), given already transposed where the call
     passes Bᵀ (``trans_b`` only picks the one-row kernel); ``c`` the C that beta = 1
-    adds (None: beta = 0)."""
+    adds (None: beta = 0).  ``rows_apart``: every row of ``a`` is its own call
+    (M = 1), as a caller that runs them one by one."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
     alpha = _f32(alpha)
-    if m == 1 and alpha == 1.0:
+    if (m == 1 or rows_apart) and alpha == 1.0:
         if trans_b:
             raise NotImplementedError(
                 "mlas.sgemm: one row of A times a transposed B with alpha = 1 runs "
                 "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
             )
-        out = _m1(a, b)
-        return out if c is None else ops.add(out, c, FP32)
+        return _m1(a, b, c)
     step = stride_k(n, k)
     out = c
     for lo in range(0, k, step):
-        acc = ops.matmul(a[..., lo : lo + step], b[..., lo : lo + step, :], FP32, accumulation="sequential")
+        acc = ops.matmul(
+            a[..., lo : lo + step], b[..., lo : lo + step, :], FP32, accumulation="sequential"
+        )
         if out is None:
             out = ops.mul(acc, _full(acc, alpha), FP32)
         else:

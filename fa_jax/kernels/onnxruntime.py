@@ -33,6 +33,7 @@ import numpy as np
 
 from fa_jax import mlas, ops
 from fa_jax._checks import positive_int
+from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.presets import fa2_kernel
@@ -162,4 +163,181 @@ ONNXRUNTIME_ATTENTION = Kernel(
     unavailable=_unavailable,
     platform=_platform_facts,
     formats=_FORMATS,
+)
+
+
+# --- com.microsoft MultiHeadAttention: MLAS flash attention ---------------------------------
+
+
+def l2_cache_bytes() -> int:
+    """This host's L2 cache size in bytes (``/sys/devices/system/cpu/cpu0/cache/index2``),
+    which ONNX Runtime's MultiHeadAttention sizes its blocks from; 0 where unknown."""
+    import pathlib
+
+    try:
+        text = pathlib.Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+    except OSError:
+        return 0
+    units = {"K": 1024, "M": 1024 * 1024}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text) if text.isdigit() else 0
+
+
+def flash_blocks(n: int, m: int, d: int, d_v: int, l2_cache_size: int) -> tuple[int, int]:
+    """(q_block, kv_block) of ``MultiHeadAttention<float>::Compute``
+    (``contrib_ops/cpu/bert/multihead_attention.cc``): Bc = L2 / (4 · 4 (d + d_v))
+    (at least 1), Br = min(Bc, d + d_v), each capped at the sequence length."""
+    kv = max(l2_cache_size // (4 * 4 * (d + d_v)), 1)
+    q = min(kv, d + d_v)
+    return min(q, n), min(kv, m)
+
+
+@functools.cache
+def _mha_session(n_heads: int, scale: float, threads: int):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(
+        "MultiHeadAttention",
+        ["Q", "K", "V"],
+        ["Y"],
+        domain="com.microsoft",
+        num_heads=n_heads,
+        scale=scale,
+    )
+    elem = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [node],
+        "mha",
+        [helper.make_tensor_value_info(n, elem, None) for n in "QKV"],
+        [helper.make_tensor_value_info("Y", elem, None)],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", _OPSET), helper.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def real_mha(q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1) -> np.ndarray:
+    """``com.microsoft`` MultiHeadAttention's output (..., N, d_v) on ONNX Runtime's
+    CPU (FP32 only; non-causal: its flash path), as float64."""
+    f = _fmt(fmt)
+    if f.name != FP32.name:
+        raise ValueError(
+            f"onnxruntime-mha: fmt: expected fp32 (the CPU op's only type), got {f.name!r}"
+        )
+    if causal:
+        raise ValueError(
+            "onnxruntime-mha: causal: expected False (unidirectional leaves the flash path)"
+        )
+    threads = positive_int(threads, "onnxruntime: threads")
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    m, d_v = k.shape[-2], v.shape[-1]
+    h = int(np.prod(lead, dtype=np.int64)) if lead else 1
+
+    def bsnh(t, rows, width):  # (H, rows, width) -> (1, rows, H · width)
+        return np.ascontiguousarray(
+            np.asarray(t, np.float32)
+            .reshape(h, rows, width)
+            .transpose(1, 0, 2)
+            .reshape(1, rows, h * width)
+        )
+
+    sess = _mha_session(h, _scale(scale, d), threads)
+    out = sess.run(None, {"Q": bsnh(q, n, d), "K": bsnh(k, m, d), "V": bsnh(v, m, d_v)})[0]
+    out = np.asarray(out, np.float64).reshape(n, h, d_v).transpose(1, 0, 2)
+    return out.reshape(*lead, n, d_v)
+
+
+def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool):
+    """``MlasFlashAttentionThreaded`` (``core/mlas/lib/flashattn.cpp``) on rows of Q
+    whose chunks hold more than one row, or (``rows_apart``) one row each: the
+    GEMMs then take MLAS's one-row kernel."""
+    lowest = float(np.finfo(np.float32).min)
+    row_m = jnp.full((*q.shape[:-1], 1), lowest)
+    l = o = None
+    for lo in range(0, k.shape[-2], kv_block):
+        kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
+        s = mlas.sgemm(
+            q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart
+        )
+        new_m = jnp.maximum(row_m, jnp.max(s, axis=-1, keepdims=True))
+        m_diff = ops.sub(row_m, new_m, FP32)  # old - new
+        row_m = new_m
+        p = mlas.sum_exp(ops.add(s, -new_m, FP32))
+        rowsum = mlas.lane_sum(p)[..., None]
+        if o is None or l is None:
+            l, o = rowsum, mlas.sgemm(p, vb, rows_apart=rows_apart)
+        else:
+            exp_diff = glibc_expf(m_diff)  # std::exp
+            l = ops.add(ops.mul(exp_diff, l, FP32), rowsum, FP32)
+            o = mlas.sgemm(p, vb, c=ops.mul(exp_diff, o, FP32), rows_apart=rows_apart)
+    assert o is not None and l is not None
+    return ops.div(o, l, FP32)
+
+
+def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int):
+    del policy
+    if causal:
+        raise ValueError("onnxruntime-mha: causal: expected False (the flash path is not causal)")
+    q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    return _mha_jit(q, k, v, scale=_scale(scale, q.shape[-1]), l2_cache_size=l2_cache_size)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "l2_cache_size"))
+def _mha_jit(q, k, v, *, scale: float, l2_cache_size: int):
+    n, d, m, d_v = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    q_block, kv_block = flash_blocks(n, m, d, d_v, l2_cache_size)
+    rows = functools.partial(_mha_rows, k=k, v=v, scale=scale, kv_block=kv_block)
+    if q_block == 1:
+        return rows(q, rows_apart=True)
+    if n % q_block != 1:
+        return rows(q, rows_apart=False)
+    # The last chunk holds one row.
+    parts = [rows(q[..., :-1, :], rows_apart=False)] if n > 1 else []
+    parts.append(rows(q[..., -1:, :], rows_apart=True))
+    return jnp.concatenate(parts, axis=-2)
+
+
+def mha_model(
+    fmt: Format, n: int, d: int, *, threads: int = 1, l2_cache_size: int | None = None
+) -> KernelModel:
+    """fa_jax's model of ``onnxruntime-mha`` (FP32): MLAS flash attention with the
+    blocks :func:`flash_blocks` derives from ``l2_cache_size`` (this host's by
+    default); ``threads`` is accepted (the output does not depend on it)."""
+    del n, d
+    f = _fmt(fmt)
+    if f.name != FP32.name:
+        raise ValueError(f"onnxruntime-mha: fmt: expected fp32, got {f.name!r}")
+    positive_int(threads, "onnxruntime: threads")
+    l2 = (
+        l2_cache_bytes()
+        if l2_cache_size is None
+        else positive_int(l2_cache_size, "onnxruntime-mha: l2_cache_size")
+    )
+    policy = fa2_kernel(f).replace(name="onnxruntime_mha(fp32)")
+    forward = functools.partial(_mha_forward, l2_cache_size=l2)
+    return KernelModel("onnxruntime-mha", policy, "reference", forward=forward)
+
+
+ONNXRUNTIME_MHA = Kernel(
+    name="onnxruntime-mha",
+    description=(
+        "ONNX Runtime's CPU com.microsoft MultiHeadAttention (FP32, non-causal): MLAS flash "
+        "attention, blocks from the L2 cache size (onnxruntime/core/mlas/lib/flashattn.cpp)"
+    ),
+    real=real_mha,
+    model=mha_model,
+    unavailable=_unavailable,
+    platform=_platform_facts,
+    formats=("fp32",),
 )
