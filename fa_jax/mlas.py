@@ -6,10 +6,13 @@ round (sources: ``onnxruntime/core/mlas/lib``, ONNX Runtime 1.2x):
 ``sum_exp`` (``MlasComputeSumExpF32KernelAvx512F``, ``x86_64/TransKernelAvx512F.S``;
 constants ``MlasExpConstants`` in ``compute.cpp``), on x = fl(s + (-max))::
 
-    x' = max(x, -88.3762626647949)        b = fma(x', log2 e, 1.5·2^23)
+    x' = max(x, -103.9720840454)          b = fma(x', log2 e, 1.5·2^23)
     m = b - 1.5·2^23                      r = fma(m, ln2_lo, fma(m, ln2_hi, x'))
     p = poly_0;  p = fma(p, r, c) for c in poly_1 … poly_4, 1, 1
-    e = vscalefps(p, m) = fl(p · 2^m)
+    e = vscalefps(p, m) = fl(p · 2^m)    (one rounding, into the subnormals too)
+
+(``LowerRange``, not the portable kernel's ``LowerRangeSumExp``; checked against
+ONNX Runtime's Softmax op, whose exps fall into the subnormals.)
 
 and Σ e in 16 lanes (entry i into lane i mod 16, each lane in index order),
 the lanes reduced as lane i + lane i+8 (i < 8), then ((b0+b1)+(b2+b3)) +
@@ -63,7 +66,7 @@ def _f32(literal: float) -> float:
     return float(np.float32(literal))
 
 
-_LOWER_RANGE_SUM_EXP = _f32(-88.3762626647949)
+_LOWER_RANGE = _f32(-103.9720840454)  # the AVX-512F kernel clamps at LowerRange
 _ROUNDING_BIAS = _f32(12582912.0)  # MLAS_ROUNDING_BIAS_MAGIC, 1.5 · 2^23
 _LOG2_RECIPROCAL = _f32(1.44269504088896341)
 _LOG2_HIGH = _f32(-6.93145752e-1)
@@ -89,7 +92,7 @@ def _full(x, value: float):
 def sum_exp(x):
     """e = MLAS's exp of the FP32 values ``x`` (the shifted scores s - max, already
     rounded), as the AVX-512F softmax kernel computes it (module docstring)."""
-    x = jnp.maximum(x, _LOWER_RANGE_SUM_EXP)
+    x = jnp.maximum(x, _LOWER_RANGE)
     bias = _full(x, _ROUNDING_BIAS)
     b = ops.fma(x, _full(x, _LOG2_RECIPROCAL), bias, FP32)
     m = ops.sub(b, bias, FP32)
@@ -98,7 +101,8 @@ def sum_exp(x):
     p = _full(r, _POLY[0])
     for c in _POLY[1:]:
         p = ops.fma(p, r, _full(r, c), FP32)
-    return ops.mul(p, _pow2(m), FP32)
+    # vscalefps: p · 2^m rounded once (m >= -150); 2^(m + 64) keeps the first step exact.
+    return ops.mul(ops.mul(p, _pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
 
 
 def lane_sum(e):

@@ -128,6 +128,7 @@ def _attention_jit(q, k, v, *, causal: bool, scale: float, fp16: bool):
     if causal:
         lowest = float(np.finfo(np.float16 if fp16 else np.float32).min)
         mask = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], 0.0, lowest)
+        mask = mask.astype(q.dtype)
         c = jnp.broadcast_to(mask, (*q.shape[:-1], m))
     s = mlas.sgemm(q, jnp.swapaxes(k, -1, -2), alpha=scale, c=c, trans_b=True)
     if fp16:
@@ -263,7 +264,7 @@ def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool):
     whose chunks hold more than one row, or (``rows_apart``) one row each: the
     GEMMs then take MLAS's one-row kernel."""
     lowest = float(np.finfo(np.float32).min)
-    row_m = jnp.full((*q.shape[:-1], 1), lowest)
+    row_m = jnp.full((*q.shape[:-1], 1), lowest, q.dtype)
     l = o = None
     for lo in range(0, k.shape[-2], kv_block):
         kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
