@@ -94,6 +94,7 @@ def test_errors():
         mlas.sgemm(np.ones((1, 4)), np.ones((4, 3)), trans_b=True)
 
 
+@pytest.mark.slow
 def test_softmax_jit_matches_eager():
     rng = np.random.default_rng(3)
     s = rng.standard_normal((2, 21)).astype(np.float32).astype(np.float64) * 4
@@ -104,7 +105,10 @@ def test_softmax_jit_matches_eager():
 
 
 @needs_avx512
-@pytest.mark.parametrize("width", [1, 7, 48, 250])
+@pytest.mark.parametrize(
+    "width",
+    [pytest.param(1, marks=pytest.mark.slow), 7, pytest.param(48, marks=pytest.mark.slow), 250],
+)
 def test_mlas_softmax_is_bit_exact(width):
     """MLAS's exp (its AVX-512F SumExp kernel), its 16-lane sum and the reciprocal,
     through ONNX Runtime's Softmax op (MlasComputeSoftmax)."""
@@ -117,12 +121,20 @@ def test_mlas_softmax_is_bit_exact(width):
     sess = _session(helper.make_node("Softmax", ["X"], ["Y"], axis=-1), "X", "Y")
     real = sess.run(None, {"X": x})[0]
     with float64_enabled():
-        model = np.asarray(mlas.softmax(x.astype(np.float64)))
+        model = np.asarray(jax.jit(mlas.softmax)(x.astype(np.float64)))
     assert _identical(real, model) == 1.0
 
 
 @needs_avx512
-@pytest.mark.parametrize(("m", "k", "n"), [(1, 7, 3), (1, 38, 5), (3, 37, 5), (4, 1100, 3)])
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [
+        pytest.param(1, 7, 3, marks=pytest.mark.slow),
+        (1, 38, 5),
+        (3, 37, 5),
+        pytest.param(4, 1100, 3, marks=pytest.mark.slow),
+    ],
+)
 def test_mlas_sgemm_is_bit_exact(m, k, n):
     """MLAS's sgemm through ONNX Runtime's MatMul: one FMA chain per K slice (M > 1),
     the one-row kernel's groups of four (M = 1)."""
@@ -134,14 +146,17 @@ def test_mlas_sgemm_is_bit_exact(m, k, n):
     sess = _session(helper.make_node("MatMul", ["A", "B"], ["Y"]), "AB", "Y")
     real = sess.run(None, {"A": a, "B": b})[0]
     with float64_enabled():
-        model = np.asarray(mlas.sgemm(a.astype(np.float64), b.astype(np.float64)))
+        model = np.asarray(jax.jit(mlas.sgemm)(a.astype(np.float64), b.astype(np.float64)))
     assert _identical(real, model) == 1.0
 
 
 @needs_avx512
 @pytest.mark.parametrize(
     ("fmt", "h", "n", "m", "d", "causal"),
-    [("fp32", 2, 7, 7, 16, True), ("fp16", 2, 1, 9, 8, False)],
+    [
+        ("fp32", 2, 7, 7, 16, True),
+        pytest.param("fp16", 2, 1, 9, 8, False, marks=pytest.mark.slow),
+    ],
 )
 def test_attention_model_is_bit_exact(fmt, h, n, m, d, causal):
     q, k, v = _inputs(fmt, 0, h, n, m, d)
