@@ -199,6 +199,7 @@ def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart
             out = ops.mul(acc, _full(acc, alpha), FP32)
         else:
             out = ops.fma(acc, _full(acc, alpha), out, FP32)
+    assert out is not None  # K >= 1
     return out
 
 

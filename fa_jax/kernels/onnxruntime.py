@@ -1,4 +1,5 @@
-"""ONNX Runtime's CPU attention: the ONNX ``Attention`` op and its bit-exact model.
+"""ONNX Runtime's CPU attention: the ONNX ``Attention`` op, ``com.microsoft``
+MultiHeadAttention, and fa_jax's bit-exact models of them.
 
 ``onnxruntime-attention``: the ONNX ``Attention`` op (opset 23) on the
 CPUExecutionProvider, a graph of one node built with :mod:`onnx.helper`
@@ -17,9 +18,20 @@ softmax upcasts S, runs in FP32 and rounds P to FP16.  So S and P are rounded to
 FP16.  The model is those steps with :mod:`fa_jax.mlas` (its sgemm, exp and
 softmax).  ``scale=None`` passes fl32(1/sqrt(d)) as the op's ``scale``.
 
-Keyword beyond the common calling convention (:mod:`fa_jax.kernels.model`):
-``threads`` (the session's ``intra_op_num_threads``, default 1; the model takes
-it and its output does not depend on it).
+``onnxruntime-mha``: ``com.microsoft`` MultiHeadAttention (FP32; the CPU op has
+no FP16 kernel), non-causal, which runs ``MlasFlashAttention``
+(``core/mlas/lib/flashattn.cpp``): per chunk of Br query rows and block of Bc
+keys, S = sgemm(Q, Kᵀ, alpha = scale), the row max m, P = MLAS's exp of S - m and
+its 16-lane sum, l = fl(fl(std::exp(m_old - m) · l) + Σ), O = sgemm(P, V, beta = 1
+onto fl(std::exp(m_old - m) · O)), finally O / l (a division).  Bc = L2 / (16 (d +
+d_v)), Br = min(Bc, d + d_v) (``multihead_attention.cc``; :func:`flash_blocks`),
+so the output depends on the L2 size (``l2_cache_size``, this host's by default)
+and, through MLAS's one-row sgemm kernel, on whether a chunk holds one row.
+
+Keywords beyond the common calling convention (:mod:`fa_jax.kernels.model`):
+``threads`` (the session's ``intra_op_num_threads``, default 1; both models take
+it, and neither output depends on it: heads and query chunks are split over the
+threads, each GEMM runs on one) and, for the MHA model, ``l2_cache_size``.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ def _platform_facts() -> dict[str, str]:
     return {
         "onnxruntime": str(onnxruntime.__version__),
         "backend": "cpu",
+        "l2_cache_bytes": str(l2_cache_bytes()),
         "machine": _platform.machine(),
         "processor": _platform.processor() or _platform.machine(),
     }
