@@ -45,6 +45,7 @@ import numpy as np
 
 from fa_jax import mlas, ops
 from fa_jax._checks import positive_int
+from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
@@ -161,7 +162,13 @@ def attention_model(fmt: Format, n: int, d: int, *, threads: int = 1) -> KernelM
     f = _fmt(fmt)
     positive_int(threads, "onnxruntime: threads")
     fp16 = f.name == FP16.name
-    policy = fa2_kernel(f).replace(name=f"onnxruntime_attention({f.name})", p=f)
+    policy = fa2_kernel(f).replace(
+        name=f"onnxruntime_attention({f.name})",
+        p=f,
+        accumulation=SEQUENTIAL,
+        exp_model=mlas.MLAS_SUM_EXP,
+        normalise="reciprocal",
+    )
     forward = functools.partial(_attention_forward, fp16=fp16)
     return KernelModel("onnxruntime-attention", policy, "reference", forward=forward)
 
@@ -338,7 +345,9 @@ def mha_model(
         if l2_cache_size is None
         else positive_int(l2_cache_size, "onnxruntime-mha: l2_cache_size")
     )
-    policy = fa2_kernel(f).replace(name="onnxruntime_mha(fp32)")
+    policy = fa2_kernel(f).replace(
+        name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=mlas.MLAS_SUM_EXP
+    )
     forward = functools.partial(_mha_forward, l2_cache_size=l2)
     return KernelModel("onnxruntime-mha", policy, "reference", forward=forward)
 
