@@ -130,26 +130,35 @@ def real_attention(
 
 
 def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool):
+    """The op's three stages, each compiled on its own (one program for all three
+    compiles several times slower at N = 2048)."""
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
-    return _attention_jit(q, k, v, causal=bool(causal), scale=_scale(scale, q.shape[-1]), fp16=fp16)
-
-
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "fp16"))
-def _attention_jit(q, k, v, *, causal: bool, scale: float, fp16: bool):
     n, m = q.shape[-2], k.shape[-2]
     c = None
     if causal:
         lowest = float(np.finfo(np.float16 if fp16 else np.float32).min)
-        mask = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], 0.0, lowest)
-        mask = mask.astype(q.dtype)
-        c = jnp.broadcast_to(mask, (*q.shape[:-1], m))
+        mask = np.where(np.arange(m)[None, :] <= np.arange(n)[:, None], 0.0, lowest)
+        c = jnp.asarray(np.broadcast_to(mask, (*q.shape[:-1], m)))
+    s = _scores(q, k, c, scale=_scale(scale, q.shape[-1]), fp16=fp16)
+    p = _probabilities(s, fp16=fp16)
+    return _output(p, v, fp16=fp16)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "fp16"))
+def _scores(q, k, c, *, scale: float, fp16: bool):
     s = mlas.sgemm(q, jnp.swapaxes(k, -1, -2), alpha=scale, c=c, trans_b=True)
-    if fp16:
-        s = ops.cast(s, FP16)
+    return ops.cast(s, FP16) if fp16 else s
+
+
+@functools.partial(jax.jit, static_argnames=("fp16",))
+def _probabilities(s, *, fp16: bool):
     p = mlas.softmax(s)
-    if fp16:
-        p = ops.cast(p, FP16)
+    return ops.cast(p, FP16) if fp16 else p
+
+
+@functools.partial(jax.jit, static_argnames=("fp16",))
+def _output(p, v, *, fp16: bool):
     o = mlas.sgemm(p, v)
     return ops.cast(o, FP16) if fp16 else o
 
