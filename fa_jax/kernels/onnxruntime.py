@@ -288,31 +288,46 @@ def real_mha(q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1
     return out.reshape(*lead, n, d_v)
 
 
-def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool):
-    """``MlasFlashAttentionThreaded`` (``core/mlas/lib/flashattn.cpp``) on rows of Q
-    whose chunks hold more than one row, or (``rows_apart``) one row each: the
-    GEMMs then take MLAS's one-row kernel."""
-    lowest = float(np.finfo(np.float32).min)
-    row_m = jnp.full((*q.shape[:-1], 1), lowest, q.dtype)
-    l = o = None
-    for lo in range(0, k.shape[-2], kv_block):
-        kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
-        s = mlas.sgemm(
-            q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart
-        )
-        new_m = jnp.maximum(row_m, jnp.max(s, axis=-1, keepdims=True))
-        m_diff = ops.sub(row_m, new_m, FP32)  # old - new
-        row_m = new_m
-        p = mlas.sum_exp(ops.add(s, -new_m, FP32))
-        rowsum = mlas.lane_sum(p)[..., None]
-        if o is None or l is None:
-            l, o = rowsum, mlas.sgemm(p, vb, rows_apart=rows_apart)
-        else:
-            exp_diff = glibc_expf(m_diff)  # std::exp
-            l = ops.add(ops.mul(exp_diff, l, FP32), rowsum, FP32)
-            o = mlas.sgemm(p, vb, c=ops.mul(exp_diff, o, FP32), rows_apart=rows_apart)
-    assert o is not None and l is not None
+@functools.partial(jax.jit, static_argnames=("scale", "rows_apart"))
+def _mha_first(q, kb, vb, *, scale: float, rows_apart: bool):
+    """The first key block of ``MlasFlashAttentionThreaded`` (``core/mlas/lib/flashattn.cpp``):
+    (m, l, O)."""
+    s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart)
+    row_m = jnp.max(s, axis=-1, keepdims=True)  # max(lowest, rowmax)
+    p = mlas.sum_exp(ops.add(s, -row_m, FP32))
+    return row_m, mlas.lane_sum(p)[..., None], mlas.sgemm(p, vb, rows_apart=rows_apart)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "rows_apart"))
+def _mha_next(q, kb, vb, row_m, l, o, *, scale: float, rows_apart: bool):
+    """A later key block: the rescale by std::exp(m_old - m) and O += P V (beta = 1)."""
+    s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart)
+    new_m = jnp.maximum(row_m, jnp.max(s, axis=-1, keepdims=True))
+    m_diff = ops.sub(row_m, new_m, FP32)  # old - new
+    p = mlas.sum_exp(ops.add(s, -new_m, FP32))
+    rowsum = mlas.lane_sum(p)[..., None]
+    exp_diff = glibc_expf(m_diff)  # std::exp
+    l = ops.add(ops.mul(exp_diff, l, FP32), rowsum, FP32)
+    o = mlas.sgemm(p, vb, c=ops.mul(exp_diff, o, FP32), rows_apart=rows_apart)
+    return new_m, l, o
+
+
+@jax.jit
+def _divide(o, l):
     return ops.div(o, l, FP32)
+
+
+def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool):
+    """MLAS flash attention on rows of Q whose chunks hold more than one row, or
+    (``rows_apart``) one row each: the GEMMs then take MLAS's one-row kernel.
+    Each key block's step is compiled on its own."""
+    step = functools.partial(_mha_next, scale=scale, rows_apart=rows_apart)
+    kb, vb = k[..., :kv_block, :], v[..., :kv_block, :]
+    row_m, l, o = _mha_first(q, kb, vb, scale=scale, rows_apart=rows_apart)
+    for lo in range(kv_block, k.shape[-2], kv_block):
+        kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
+        row_m, l, o = step(q, kb, vb, row_m, l, o)
+    return _divide(o, l)
 
 
 def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int):
@@ -320,14 +335,9 @@ def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int):
     if causal:
         raise ValueError("onnxruntime-mha: causal: expected False (the flash path is not causal)")
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
-    return _mha_jit(q, k, v, scale=_scale(scale, q.shape[-1]), l2_cache_size=l2_cache_size)
-
-
-@functools.partial(jax.jit, static_argnames=("scale", "l2_cache_size"))
-def _mha_jit(q, k, v, *, scale: float, l2_cache_size: int):
     n, d, m, d_v = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     q_block, kv_block = flash_blocks(n, m, d, d_v, l2_cache_size)
-    rows = functools.partial(_mha_rows, k=k, v=v, scale=scale, kv_block=kv_block)
+    rows = functools.partial(_mha_rows, k=k, v=v, scale=_scale(scale, d), kv_block=kv_block)
     if q_block == 1:
         return rows(q, rows_apart=True)
     if n % q_block != 1:
