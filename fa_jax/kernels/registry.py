@@ -36,6 +36,8 @@ _BUILTINS = {
     "torch-cuda-flash": ("fa_jax.kernels.gpu", "TORCH_CUDA_FLASH"),
     "torch-cuda-mem-efficient": ("fa_jax.kernels.gpu", "TORCH_CUDA_MEM_EFFICIENT"),
     "ggml": ("fa_jax.kernels.ggml", "GGML"),
+    "onnxruntime-attention": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_ATTENTION"),
+    "onnxruntime-mha": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_MHA"),
 }
 _REGISTERED: dict[str, Kernel] = {}
 

@@ -1,0 +1,385 @@
+"""ONNX Runtime's CPU attention: the ONNX ``Attention`` op, ``com.microsoft``
+MultiHeadAttention, and fa_jax's bit-exact models of them.
+
+``onnxruntime-attention``: the ONNX ``Attention`` op (opset 23) on the
+CPUExecutionProvider, a graph of one node built with :mod:`onnx.helper`
+(``onnxruntime/core/providers/cpu/llm/attention.cc``).  It runs unfused, per
+head (heads split over ``intra_op_num_threads``; each GEMM single-threaded, so
+the output does not depend on the thread count):
+
+- S = MLAS sgemm(Q, Kᵀ, alpha = scale, beta = 1 onto a causal mask of 0 and the
+  format's lowest finite value, or beta = 0) (``ComputeAttentionProbs``);
+- P = MLAS softmax of S (``attention_softmax.h``: ``MlasComputeSoftmax``);
+- O = MLAS sgemm(P, V) (``ComputeVxAttentionScore``).
+
+In FP16 (``AttentionGemm`` on x86-64, where ``MlasHGemmSupported`` is false) each
+GEMM upcasts its operands to FP32, runs the FP32 sgemm and rounds C to FP16; the
+softmax upcasts S, runs in FP32 and rounds P to FP16.  So S and P are rounded to
+FP16.  The model is those steps with :mod:`fa_jax.mlas` (its sgemm, exp and
+softmax).  ``scale=None`` passes fl32(1/sqrt(d)) as the op's ``scale``.
+
+``onnxruntime-mha``: ``com.microsoft`` MultiHeadAttention (FP32; the CPU op has
+no FP16 kernel), non-causal, which runs ``MlasFlashAttention``
+(``core/mlas/lib/flashattn.cpp``): per chunk of Br query rows and block of Bc
+keys, S = sgemm(Q, Kᵀ, alpha = scale), the row max m, P = MLAS's exp of S - m and
+its 16-lane sum, l = fl(fl(std::exp(m_old - m) · l) + Σ), O = sgemm(P, V, beta = 1
+onto fl(std::exp(m_old - m) · O)), finally O / l (a division).  Bc = L2 / (16 (d +
+d_v)), Br = min(Bc, d + d_v) (``multihead_attention.cc``; :func:`flash_blocks`),
+so the output depends on the L2 size (``l2_cache_size``, this host's by default)
+and, through MLAS's one-row sgemm kernel, on whether a chunk holds one row.
+
+Keywords beyond the common calling convention (:mod:`fa_jax.kernels.model`):
+``threads`` (the session's ``intra_op_num_threads``, default 1; both models take
+it, and neither output depends on it: heads and query chunks are split over the
+threads, each GEMM runs on one) and, for the MHA model, ``l2_cache_size``.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform as _platform
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import mlas, ops
+from fa_jax._checks import positive_int
+from fa_jax.accumulation import SEQUENTIAL
+from fa_jax.exponential import glibc_expf
+from fa_jax.formats import FP16, FP32, Format, get_format
+from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.presets import fa2_kernel
+
+__all__ = ["ONNXRUNTIME_ATTENTION", "attention_model", "real_attention"]
+
+_OPSET = 23
+_FORMATS = ("fp32", "fp16")
+
+
+def _unavailable() -> str | None:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return "onnxruntime and onnx are not installed (pip install fa_jax[onnxruntime])"
+    return None
+
+
+def _platform_facts() -> dict[str, str]:
+    import onnxruntime
+
+    return {
+        "onnxruntime": str(onnxruntime.__version__),
+        "backend": "cpu",
+        "l2_cache_bytes": str(l2_cache_bytes()),
+        "machine": _platform.machine(),
+        "processor": _platform.processor() or _platform.machine(),
+    }
+
+
+def _fmt(fmt) -> Format:
+    f = get_format(fmt)
+    if f.name not in {get_format(n).name for n in _FORMATS}:
+        raise ValueError(f"onnxruntime: fmt: expected one of {_FORMATS}, got {f.name!r}")
+    return f
+
+
+def _scale(scale, d: int) -> float:
+    return float(np.float32(1.0 / np.sqrt(d) if scale is None else scale))
+
+
+@functools.cache
+def _session(op: str, elem: int, causal: bool, scale: float, threads: int):
+    import onnxruntime as ort
+    from onnx import helper
+
+    node = helper.make_node(op, ["Q", "K", "V"], ["Y"], is_causal=int(causal), scale=scale)
+    graph = helper.make_graph(
+        [node],
+        "attention",
+        [helper.make_tensor_value_info(n, elem, None) for n in "QKV"],
+        [helper.make_tensor_value_info("Y", elem, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def real_attention(
+    q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1
+) -> np.ndarray:
+    """The ONNX ``Attention`` op's output (..., N, d_v) on ONNX Runtime's CPU, as float64."""
+    from onnx import TensorProto
+
+    f = _fmt(fmt)
+    threads = positive_int(threads, "onnxruntime: threads")
+    dtype = np.float32 if f.name == FP32.name else np.float16
+    elem = TensorProto.FLOAT if dtype is np.float32 else TensorProto.FLOAT16
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    lead = q.shape[:-2]
+    q4, k4, v4 = (np.asarray(t, dtype).reshape(1, -1, *t.shape[-2:]) for t in (q, k, v))
+    sess = _session("Attention", elem, bool(causal), _scale(scale, q.shape[-1]), threads)
+    out = sess.run(None, {"Q": q4, "K": k4, "V": v4})[0]
+    return np.asarray(out, np.float64).reshape(*lead, q.shape[-2], v.shape[-1])
+
+
+def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool):
+    """The op's three stages, each compiled on its own (one program for all three
+    compiles several times slower at N = 2048)."""
+    del policy
+    q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    n, m = q.shape[-2], k.shape[-2]
+    c = None
+    if causal:
+        lowest = float(np.finfo(np.float16 if fp16 else np.float32).min)
+        mask = np.where(np.arange(m)[None, :] <= np.arange(n)[:, None], 0.0, lowest)
+        c = jnp.asarray(np.broadcast_to(mask, (*q.shape[:-1], m)))
+    s = _scores(q, k, c, scale=_scale(scale, q.shape[-1]), fp16=fp16)
+    p = _probabilities(s, fp16=fp16)
+    return _output(p, v, fp16=fp16)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "fp16"))
+def _scores(q, k, c, *, scale: float, fp16: bool):
+    s = mlas.sgemm(q, jnp.swapaxes(k, -1, -2), alpha=scale, c=c, trans_b=True)
+    return ops.cast(s, FP16) if fp16 else s
+
+
+@functools.partial(jax.jit, static_argnames=("fp16",))
+def _probabilities(s, *, fp16: bool):
+    p = mlas.softmax(s)
+    return ops.cast(p, FP16) if fp16 else p
+
+
+@functools.partial(jax.jit, static_argnames=("fp16",))
+def _output(p, v, *, fp16: bool):
+    o = mlas.sgemm(p, v)
+    return ops.cast(o, FP16) if fp16 else o
+
+
+def attention_model(fmt: Format, n: int, d: int, *, threads: int = 1) -> KernelModel:
+    """fa_jax's model of ``onnxruntime-attention`` in ``fmt`` (module docstring);
+    ``threads`` is accepted for symmetry with :func:`real_attention` (the output
+    does not depend on it)."""
+    del n, d
+    f = _fmt(fmt)
+    positive_int(threads, "onnxruntime: threads")
+    fp16 = f.name == FP16.name
+    policy = fa2_kernel(f).replace(
+        name=f"onnxruntime_attention({f.name})",
+        p=f,
+        accumulation=SEQUENTIAL,
+        exp_model=mlas.MLAS_SUM_EXP,
+        normalise="reciprocal",
+    )
+    forward = functools.partial(_attention_forward, fp16=fp16)
+    return KernelModel("onnxruntime-attention", policy, "reference", forward=forward)
+
+
+ONNXRUNTIME_ATTENTION = Kernel(
+    name="onnxruntime-attention",
+    description=(
+        "ONNX Runtime's CPU ONNX Attention op (opset 23), unfused: MLAS sgemm, "
+        "MLAS softmax (onnxruntime/core/providers/cpu/llm/attention.cc)"
+    ),
+    real=real_attention,
+    model=attention_model,
+    unavailable=_unavailable,
+    platform=_platform_facts,
+    formats=_FORMATS,
+)
+
+
+# --- com.microsoft MultiHeadAttention: MLAS flash attention ---------------------------------
+
+
+def l2_cache_bytes() -> int:
+    """This host's L2 cache size in bytes (``/sys/devices/system/cpu/cpu0/cache/index2``),
+    which ONNX Runtime's MultiHeadAttention sizes its blocks from; 0 where unknown."""
+    import pathlib
+
+    try:
+        text = pathlib.Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+    except OSError:
+        return 0
+    units = {"K": 1024, "M": 1024 * 1024}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text) if text.isdigit() else 0
+
+
+def flash_blocks(n: int, m: int, d: int, d_v: int, l2_cache_size: int) -> tuple[int, int]:
+    """(q_block, kv_block) of ``MultiHeadAttention<float>::Compute``
+    (``contrib_ops/cpu/bert/multihead_attention.cc``): Bc = L2 / (4 · 4 (d + d_v))
+    (at least 1), Br = min(Bc, d + d_v), each capped at the sequence length."""
+    kv = max(l2_cache_size // (4 * 4 * (d + d_v)), 1)
+    q = min(kv, d + d_v)
+    return min(q, n), min(kv, m)
+
+
+@functools.cache
+def _mha_session(n_heads: int, scale: float, threads: int):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(
+        "MultiHeadAttention",
+        ["Q", "K", "V"],
+        ["Y"],
+        domain="com.microsoft",
+        num_heads=n_heads,
+        scale=scale,
+    )
+    elem = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [node],
+        "mha",
+        [helper.make_tensor_value_info(n, elem, None) for n in "QKV"],
+        [helper.make_tensor_value_info("Y", elem, None)],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", _OPSET), helper.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def real_mha(q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1) -> np.ndarray:
+    """``com.microsoft`` MultiHeadAttention's output (..., N, d_v) on ONNX Runtime's
+    CPU (FP32 only; non-causal: its flash path), as float64."""
+    f = _fmt(fmt)
+    if f.name != FP32.name:
+        raise ValueError(
+            f"onnxruntime-mha: fmt: expected fp32 (the CPU op's only type), got {f.name!r}"
+        )
+    if causal:
+        raise ValueError(
+            "onnxruntime-mha: causal: expected False (unidirectional leaves the flash path)"
+        )
+    threads = positive_int(threads, "onnxruntime: threads")
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    m, d_v = k.shape[-2], v.shape[-1]
+    h = int(np.prod(lead, dtype=np.int64)) if lead else 1
+
+    def bsnh(t, rows, width):  # (H, rows, width) -> (1, rows, H · width)
+        return np.ascontiguousarray(
+            np.asarray(t, np.float32)
+            .reshape(h, rows, width)
+            .transpose(1, 0, 2)
+            .reshape(1, rows, h * width)
+        )
+
+    sess = _mha_session(h, _scale(scale, d), threads)
+    out = sess.run(None, {"Q": bsnh(q, n, d), "K": bsnh(k, m, d), "V": bsnh(v, m, d_v)})[0]
+    out = np.asarray(out, np.float64).reshape(n, h, d_v).transpose(1, 0, 2)
+    return out.reshape(*lead, n, d_v)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "rows_apart"))
+def _mha_first(q, kb, vb, *, scale: float, rows_apart: bool):
+    """The first key block of ``MlasFlashAttentionThreaded`` (``core/mlas/lib/flashattn.cpp``):
+    (m, l, O)."""
+    s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart)
+    row_m = jnp.max(s, axis=-1, keepdims=True)  # max(lowest, rowmax)
+    p = mlas.sum_exp(ops.add(s, -row_m, FP32))
+    return row_m, mlas.lane_sum(p)[..., None], mlas.sgemm(p, vb, rows_apart=rows_apart)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "rows_apart"))
+def _mha_next(q, kb, vb, row_m, l, o, *, scale: float, rows_apart: bool):
+    """A later key block: the rescale by std::exp(m_old - m) and O += P V (beta = 1)."""
+    s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart)
+    new_m = jnp.maximum(row_m, jnp.max(s, axis=-1, keepdims=True))
+    m_diff = ops.sub(row_m, new_m, FP32)  # old - new
+    p = mlas.sum_exp(ops.add(s, -new_m, FP32))
+    rowsum = mlas.lane_sum(p)[..., None]
+    exp_diff = glibc_expf(m_diff)  # std::exp
+    l = ops.add(ops.mul(exp_diff, l, FP32), rowsum, FP32)
+    o = mlas.sgemm(p, vb, c=ops.mul(exp_diff, o, FP32), rows_apart=rows_apart)
+    return new_m, l, o
+
+
+@jax.jit
+def _divide(o, l):
+    return ops.div(o, l, FP32)
+
+
+def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool):
+    """MLAS flash attention on rows of Q whose chunks hold more than one row, or
+    (``rows_apart``) one row each: the GEMMs then take MLAS's one-row kernel.
+    Each key block's step is compiled on its own."""
+    step = functools.partial(_mha_next, scale=scale, rows_apart=rows_apart)
+    kb, vb = k[..., :kv_block, :], v[..., :kv_block, :]
+    row_m, l, o = _mha_first(q, kb, vb, scale=scale, rows_apart=rows_apart)
+    for lo in range(kv_block, k.shape[-2], kv_block):
+        kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
+        row_m, l, o = step(q, kb, vb, row_m, l, o)
+    return _divide(o, l)
+
+
+def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int):
+    del policy
+    if causal:
+        raise ValueError("onnxruntime-mha: causal: expected False (the flash path is not causal)")
+    q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    n, d, m, d_v = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    q_block, kv_block = flash_blocks(n, m, d, d_v, l2_cache_size)
+    rows = functools.partial(_mha_rows, k=k, v=v, scale=_scale(scale, d), kv_block=kv_block)
+    if q_block == 1:
+        return rows(q, rows_apart=True)
+    if n % q_block != 1:
+        return rows(q, rows_apart=False)
+    # The last chunk holds one row.
+    parts = [rows(q[..., :-1, :], rows_apart=False)] if n > 1 else []
+    parts.append(rows(q[..., -1:, :], rows_apart=True))
+    return jnp.concatenate(parts, axis=-2)
+
+
+def mha_model(
+    fmt: Format, n: int, d: int, *, threads: int = 1, l2_cache_size: int | None = None
+) -> KernelModel:
+    """fa_jax's model of ``onnxruntime-mha`` (FP32): MLAS flash attention with the
+    blocks :func:`flash_blocks` derives from ``l2_cache_size`` (this host's by
+    default); ``threads`` is accepted (the output does not depend on it)."""
+    del n, d
+    f = _fmt(fmt)
+    if f.name != FP32.name:
+        raise ValueError(f"onnxruntime-mha: fmt: expected fp32, got {f.name!r}")
+    positive_int(threads, "onnxruntime: threads")
+    l2 = (
+        l2_cache_bytes()
+        if l2_cache_size is None
+        else positive_int(l2_cache_size, "onnxruntime-mha: l2_cache_size")
+    )
+    policy = fa2_kernel(f).replace(
+        name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=mlas.MLAS_SUM_EXP
+    )
+    forward = functools.partial(_mha_forward, l2_cache_size=l2)
+    return KernelModel("onnxruntime-mha", policy, "reference", forward=forward)
+
+
+ONNXRUNTIME_MHA = Kernel(
+    name="onnxruntime-mha",
+    description=(
+        "ONNX Runtime's CPU com.microsoft MultiHeadAttention (FP32, non-causal): MLAS flash "
+        "attention, blocks from the L2 cache size (onnxruntime/core/mlas/lib/flashattn.cpp)"
+    ),
+    real=real_mha,
+    model=mha_model,
+    unavailable=_unavailable,
+    platform=_platform_facts,
+    formats=("fp32",),
+)

@@ -1,0 +1,207 @@
+"""MLAS (ONNX Runtime's math library) on x86-64 with AVX-512F: its FP32 GEMM, exp and softmax.
+
+Step by step in :mod:`fa_jax.ops`, every step rounded as the vector instructions
+round (sources: ``onnxruntime/core/mlas/lib``, ONNX Runtime 1.2x):
+
+``sum_exp`` (``MlasComputeSumExpF32KernelAvx512F``, ``x86_64/TransKernelAvx512F.S``;
+constants ``MlasExpConstants`` in ``compute.cpp``), on x = fl(s + (-max))::
+
+    x' = max(x, -103.9720840454)          b = fma(x', log2 e, 1.5·2^23)
+    m = b - 1.5·2^23                      r = fma(m, ln2_lo, fma(m, ln2_hi, x'))
+    p = poly_0;  p = fma(p, r, c) for c in poly_1 … poly_4, 1, 1
+    e = vscalefps(p, m) = fl(p · 2^m)    (one rounding, into the subnormals too)
+
+(``LowerRange``, not the portable kernel's ``LowerRangeSumExp``; checked against
+ONNX Runtime's Softmax op, whose exps fall into the subnormals.)
+
+and Σ e in 16 lanes (entry i into lane i mod 16, each lane in index order),
+the lanes reduced as lane i + lane i+8 (i < 8), then ((b0+b1)+(b2+b3)) +
+((b4+b5)+(b6+b7)) (``vextractf64x4``, two ``vhaddps``, ``vextractf128``).
+
+``softmax`` (``MlasComputeSoftmaxThreaded``, ``compute.cpp``): the row max,
+``sum_exp``, then P = fl(e · fl(1 / Σ)).
+
+``sgemm`` (``MlasSgemmOperation``, ``sgemm.cpp``; kernel ``SgemmKernelAvx512F``):
+C = alpha·A B + beta·C with beta 0 or 1.  The K axis is cut in slices of
+StrideK (128, doubled while StrideN = 128 halves for a narrow B: N < K and
+StrideN / 2 >= N, down to StrideN = 16; halved while StrideK / 2 >= K for
+N >= K); per slice each element is an FMA chain from zero over the slice, then
+C = fl(acc · alpha) (the first slice with beta = 0) or fma(acc, alpha, C).
+One row of A with alpha = 1 (``M == 1``) goes instead to
+``MlasSgemmKernelM1Avx`` (B not transposed): products rounded (AVX, no FMA),
+summed in groups of four (((p0 + p1) + p2) + p3), the groups added in order
+onto C (beta = 1; from the first group for beta = 0), then a pair (p + p) and
+a last single product for the K mod 4 rest
+(measured with :func:`fa_jax.kernels.reveal.reveal_matmul_order` on ONNX
+Runtime's MatMul).  ``MlasSgemmKernelM1TransposeBAvx`` (one row, B transposed,
+alpha = 1) is not modelled: :func:`sgemm` raises.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import ops
+from fa_jax.exponential import ExpModel, _pow2, register_exp_model
+from fa_jax.formats import FP32
+
+__all__ = [
+    "MLAS_SUM_EXP",
+    "STRIDE_K",
+    "STRIDE_N",
+    "lane_sum",
+    "sgemm",
+    "softmax",
+    "stride_k",
+    "sum_exp",
+]
+
+
+def _f32_bits(bits: int) -> float:
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
+def _f32(literal: float) -> float:
+    return float(np.float32(literal))
+
+
+_LOWER_RANGE = _f32(-103.9720840454)  # the AVX-512F kernel clamps at LowerRange
+_ROUNDING_BIAS = _f32(12582912.0)  # MLAS_ROUNDING_BIAS_MAGIC, 1.5 · 2^23
+_LOG2_RECIPROCAL = _f32(1.44269504088896341)
+_LOG2_HIGH = _f32(-6.93145752e-1)
+_LOG2_LOW = _f32(-1.42860677e-6)
+_POLY = (
+    float.fromhex("0x1.694000p-10"),
+    float.fromhex("0x1.125edcp-7"),
+    float.fromhex("0x1.555b5ap-5"),
+    float.fromhex("0x1.555450p-3"),
+    float.fromhex("0x1.fffff6p-2"),
+    1.0,  # poly_56, applied twice
+    1.0,
+)
+LANES = 16
+STRIDE_N = 128  # MLAS_SGEMM_STRIDEN
+STRIDE_K = 128  # MLAS_SGEMM_STRIDEK
+
+
+def _full(x, value: float):
+    return jnp.full_like(x, value)
+
+
+def sum_exp(x):
+    """e = MLAS's exp of the FP32 values ``x`` (the shifted scores s - max, already
+    rounded), as the AVX-512F softmax kernel computes it (module docstring)."""
+    x = jnp.maximum(x, _LOWER_RANGE)
+    bias = _full(x, _ROUNDING_BIAS)
+    b = ops.fma(x, _full(x, _LOG2_RECIPROCAL), bias, FP32)
+    m = ops.sub(b, bias, FP32)
+    r = ops.fma(m, _full(m, _LOG2_HIGH), x, FP32)
+    r = ops.fma(m, _full(m, _LOG2_LOW), r, FP32)
+    p = _full(r, _POLY[0])
+    for c in _POLY[1:]:
+        p = ops.fma(p, r, _full(r, c), FP32)
+    # vscalefps: p · 2^m rounded once (m >= -150); 2^(m + 64) keeps the first step exact.
+    return ops.mul(ops.mul(p, _pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
+
+
+def lane_sum(e):
+    """Σ e over the last axis in MLAS's 16 lanes and its final reduction (module docstring)."""
+    n = e.shape[-1]
+    e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % LANES)])  # + 0 is exact (e >= 0)
+    vectors = e.reshape(*e.shape[:-1], -1, LANES)
+    lanes = ops.sum(vectors, FP32, axis=-2, accumulation="sequential")
+    b = ops.add(lanes[..., 8:], lanes[..., :8], FP32)
+    pairs = ops.add(b[..., 0::2], b[..., 1::2], FP32)  # b0+b1, b2+b3, b4+b5, b6+b7
+    quads = ops.add(pairs[..., 0::2], pairs[..., 1::2], FP32)
+    return ops.add(quads[..., 0], quads[..., 1], FP32)
+
+
+def softmax(s):
+    """MLAS's FP32 softmax over the last axis of FP32 scores ``s`` (module docstring)."""
+    row_max = jnp.max(s, axis=-1, keepdims=True)
+    e = sum_exp(ops.add(s, -row_max, FP32))
+    total = lane_sum(e)
+    reciprocal = ops.div(jnp.ones_like(total), total, FP32)
+    return ops.mul(e, reciprocal[..., None], FP32)
+
+
+def stride_k(n: int, k: int, *, trans_a: bool = False) -> int:
+    """The K slice of ``MlasSgemmOperation`` for an (M, K) x (K, N) product."""
+    sn, sk = STRIDE_N, STRIDE_K
+    if n >= k:
+        while sk // 2 >= k:
+            sn, sk = sn * 2, sk // 2
+    elif not trans_a:
+        while sn > 16 and sn // 2 >= n:
+            sn, sk = sn // 2, sk * 2
+    return sk
+
+
+def _m1(a, b, c):
+    """``MlasSgemmKernelM1Avx`` on each row of A (..., M, K) alone, times B (..., K, N):
+    products rounded, the groups added in order onto C (beta = 1) or from the
+    first group (beta = 0)."""
+    k = a.shape[-1]
+    prod = ops.mul(a[..., :, :, None], b[..., None, :, :], FP32)  # (..., M, K, N)
+
+    def group(lo: int, hi: int):
+        g = prod[..., lo, :]
+        for i in range(lo + 1, hi):
+            g = ops.add(g, prod[..., i, :], FP32)
+        return g
+
+    cuts = list(range(0, k - k % 4, 4))
+    groups = [(lo, lo + 4) for lo in cuts]
+    rest = k - 4 * len(cuts)
+    if rest >= 2:
+        groups.append((4 * len(cuts), 4 * len(cuts) + 2))
+    if rest % 2:
+        groups.append((k - 1, k))
+    acc = c
+    if cuts:  # the groups of four in order, one vectorised chain
+        quads = prod[..., : 4 * len(cuts), :].reshape(*prod.shape[:-2], len(cuts), 4, -1)
+        g4 = quads[..., 0, :]
+        for i in range(1, 4):
+            g4 = ops.add(g4, quads[..., i, :], FP32)
+        acc = ops.sum(g4, FP32, axis=-2, accumulation="sequential", initial=acc)
+        groups = groups[len(cuts) :]
+    for lo, hi in groups:
+        g = group(lo, hi)
+        acc = g if acc is None else ops.add(acc, g, FP32)
+    assert acc is not None
+    return acc
+
+
+def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart: bool = False):
+    """fl(alpha · a @ b (+ c)) as MLAS's FP32 GEMM computes it (module docstring):
+    ``a`` (..., M, K); ``b`` (..., K, N), given already transposed where the call
+    passes Bᵀ (``trans_b`` only picks the one-row kernel); ``c`` the C that beta = 1
+    adds (None: beta = 0).  ``rows_apart``: every row of ``a`` is its own call
+    (M = 1), as a caller that runs them one by one."""
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    alpha = _f32(alpha)
+    if (m == 1 or rows_apart) and alpha == 1.0:
+        if trans_b:
+            raise NotImplementedError(
+                "mlas.sgemm: one row of A times a transposed B with alpha = 1 runs "
+                "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
+            )
+        return _m1(a, b, c)
+    step = stride_k(n, k)
+    out = c
+    for lo in range(0, k, step):
+        acc = ops.matmul(
+            a[..., lo : lo + step], b[..., lo : lo + step, :], FP32, accumulation="sequential"
+        )
+        if out is None:
+            out = ops.mul(acc, _full(acc, alpha), FP32)
+        else:
+            out = ops.fma(acc, _full(acc, alpha), out, FP32)
+    assert out is not None  # K >= 1
+    return out
+
+
+MLAS_SUM_EXP = ExpModel("mlas_sum_exp_avx512f", lambda x, fmt: ops.cast(sum_exp(x), fmt))
+register_exp_model(MLAS_SUM_EXP)

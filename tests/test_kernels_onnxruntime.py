@@ -1,0 +1,221 @@
+"""ONNX Runtime's CPU attention (``onnxruntime-attention``, ``onnxruntime-mha``) and
+MLAS's sgemm, exp and softmax (:mod:`fa_jax.mlas`) against the real library.
+
+Skipped where onnxruntime (and onnx) are absent.  The model-vs-real checks run
+only on hosts with AVX-512 (F, BW, VL, DQ): MLAS dispatches to its AVX-512F
+kernels there, the ones the models follow; elsewhere they skip saying so.  On
+such a host the models are bit-exact on every case, so each asserts 100 %.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from host import isa
+
+from fa_jax import kernels, mlas
+from fa_jax._x64 import float64_enabled
+from fa_jax.kernels import onnxruntime as O
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+onnx = pytest.importorskip("onnx", reason="onnx is not installed")
+
+needs_avx512 = pytest.mark.skipif(
+    isa() != "avx512",
+    reason=f"the MLAS models follow its AVX-512F kernels; this host's CPU is {isa()}",
+)
+
+
+def _inputs(fmt, seed, h, n, m, d):
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if fmt == "fp32" else np.float16
+    return tuple(
+        rng.standard_normal(s).astype(dtype).astype(np.float64)
+        for s in ((h, n, d), (h, m, d), (h, m, d))
+    )
+
+
+def _session(node, inputs, outputs):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _identical(real, model) -> float:
+    return float(np.mean(np.asarray(real) == np.asarray(model)))
+
+
+def test_registered():
+    assert {"onnxruntime-attention", "onnxruntime-mha"} <= set(kernels.names())
+    assert kernels.get("onnxruntime-attention").formats == ("fp32", "fp16")
+    assert kernels.get("onnxruntime-mha").formats == ("fp32",)
+
+
+def test_stride_k_follows_mlas():
+    # N < K narrows StrideN from 128 to at most 16, doubling StrideK each time.
+    assert mlas.stride_k(3, 2100) == 1024
+    assert mlas.stride_k(64, 2048) == 256
+    assert mlas.stride_k(128, 2048) == 128
+    assert mlas.stride_k(2048, 64) == 64  # N >= K: halved while K fits in half
+    assert mlas.stride_k(3, 2100, trans_a=True) == 128
+
+
+def test_flash_blocks_from_l2():
+    assert O.flash_blocks(2048, 2048, 64, 64, 1 << 20) == (128, 512)
+    assert O.flash_blocks(5, 9, 64, 64, 1 << 20) == (5, 9)
+    assert O.flash_blocks(300, 300, 64, 64, 1 << 16) == (32, 32)
+    assert O.flash_blocks(10, 10, 64, 64, 1) == (1, 1)
+
+
+def test_errors():
+    q, k, v = _inputs("fp32", 0, 1, 3, 3, 8)
+    with pytest.raises(ValueError, match="causal"):
+        kernels.emulate("onnxruntime-mha", q, k, v, fmt="fp32", causal=True)
+    with pytest.raises(ValueError, match="causal"):
+        kernels.real("onnxruntime-mha", q, k, v, fmt="fp32", causal=True)
+    with pytest.raises(ValueError, match="expected one it runs natively"):
+        kernels.emulate("onnxruntime-attention", q, k, v, fmt="bf16")
+    with pytest.raises(ValueError, match="l2_cache_size"):
+        O.mha_model(O.FP32, 3, 8, l2_cache_size=0)
+    with float64_enabled(), pytest.raises(NotImplementedError, match="TransposeB"):
+        mlas.sgemm(np.ones((1, 4)), np.ones((4, 3)), trans_b=True)
+
+
+@pytest.mark.slow
+def test_softmax_jit_matches_eager():
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal((2, 21)).astype(np.float32).astype(np.float64) * 4
+    with float64_enabled():
+        eager = np.asarray(mlas.softmax(s))
+        jitted = np.asarray(jax.jit(mlas.softmax)(s))
+    np.testing.assert_array_equal(eager, jitted)
+
+
+@needs_avx512
+@pytest.mark.parametrize(
+    "width",
+    [pytest.param(1, marks=pytest.mark.slow), 7, pytest.param(48, marks=pytest.mark.slow), 250],
+)
+def test_mlas_softmax_is_bit_exact(width):
+    """MLAS's exp (its AVX-512F SumExp kernel), its 16-lane sum and the reciprocal,
+    through ONNX Runtime's Softmax op (MlasComputeSoftmax)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(width)
+    x = (rng.standard_normal((64, width)) * rng.uniform(0.1, 30, (64, 1))).astype(np.float32)
+    x[0, : min(width, 3)] = -1e30  # the clamp at -103.97
+    x[1, : min(width, 3)] = x[1].max() - 95  # exps in the subnormals
+    sess = _session(helper.make_node("Softmax", ["X"], ["Y"], axis=-1), "X", "Y")
+    real = sess.run(None, {"X": x})[0]
+    with float64_enabled():
+        model = np.asarray(jax.jit(mlas.softmax)(x.astype(np.float64)))
+    assert _identical(real, model) == 1.0
+
+
+@needs_avx512
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [
+        pytest.param(1, 7, 3, marks=pytest.mark.slow),
+        (1, 38, 5),
+        (3, 37, 5),
+        pytest.param(4, 1100, 3, marks=pytest.mark.slow),
+    ],
+)
+def test_mlas_sgemm_is_bit_exact(m, k, n):
+    """MLAS's sgemm through ONNX Runtime's MatMul: one FMA chain per K slice (M > 1),
+    the one-row kernel's groups of four (M = 1)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    sess = _session(helper.make_node("MatMul", ["A", "B"], ["Y"]), "AB", "Y")
+    real = sess.run(None, {"A": a, "B": b})[0]
+    with float64_enabled():
+        model = np.asarray(jax.jit(mlas.sgemm)(a.astype(np.float64), b.astype(np.float64)))
+    assert _identical(real, model) == 1.0
+
+
+@needs_avx512
+@pytest.mark.parametrize(
+    ("fmt", "h", "n", "m", "d", "causal"),
+    [
+        ("fp32", 2, 7, 7, 16, True),
+        pytest.param("fp16", 2, 1, 9, 8, False, marks=pytest.mark.slow),
+    ],
+)
+def test_attention_model_is_bit_exact(fmt, h, n, m, d, causal):
+    q, k, v = _inputs(fmt, 0, h, n, m, d)
+    real = kernels.real("onnxruntime-attention", q, k, v, fmt=fmt, causal=causal)
+    model = kernels.emulate("onnxruntime-attention", q, k, v, fmt=fmt, causal=causal)
+    assert _identical(real, model) == 1.0
+
+
+@needs_avx512
+def test_mha_model_is_bit_exact():
+    q, k, v = _inputs("fp32", 1, 2, 5, 9, 8)
+    real = kernels.real("onnxruntime-mha", q, k, v, fmt="fp32", threads=2)
+    model = kernels.emulate("onnxruntime-mha", q, k, v, fmt="fp32", threads=2)
+    assert _identical(real, model) == 1.0
+
+
+def test_threads_do_not_change_the_output():
+    q, k, v = _inputs("fp32", 2, 4, 9, 9, 8)
+    for name in ("onnxruntime-attention", "onnxruntime-mha"):
+        one = kernels.real(name, q, k, v, fmt="fp32", threads=1)
+        two = kernels.real(name, q, k, v, fmt="fp32", threads=2)
+        np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.slow
+@needs_avx512
+@pytest.mark.parametrize(
+    ("fmt", "h", "n", "m", "d", "causal"),
+    [
+        ("fp32", 2, 37, 37, 64, True),
+        ("fp32", 2, 1, 77, 64, False),
+        ("fp32", 2, 100, 100, 128, False),
+        ("fp32", 1, 300, 300, 64, True),
+        ("fp16", 2, 37, 37, 64, True),
+        ("fp16", 2, 100, 100, 128, False),
+        ("fp16", 2, 1, 301, 64, False),
+    ],
+)
+def test_attention_model_is_bit_exact_slow(fmt, h, n, m, d, causal):
+    q, k, v = _inputs(fmt, 5, h, n, m, d)
+    real = kernels.real("onnxruntime-attention", q, k, v, fmt=fmt, causal=causal)
+    model = kernels.emulate("onnxruntime-attention", q, k, v, fmt=fmt, causal=causal)
+    assert _identical(real, model) == 1.0
+
+
+@pytest.mark.slow
+@needs_avx512
+@pytest.mark.parametrize(
+    ("h", "n", "m", "d"),
+    [(2, 1, 600, 64), (2, 129, 300, 64), (2, 200, 700, 64), (3, 1, 1100, 32)],
+)
+def test_mha_model_is_bit_exact_slow(h, n, m, d):
+    """Several key blocks (L2 = 1 MiB: Bc = 512 for d = 64), a last chunk of one
+    query row, decode (N = 1: MLAS's one-row sgemm adding onto C)."""
+    if O.l2_cache_bytes() != 1 << 20:
+        pytest.skip(f"the cases are sized for a 1 MiB L2; this host's is {O.l2_cache_bytes()}")
+    q, k, v = _inputs("fp32", 6, h, n, m, d)
+    real = kernels.real("onnxruntime-mha", q, k, v, fmt="fp32")
+    model = kernels.emulate("onnxruntime-mha", q, k, v, fmt="fp32")
+    assert _identical(real, model) == 1.0
+    other = kernels.emulate("onnxruntime-mha", q, k, v, fmt="fp32", l2_cache_size=1 << 16)
+    assert _identical(real, other) < 1.0  # the blocks matter
