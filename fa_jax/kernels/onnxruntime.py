@@ -193,6 +193,7 @@ ONNXRUNTIME_ATTENTION = Kernel(
     unavailable=_unavailable,
     platform=_platform_facts,
     formats=_FORMATS,
+    options=("threads",),
 )
 
 
@@ -382,4 +383,5 @@ ONNXRUNTIME_MHA = Kernel(
     unavailable=_unavailable,
     platform=_platform_facts,
     formats=("fp32",),
+    options=("threads",),
 )
