@@ -103,6 +103,7 @@ def test_golden_gradients_match_float64_autodiff(kind, variant, bc, causal, mask
         assert (d_q[1, 10:] == 0).all() and (d_k[1, 10:] == 0).all() and (d_v[1, 10:] == 0).all()
 
 
+@pytest.mark.extended  # 9 s
 def test_fa2_kernel_bf16_gradients_within_3x_of_torch_math():
     """flash-attention's rule for gradients: each of dQ, dK, dV deviates from the exact
     gradient by at most 3x the same-precision PyTorch reference's deviation.  All
@@ -134,6 +135,7 @@ def test_fa2_kernel_bf16_gradients_within_3x_of_torch_math():
             assert 0 < err_flash <= 3 * err_torch, (seed, f"d{name}", err_flash, err_torch)
 
 
+@pytest.mark.extended  # 27 s: every op compiled eagerly
 def test_jit_equals_eager_bitwise():
     """The backward run op by op (jax.disable_jit: no fusion, no excess precision)
     gives the bits of the compiled forward-and-backward program; a fully masked row

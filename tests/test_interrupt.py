@@ -118,6 +118,7 @@ RESUME_THEN_REFERENCE = (
 )
 
 
+@pytest.mark.extended  # 12 s: two processes
 def test_ctrl_c_stops_a_sweep_with_one_line_and_it_resumes_exactly(tmp_path):
     # The runs share a compilation cache in tmp_path: a program is compiled once.
     env = _env(

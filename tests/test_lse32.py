@@ -199,6 +199,7 @@ def test_cancellation_keeps_every_bit_of_the_difference():
     assert np.all((got != 0) & (np.abs(got) <= np.abs(m) * 2.0**-24)), got
 
 
+@pytest.mark.extended  # 10 s
 def test_jit_eager_vmap_and_traced_formats_give_the_same_bits():
     fmt = get_format("bf16")
     m, l, s = (x[:1024] for x in operands(fmt, 1, True))

@@ -329,6 +329,7 @@ def test_killed_sweep_resumes_to_the_same_rows(sweep_csv, tmp_path, capfd):
 SMALL_BUDGET = 3 * (3 * 8 * 24 * 24)
 
 
+@pytest.mark.extended  # 7 s per carrier: three device processes
 @pytest.mark.parametrize("carrier", ["float64", pytest.param("float32", marks=pytest.mark.slow)])
 def test_three_devices_equal_single_device(sweep_csv, tmp_path, carrier):
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"

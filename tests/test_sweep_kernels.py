@@ -41,6 +41,7 @@ def test_grid_rejects_unknown_or_unavailable_kernels(policy, message):
 GRID = dict(formats=("e5m7",), seq_lens=(16,), blocks=(Blocks(8, 8),), seeds=(1,), d=4)
 
 
+@pytest.mark.extended  # 13 s
 def test_kernel_sweep_equals_direct_calls_bitwise(tmp_path):
     """A format the real kernel does not run (e5m7): the sweep carries the model's
     policy to it, and every row equals the direct calls."""

@@ -230,6 +230,7 @@ def test_fp16_step_with_an_overflowing_scale_is_skipped(x64):
     assert float(new.loss_scale.scale) == 2.0**99 and int(new.step) == 1
 
 
+@pytest.mark.extended  # 7 s
 def test_checkpoint_resume_equals_an_uninterrupted_run(x64, tmp_path):
     table = DATA.table()
     straight, straight_losses = init_state(FLASH, MODEL, OPTIM), []

@@ -22,6 +22,7 @@ def test_inputs_are_values_of_the_format():
         np.testing.assert_array_equal(t, t.astype(BF16.carrier).astype(np.float64))
 
 
+@pytest.mark.extended  # 11 s
 def test_validate_rows_match_direct_calls():
     """The model's row is the registry's emulate against real, over both seeds."""
     v = validate("xla", "bf16", shape=SMALL, seeds=(0, 1), presets=("paper_uniform",))
