@@ -4,11 +4,14 @@ configuration."""
 
 import csv
 
+import pytest
+
 from fa_jax.attention import Blocks
 from fa_jax.studies.feature_figures import features
 from fa_jax.studies.sweep import Features
 
 
+@pytest.mark.extended  # 7 s; the features axis itself runs by default
 def test_features_rows_are_the_csv_means(tmp_path):
     overrides = dict(
         formats=("bf16",),

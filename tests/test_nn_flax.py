@@ -65,6 +65,7 @@ def test_module_output_is_the_emulation_on_its_projections():
     np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
 
 
+@pytest.mark.extended  # 6 s
 def test_the_same_tokens_influence_each_output_as_with_flax_attention():
     """∂out[b, i] / ∂x_kv[b, j] is nonzero exactly where the mask keeps (i, j) for
     some head, with fa_jax's reference attention under golden() and with Flax's
