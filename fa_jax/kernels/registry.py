@@ -211,6 +211,13 @@ def _features(kernel: Kernel, fmt: Format, q, k, given: dict, options: dict) -> 
     return {**out, **options}
 
 
+def _checked(kernel: Kernel, q, k, v, fmt, causal: bool, given: dict, options: dict):
+    """(fmt, q, k, v, the features and options): the inputs and the keywords of a
+    call of ``kernel``, each checked once (:func:`_inputs`, :func:`_features`)."""
+    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
+    return fmt, q, k, v, _features(kernel, fmt, q, k, given, options)
+
+
 def real(
     name: str,
     q,
@@ -229,9 +236,8 @@ def real(
     """The real kernel's output (..., N, d_v) as float64 (module docstring);
     ``options`` are the kernel's own keywords (``ggml``: ``kv_type``, ``threads``)."""
     kernel = get(name)
-    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
     given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
-    extra = _features(kernel, fmt, q, k, given, options)
+    fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **extra)
     return np.asarray(out, np.float64)
 
@@ -264,11 +270,10 @@ def emulate(
     """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v):
     its model built for ``options`` (as for :func:`real`), called with the features."""
     kernel = _lookup(name)
-    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
+    given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
+    fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"emulate: scale: expected a finite number, got {scale!r}")
-    given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
-    extra = _features(kernel, fmt, q, k, given, options)
     features = {name: x for name, x in extra.items() if name not in options}
     m = kernel.model(fmt, q.shape[-2], q.shape[-1], **options)
     return m(q, k, v, causal=causal, scale=scale, **features)
