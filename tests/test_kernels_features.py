@@ -128,7 +128,7 @@ TORCH_DEFAULT = (
     ("torch-flash", "bf16", (1, 4, 19, 24), 2, 37, ("bias", "mask"), 0),
     ("torch-math", "fp16", (1, 4, 19, 24), 1, 37, ("bias", "mask"), 0),
 )
-# Every capability runs in -m slow (the default suite's time goes to xla's case).
+# CI's extended stage runs these two; every capability runs in -m slow.
 # Slow tier: d = 80 and 96, GQA ratios 2 to 8, several flash key blocks, decoding
 # shapes (1 and 16 queries against up to 2048 keys), ALiBi.
 TORCH_SLOW = tuple(
@@ -161,7 +161,7 @@ def _here() -> str:
     return torch_cpu.capability()
 
 
-@pytest.mark.slow  # 10 to 16 s each: the default suite's time goes to xla's case
+@pytest.mark.extended  # 10 to 16 s each
 @pytest.mark.parametrize("index", range(len(TORCH_DEFAULT)))
 def test_torch_features_bit_identical(index):
     _torch_check(_here(), TORCH_DEFAULT[index])
@@ -233,6 +233,7 @@ def _xla_check(case: tuple):
         assert np.abs(real[..., shape[2] // 2, :]).max() > 0
 
 
+@pytest.mark.extended  # 10 to 15 s of CPU
 @pytest.mark.parametrize("index", range(len(XLA_DEFAULT)))
 def test_xla_features_bit_identical(index):
     _xla_check(XLA_DEFAULT[index])

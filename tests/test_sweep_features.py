@@ -64,6 +64,7 @@ def direct(feat: Features, n: int):
     }
 
 
+@pytest.mark.extended  # the module's sweep: about 30 s of CPU
 @pytest.mark.parametrize("feat", ENTRIES, ids=lambda f: f.label())
 def test_rows_equal_direct_calls_bitwise(x64, rows, feat):
     """At the shorter length, padded in the sweep to the longer one (split-KV's
@@ -81,6 +82,7 @@ def test_rows_equal_direct_calls_bitwise(x64, rows, feat):
     assert got == want
 
 
+@pytest.mark.extended  # shares the sweep above
 def test_every_entry_changes_the_numbers(rows):
     """Each feature reaches the computation: no two entries give the same golden
     deviation column."""
