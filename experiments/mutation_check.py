@@ -119,6 +119,24 @@ _RV = "tests/test_reveal.py"
 REVEAL_PREDICTED = f"{_RV}::test_predicted_probes_are_what_the_probes_see"
 REVEAL_SPLIT = f"{_RV}::test_counts_beyond_the_output_format_are_split_over_probes"
 REVEAL_FUSED = "tests/test_reveal_fused.py::test_a_fused_node_over_subtrees_is_revealed"
+_AS = "tests/test_attention_sim.py"
+SPLIT_SIM = f"{_AS}::test_split_kv_equals_the_simulation"
+SPLIT_GOLDEN = "tests/test_split_kv.py::test_golden_combine_is_the_plain_float64_formula"
+FEATURE_SIM = f"{_AS}::test_gqa_bias_mask_and_window_equal_the_simulation"
+_KV = "tests/test_kv_cache.py"
+KV_CODES = f"{_KV}::test_codes_scales_and_dequantized_values_match_numpy_and_ml_dtypes"
+KV_ATTENTION = f"{_KV}::test_attention_with_a_cache_equals_attention_on_numpy_dequantized_kv"
+GQA_REPEATED = "tests/test_heads.py::test_gqa_equals_repeated_heads_bitwise"
+_MK = "tests/test_masking.py"
+FEATURES_GOLDEN = f"{_MK}::test_golden_features_equal_plain_float64"
+SKIPPED_BLOCKS = f"{_MK}::test_skipped_key_blocks_leave_the_bits"
+_SM = "tests/test_score_mods.py"
+ALIBI_SLOPES = f"{_SM}::test_alibi_slopes_are_press_et_al"
+BIAS_STAGE = f"{_SM}::test_a_bias_rounds_in_its_stage"
+NN_ROUTES = (
+    "tests/test_nn.py::test_routes_bit_for_bit_with_transposes_and_rounds_to_the_query_dtype"
+)
+NN_JAX = "tests/test_nn.py::test_equals_jax_nn_where_both_compute_exactly"
 
 
 class Mutant(NamedTuple):
@@ -1256,6 +1274,131 @@ MUTANTS: tuple[Mutant, ...] = (
         "cap = 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 2)",
         "probes count past the output format's integers",
         REVEAL_SPLIT,
+    ),
+    # -- split_kv.py, kv_cache.py, heads.py, masking.py, score_mods.py, nn.py ----------------
+    _m(
+        "split_kv",
+        "per_split = -(-n_blocks // num_splits)",
+        "per_split = n_blocks // num_splits + 1",
+        "split boundaries one block late where the splits divide the blocks",
+        SPLIT_SIM,
+    ),
+    _m(
+        "split_kv",
+        "    w = _exp_of_difference(lse_s, jnp.where(live, lse, 0.0), fmt)\n",
+        "    w = t\n",
+        "the combine weights not divided by their sum",
+        SPLIT_SIM,
+        SPLIT_GOLDEN,
+    ),
+    _m(
+        "split_kv",
+        "return ops.fma(jnp.broadcast_to(w_s[..., None], o.shape), o, acc, fmt), None",
+        "return ops.add(ops.mul(w_s[..., None], o, fmt), acc, fmt), None",
+        "the combine's fused multiply-add rounded twice",
+        SPLIT_SIM,
+    ),
+    _m(
+        "split_kv",
+        "    lse = jnp.where(live, lse, -jnp.inf)\n    if normalised:",
+        "    if normalised:",
+        "a split that keeps no key has L_s = 0, not -inf",
+        SPLIT_SIM,
+    ),
+    _m(
+        "split_kv",
+        'if policy.normalise == "divide":\n        return lse, normalise(',
+        'if policy.normalise != "divide":\n        return lse, normalise(',
+        "a split's output normalised by the other rule",
+        SPLIT_SIM,
+    ),
+    _m(
+        "kv_cache",
+        "return tuple(a for a in range(ndim) if a != ndim - 3)",
+        "return tuple(a for a in range(ndim) if a != ndim - 2)",
+        "a per-head scale spans the heads and keeps the keys apart",
+        KV_CODES,
+    ),
+    _m(
+        "kv_cache",
+        "        return (ndim - 1,)\n",
+        "        return (ndim - 2,)\n",
+        "a per-token scale spans the keys",
+        KV_CODES,
+    ),
+    _m(
+        "kv_cache",
+        "return jnp.where(j < lengths, a, 0.0)",
+        "return jnp.where(j <= lengths, a, 0.0)",
+        "the first key past its length sets a scale",
+        KV_CODES,
+        KV_ATTENTION,
+    ),
+    _m(
+        "heads",
+        "return jnp.repeat(x, groups, axis=-3)",
+        "return jnp.tile(x, (groups, 1, 1))",
+        "query head h reads K/V head h mod H_kv, not h // G",
+        GQA_REPEATED,
+        FEATURE_SIM,
+    ),
+    _m(
+        "heads",
+        "    return ops.cast(total, policy.grads)\n",
+        "    return total\n",
+        "dK, dV summed over a group left in d_acc, not rounded to grads",
+        FEATURE_SIM,
+    ),
+    _m(
+        "masking",
+        "keep = keep & (j >= i - left)",
+        "keep = keep & (j > i - left)",
+        "a window keeps one key too few on the left",
+        FEATURES_GOLDEN,
+    ),
+    _m(
+        "masking",
+        "return max(0, min(m, n + window[1]))",
+        "return max(0, min(m, n + window[1] - 1))",
+        "the flash loop skips the last key block a window keeps",
+        SKIPPED_BLOCKS,
+    ),
+    _m(
+        "score_mods",
+        "return ops.sub(jnp.ones_like(t), ops.mul(t, t, policy.d_stats), policy.d_stats)",
+        "return ops.add(jnp.ones_like(t), ops.mul(t, t, policy.d_stats), policy.d_stats)",
+        "softcap's backward factor 1 + t^2",
+        FEATURE_SIM,
+        FEATURES_GOLDEN,
+    ),
+    _m(
+        "score_mods",
+        "return jnp.where(masked, -jnp.inf, ops.add(s, jnp.where(masked, 0.0, b), policy.bias))",
+        "return jnp.where(masked, -jnp.inf, ops.add(s, jnp.where(masked, 0.0, b), policy.scores))",
+        "S + B rounded in scores, not bias",
+        BIAS_STAGE,
+        FEATURE_SIM,
+    ),
+    _m(
+        "score_mods",
+        "slopes += power_of_two(2 * k)[0::2][: heads - k]",
+        "slopes += power_of_two(2 * k)[1::2][: heads - k]",
+        "ALiBi's extra slopes for a head count not a power of two taken off by one",
+        ALIBI_SLOPES,
+    ),
+    _m(
+        "nn",
+        "    out = _to_dtype(jnp.swapaxes(jnp.asarray(o), 1, 2), query.dtype)\n",
+        "    out = _to_dtype(jnp.swapaxes(jnp.asarray(o), 1, 3), query.dtype)\n",
+        "the output's (B, N, T, H) axes put back wrong",
+        NN_ROUTES,
+    ),
+    _m(
+        "nn",
+        "return None, jnp.asarray((j >= i - left) & (j <= i + right))",
+        "return None, jnp.asarray((j >= i - left) & (j < i + right))",
+        "a window with an unbounded side keeps one key too few on the right",
+        NN_JAX,
     ),
 )
 

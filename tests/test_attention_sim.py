@@ -257,7 +257,8 @@ def _mods_problem(seed: int, softcap: float | None):
 def test_gqa_bias_mask_and_window_equal_the_simulation(kind, variant, causal, name, backward):
     """The features of fa_jax.heads, masking and score_mods, jitted, forward and
     backward, equal the simulation's bits (the bias in a stage of its own)."""
-    policy = POLICIES[name].replace(bias=custom(8, 6))
+    # grads narrower than d_acc, so that the group sums of dK and dV round there
+    policy = POLICIES[name].replace(bias=custom(8, 6), grads=custom(8, 9))
     softcap = 2.5 if kind == "flash" else None
     args, mods = _mods_problem(_seed("mods", kind, variant, causal, name), softcap)
     extra = dict(bias=mods.bias, mask=mods.mask, window=mods.window, softcap=mods.softcap)
@@ -361,12 +362,13 @@ def test_a_float64_midpoint_quotient_rounds_by_its_residual():
 
 
 # Split-KV decoding (fa_jax.split_kv): M = 10 keys in 4 blocks of Bc = 3.  S = 3 gives
-# splits of 2, 2 and 0 blocks (the last visits none); under causal masking rows 0-5
-# keep no key of the second split, so L_s = -inf meets the combine.  The combine
+# splits of 2, 2 and 0 blocks (the last visits none), S = 2 of 2 and 2; under causal
+# masking rows 0-5 keep no key of the second split, so L_s = -inf meets the combine.  The combine
 # stage gets a format of its own.  The backward is flash's, from the combined O and
 # L (the default case above checks it); the slow cases run it from split-KV's.
 SPLIT_CASES = [  # (variant, causal, policy name, S, with the backward)
     ("fa2", False, "scrambled-sequential-scores", 3, False),
+    ("fa2", False, "scrambled-exact-scores", 2, False),  # splits of 2 and 2: n_bps = n_b / S
     pytest.param("fa2", True, "widening-exact-q", 3, True, marks=pytest.mark.slow),
     pytest.param("fa2", False, "widening-sequential-scores", 2, True, marks=pytest.mark.slow),
     pytest.param("fa2", False, "scrambled-exact-q+reciprocal", 4, False, marks=pytest.mark.slow),
