@@ -419,20 +419,21 @@ def _figure(grid: EngineGrid, summary, thread_summary, out: pathlib.Path) -> pat
             pr = [r for r in summary if (r["case"], r["shape"]) == (label, shape)]
             if not pr:
                 continue
-            ax.loglog(
+            ax.plot(
                 [r["m"] for r in pr],
                 [max(r["mean_rel"], 1e-300) for r in pr],
                 styles.get(pr[0]["engine"], "o-"),
                 color=f"C{i % 10}",
                 label=label,
-                base=2,
                 ms=4,
             )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_title(f"{shape}: mean row relative error vs FP64")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("mean ||o_i - g_i|| / ||g_i||")
-    if summary:
-        axes[0][0].legend(fontsize=7, ncol=2)
+    if summary:  # the prefill panel has room between FP32 and the rest
+        axes[0][1].legend(fontsize=7, ncol=2, loc="center", bbox_to_anchor=(0.5, 0.27))
     ax = axes[0][2]
     for kv in THREAD_KV:
         for j, m in enumerate(sorted({r["m"] for r in thread_summary})):
