@@ -147,3 +147,23 @@ def test_grid_rejects_kernel_policies_and_a_first_count_other_than_one():
         EngineGrid((512,), (), (0,), threads=(2, 4))
     with pytest.raises(ValueError, match="n_q == m"):
         Check("ggml", "fp32", 4, 512)
+
+
+def test_absent_engines_are_skipped_with_their_reason(tmp_path, monkeypatch, capsys):
+    import fa_jax.studies.engine_figures as ef
+
+    real_get = ef.kernels.get
+
+    def get(name):
+        if name in ("ggml", "onnxruntime-attention", "onnxruntime-mha"):
+            raise RuntimeError(f"kernel {name!r} is not available here: not installed")
+        return real_get(name)
+
+    monkeypatch.setattr(ef.kernels, "get", get)
+    res = engines(tmp_path, quick=True, grid=_GRID, quiet=True)
+    assert set(res["skipped"]) == {"ggml", "onnxruntime-attention", "onnxruntime-mha"}
+    out = capsys.readouterr().out
+    assert "engines: ggml rows skipped: kernel 'ggml' is not available here" in out
+    assert {r["case"] for r in res["rows"]} == {"fa2_kernel bf16", "fa2_kernel fp16"}
+    assert res["thread_rows"] == []
+    assert not (tmp_path / "engines" / "threads.csv").exists()
