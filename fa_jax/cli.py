@@ -643,6 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fa3-table",
             "features",
             "decoding",
+            "engines",
         ),
     )
     rp.add_argument("--quick", action="store_true", help="small grids (under a minute each on CPU)")

@@ -535,7 +535,9 @@ def reproduce(
     """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, the training
     study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all"),
     or a study of today's attention features, ``"features"`` or ``"decoding"``
-    (:mod:`fa_jax.studies.feature_figures`, not in "all"); returns {name: result}."""
+    (:mod:`fa_jax.studies.feature_figures`, not in "all"), or of inference engines,
+    ``"engines"`` (:mod:`fa_jax.studies.engine_figures`, not in "all"); returns
+    {name: result}."""
     if which == "fig8":
         from fa_jax.studies.train.study import fig8
 
@@ -556,8 +558,14 @@ def reproduce(
 
         study = FEATURE_FIGURES[which]
         return {which: study(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
+    if which == "engines":  # inference engines vs FP64; not in "all"
+        from fa_jax.studies.engine_figures import engines
+
+        return {which: engines(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
     one_of(
-        which, (*FIGURES, "all", "fig8", "fa3-table", "features", "decoding"), "reproduce: which"
+        which,
+        (*FIGURES, "all", "fig8", "fa3-table", "features", "decoding", "engines"),
+        "reproduce: which",
     )
     names = list(FIGURES) if which == "all" else [which]
     policies = tuple(policies)

@@ -1,0 +1,169 @@
+"""The inference-engine study (fa_jax.studies.engine_figures): a shrunken grid runs end
+to end; every available engine has its rows at every shape, each the mean over seeds
+of the CSV's rows; ggml's thread-count rows compare each count with one thread."""
+
+import csv
+import math
+
+import pytest
+
+from fa_jax import kernels
+from fa_jax.studies.engine_figures import (
+    GGML_KV,
+    THREAD_KV,
+    Check,
+    EngineGrid,
+    engine_cases,
+    engines,
+)
+
+_GRID = EngineGrid(
+    decode_keys=(512,),  # the smallest M of ggml's split-KV path
+    prefill_lens=(64,),  # the smallest N of ggml's tiled path
+    seeds=(0, 1),
+    d=64,
+    heads=2,
+    presets=("fa2_kernel",),
+)
+
+
+def _reason(engine: str):
+    if engine == "fa_jax":  # the presets: fa_jax itself
+        return None
+    try:
+        kernels.get(engine)
+    except (RuntimeError, ImportError) as err:
+        return str(err)
+    return None
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    return engines(tmp_path_factory.mktemp("engines"), quick=True, grid=_GRID, quiet=True)
+
+
+def test_rows_per_engine_and_shape_are_the_csv_means(result):
+    with open(result["csv"]) as fh:
+        raw = list(csv.DictReader(fh))
+    cases = engine_cases(_GRID.presets)
+    expected = {c.label for c in cases if _reason(c.engine) is None}
+    assert {r["case"] for r in result["rows"]} == expected
+    assert set(result["skipped"]) == {c.engine for c in cases if _reason(c.engine) is not None}
+    for shape, n_q, m in _GRID.shapes():
+        at = [r for r in result["rows"] if (r["shape"], r["n_q"], r["m"]) == (shape, n_q, m)]
+        assert sorted(r["case"] for r in at) == sorted(expected)
+    for row in result["rows"]:
+        assert row["seeds"] == 2
+        for col in ("max_abs", "mean_rel", "max_abs_fp32in", "mean_rel_fp32in"):
+            values = [
+                float(r[col])
+                for r in raw
+                if (r["case"], r["shape"], int(r["m"])) == (row["case"], row["shape"], row["m"])
+            ]
+            assert len(values) == 2
+            assert math.isfinite(row[col]) and row[col] > 0
+            assert row[col] == pytest.approx(sum(values) / 2, rel=1e-12)
+        if row["fmt"] == "fp32":  # one golden: the two references are the same
+            assert row["max_abs"] == row["max_abs_fp32in"]
+
+
+def _row(result, case, shape):
+    return next(r for r in result["rows"] if (r["case"], r["shape"]) == (case, shape))
+
+
+def test_ggml_kv_types_order_by_their_precision(result):
+    if _reason("ggml") is not None:
+        pytest.skip(f"ggml: {_reason('ggml')}")
+    assert {f"ggml {kv}" for kv in GGML_KV} <= {r["case"] for r in result["rows"]}
+    for shape in ("decode", "prefill"):
+        err = {kv: _row(result, f"ggml {kv}", shape)["mean_rel"] for kv in GGML_KV}
+        # an F32 cache is FP32 arithmetic; Q4_0's 4-bit blocks cost most
+        assert err["f32"] < 1e-5 < min(err[kv] for kv in ("f16", "bf16", "q8_0", "q4_0"))
+        assert err["q4_0"] > 5 * err["q8_0"]
+
+
+def test_onnxruntime_fp16_costs_more_than_fp32(result):
+    if _reason("onnxruntime-attention") is not None:
+        pytest.skip(f"onnxruntime: {_reason('onnxruntime-attention')}")
+    for shape in ("decode", "prefill"):
+        fp32 = _row(result, "onnxruntime-attention fp32", shape)
+        fp16 = _row(result, "onnxruntime-attention fp16", shape)
+        assert fp32["mean_rel"] < 1e-5 < fp16["mean_rel"]
+        # the FP16 inputs' own rounding counts against the FP32 inputs' golden
+        assert fp16["mean_rel_fp32in"] > fp16["mean_rel"]
+
+
+def test_thread_rows_compare_with_one_thread(result):
+    if _reason("ggml") is not None:
+        pytest.skip(f"ggml: {_reason('ggml')}")
+    rows = result["thread_rows"]
+    assert {(r["kv_type"], r["m"], r["threads"]) for r in rows} == {
+        (kv, m, t) for kv in THREAD_KV for m in _GRID.decode_keys for t in _GRID.threads
+    }
+    for r in rows:
+        assert r["repeat"] is True  # one thread count, one result
+        assert math.isfinite(r["max_abs"]) and r["max_abs"] > 0
+        if r["threads"] == 1:
+            assert (r["differing"], r["max_ulp"], r["max_diff"]) == (0, 0, 0.0)
+    # more threads, more split-KV parts: the combined output's bits change
+    assert all(r["differing"] > 0 for r in rows if r["threads"] > 1)
+    with open(result["threads_csv"]) as fh:
+        raw = list(csv.DictReader(fh))
+    assert len(raw) == len(THREAD_KV) * len(_GRID.decode_keys) * len(_GRID.threads) * 2
+
+
+def test_figure_and_identity_file(result):
+    assert result["png"].endswith("engines.png")
+    with open(result["png"], "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(result["identity_csv"]) as fh:
+        assert list(csv.DictReader(fh)) == []  # no points asked for
+
+
+@pytest.mark.extended  # about 10 s: one emulation's compile
+def test_identity_point_is_bit_identical(tmp_path):
+    if _reason("ggml") is not None:
+        pytest.skip(f"ggml: {_reason('ggml')}")
+    grid = EngineGrid(
+        decode_keys=(),
+        prefill_lens=(),
+        seeds=(0,),
+        d=64,
+        heads=2,
+        threads=(),
+        presets=(),
+        checks=(Check("ggml", "fp32", 1, 512, (("kv_type", "f32"), ("threads", 2))),),
+    )
+    res = engines(tmp_path, quick=True, grid=grid, quiet=True)
+    (row,) = res["identity_rows"]
+    assert (row["elements"], row["identical"], row["max_ulp"]) == (128, 128, 0)
+    assert row["identical_share"] == 1.0
+
+
+def test_grid_rejects_kernel_policies_and_a_first_count_other_than_one():
+    with pytest.raises(ValueError, match="preset names"):
+        EngineGrid((512,), (), (0,), presets=("kernel:ggml",))
+    with pytest.raises(ValueError, match="expected 1 first"):
+        EngineGrid((512,), (), (0,), threads=(2, 4))
+    with pytest.raises(ValueError, match="n_q == m"):
+        Check("ggml", "fp32", 4, 512)
+
+
+def test_absent_engines_are_skipped_with_their_reason(tmp_path, monkeypatch, capsys):
+    import fa_jax.studies.engine_figures as ef
+
+    real_get = ef.kernels.get
+
+    def get(name):
+        if name in ("ggml", "onnxruntime-attention", "onnxruntime-mha"):
+            raise RuntimeError(f"kernel {name!r} is not available here: not installed")
+        return real_get(name)
+
+    monkeypatch.setattr(ef.kernels, "get", get)
+    res = engines(tmp_path, quick=True, grid=_GRID, quiet=True)
+    assert set(res["skipped"]) == {"ggml", "onnxruntime-attention", "onnxruntime-mha"}
+    out = capsys.readouterr().out
+    assert "engines: ggml rows skipped: kernel 'ggml' is not available here" in out
+    assert {r["case"] for r in res["rows"]} == {"fa2_kernel bf16", "fa2_kernel fp16"}
+    assert res["thread_rows"] == []
+    assert not (tmp_path / "engines" / "threads.csv").exists()
