@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--cores", type=int, default=None, help="one process: its cores (all)")
     ap.add_argument("--out", required=True)
