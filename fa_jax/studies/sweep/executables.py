@@ -180,7 +180,11 @@ class Executables:
             return None
         try:
             payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            # On this process's devices (by default: every process's, which an
+            # argument already on this process's device does not match).
+            compiled = serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=jax.local_devices()
+            )
         except Exception:  # unreadable or incompatible entry: compile it again
             return None
         return compiled
