@@ -233,14 +233,14 @@ def _read(csv_path: pathlib.Path):
 
 @contextlib.contextmanager
 def _own_cache_only() -> Iterator[None]:
-    """On several processes, JAX's own persistent cache (the ``xla`` folder) is
-    off while the sweep runs: JAX writes its entries in place, and JAX's runtime
-    aborts every process at once when one dies, which can leave a torn entry
-    that a later run loads and fails on (``Function ... not found``).  The
-    sweep's programs are still cached (:mod:`.executables`, written atomically)."""
-    if jax.process_count() == 1:
-        yield
-        return
+    """JAX's own persistent cache (the ``xla`` folder) is off while a sweep runs:
+    the sweep keeps its programs, the metrics' too, in its own cache
+    (:mod:`.executables`), and an executable that JAX loaded from its cache
+    serializes incompletely: stored there and loaded by a later run, it fails
+    with ``NOT_FOUND: Function ... not found`` (jax 0.10.2, XLA:CPU; what a
+    ``lower().compile()`` returns is such an executable whenever JAX's cache
+    holds the same program, as after an edit of fa_jax that leaves a program's
+    HLO unchanged)."""
     name = "jax_enable_compilation_cache"
     before = getattr(jax.config, name)
     jax.config.update(name, False)
