@@ -16,7 +16,7 @@ interleaved::
     python experiments/bench_processes.py --processes 2 --out /tmp/p2 --cache /tmp/c2
 
 ``--check FILE`` compares the merged ``results.csv`` with FILE byte for byte.
-Results: docs/cli.md (Several processes and hosts, Speed).
+Results: docs/performance.md (Several processes on one machine).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ Execution, in brief:
 * each program vmaps over a flat (format × seq_len × seed) axis, with lengths
   padded within buckets, memory-bounded pieces and the axis sharded over
   ``jax.devices()`` (:mod:`.batch`);
-* metrics are computed per configuration on the unpadded output by the public
-  metric functions, so direct calls reproduce the CSV bitwise;
+* metrics are computed per configuration on the unpadded output, by compiled
+  programs that give the public metric functions' bits
+  (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
 * each program is compiled once and kept on disk
   (:mod:`.executables`, under :func:`fa_jax.studies.cache.cache_dir`), so a
   later run loads it instead of tracing and compiling it again.
