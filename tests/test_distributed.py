@@ -104,6 +104,11 @@ def test_two_processes_merge_to_the_one_process_csv(tmp_path):
     assert (tmp_path / "out" / "results.csv").read_bytes() == open(SNAPSHOT, "rb").read()
     assert sorted(os.listdir(tmp_path / "out")) == ["metadata.json", "results.csv"]
     assert all("(96 rows)" in out for _, out, _ in results)
+    # A second run loads every program the first stored (on each process's own
+    # device: a loaded program takes the arrays of the one before it).
+    warm = run(tmp_path / "warm", 2, grids=[[*GRID, "--profile"]] * 2)
+    assert (tmp_path / "warm" / "results.csv").read_bytes() == open(SNAPSHOT, "rb").read()
+    assert all("(0 compiled," in err for _, _, err in warm), [e[-2000:] for _, _, e in warm]
 
 
 def test_different_grids_are_refused_before_any_work(tmp_path):

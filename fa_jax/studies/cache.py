@@ -11,8 +11,10 @@ JAX's settings back.
 Location: ``$FA_JAX_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/fa_jax``
 (``~/.cache/fa_jax`` without ``XDG_CACHE_HOME``); JAX's entries go to its
 ``xla`` folder, the sweep's own compiled programs
-(:mod:`fa_jax.studies.sweep.executables`) to ``programs``.  ``run_sweep`` and
-the CLI use it by default; ``cache=False`` (CLI: ``--no-cache``) leaves JAX's
+(:mod:`fa_jax.studies.sweep.executables`) to ``programs``; while a sweep
+runs, JAX's cache is off and only ``programs`` is used
+(:mod:`fa_jax.studies.sweep.engine`).  ``run_sweep`` and the CLI use it by
+default; ``cache=False`` (CLI: ``--no-cache``) leaves JAX's
 settings alone.  JAX keys each entry on the program, its compile options, the jax and
 jaxlib versions and the device, so a loaded executable computes exactly what a
 fresh compile would.  A folder that cannot be created is reported by a warning

@@ -41,6 +41,8 @@ import dataclasses
 import itertools
 import json
 import os
+import socket
+import time
 
 import jax
 
@@ -56,6 +58,8 @@ __all__ = [
 ]
 
 POLL_MS = 1_000  # one blocking read of the store; repeated until the key appears
+COORDINATOR_WAIT_S = 60.0  # how long a process waits for process 0's port before JAX does
+POLL_CONNECT_S = 0.01  # between two tries of that port
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 _runs = itertools.count()  # sweeps started by this process: a namespace each
 
@@ -84,16 +88,35 @@ def connect(
 ) -> None:
     """:func:`jax.distributed.initialize` with these arguments (None: JAX detects
     them).  A coordinator on a loopback address binds to that address only, not
-    to every interface."""
+    to every interface.  Given a coordinator, a process other than 0 first waits
+    until its port accepts connections (:func:`_wait_for`)."""
     bind = None
     if coordinator is not None and coordinator.rsplit(":", 1)[0] in _LOOPBACK:
         bind = coordinator
+    if coordinator is not None and process_id not in (None, 0):
+        _wait_for(coordinator)
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,
         process_id=process_id,
         coordinator_bind_address=bind,
     )
+
+
+def _wait_for(coordinator: str, limit_s: float = COORDINATOR_WAIT_S) -> None:
+    """Return once ``coordinator`` (HOST:PORT) accepts connections, or after
+    ``limit_s`` seconds (JAX then waits and reports as it would).  A process
+    that asks JAX to connect before process 0's coordinator listens retries only
+    after about a second, and every process then waits for it: started
+    together, a run lost up to a second this way."""
+    host, port = coordinator.rsplit(":", 1)
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+                return
+        except (OSError, ValueError):
+            time.sleep(POLL_CONNECT_S)
 
 
 def _client():

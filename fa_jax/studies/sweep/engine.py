@@ -21,8 +21,9 @@ Execution, in brief:
 * each program vmaps over a flat (format × seq_len × seed) axis, with lengths
   padded within buckets, memory-bounded pieces and the axis sharded over
   ``jax.devices()`` (:mod:`.batch`);
-* metrics are computed per configuration on the unpadded output by the public
-  metric functions, so direct calls reproduce the CSV bitwise;
+* metrics are computed per configuration on the unpadded output, by compiled
+  programs that give the public metric functions' bits
+  (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
 * each program is compiled once and kept on disk
   (:mod:`.executables`, under :func:`fa_jax.studies.cache.cache_dir`), so a
   later run loads it instead of tracing and compiling it again.
@@ -65,7 +66,6 @@ import contextlib
 import hashlib
 import json
 import pathlib
-import time
 from collections.abc import Iterator
 
 import jax
@@ -234,14 +234,14 @@ def _read(csv_path: pathlib.Path):
 
 @contextlib.contextmanager
 def _own_cache_only() -> Iterator[None]:
-    """On several processes, JAX's own persistent cache (the ``xla`` folder) is
-    off while the sweep runs: JAX writes its entries in place, and JAX's runtime
-    aborts every process at once when one dies, which can leave a torn entry
-    that a later run loads and fails on (``Function ... not found``).  The
-    sweep's programs are still cached (:mod:`.executables`, written atomically)."""
-    if jax.process_count() == 1:
-        yield
-        return
+    """JAX's own persistent cache (the ``xla`` folder) is off while a sweep runs:
+    the sweep keeps its programs, the metrics' too, in its own cache
+    (:mod:`.executables`), and an executable that JAX loaded from its cache
+    serializes incompletely: stored there and loaded by a later run, it fails
+    with ``NOT_FOUND: Function ... not found`` (jax 0.10.2, XLA:CPU; what a
+    ``lower().compile()`` returns is such an executable whenever JAX's cache
+    holds the same program, as after an edit of fa_jax that leaves a program's
+    HLO unchanged)."""
     name = "jax_enable_compilation_cache"
     before = getattr(jax.config, name)
     jax.config.update(name, False)
@@ -493,7 +493,6 @@ def _compute(
         for kind, fmts in kinds.items()
         for feat in grid.features
     }
-    profile = executables.profile
 
     def flash_static(variant, bc):
         return dict(variant=variant, blocks=Blocks(bc, bc), causal=grid.causal)
@@ -537,13 +536,10 @@ def _compute(
                     name: a[j, :, :, :rows]
                     for name, a in (("flash", flash), ("baseline", base), ("golden", gold))
                 }
-                start = time.perf_counter()
                 vals = {}
                 for comp in COMPARISONS:
                     a, b = comp.split("_vs_")
-                    vals[comp] = host(metric_values(outs[a], outs[b]))
-                if profile is not None:
-                    profile.add_phase("metrics (eager)", time.perf_counter() - start)
+                    vals[comp] = host(metric_values(outs[a], outs[b], executables))
                 for k in ks:
                     if tuple(k.values()) in done:
                         continue

@@ -56,12 +56,26 @@ def source_fingerprint() -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def _versions() -> tuple[str, str]:
+    """jax's and jaxlib's versions (reading jaxlib's metadata takes a millisecond)."""
+    return jax.__version__, importlib.metadata.version("jaxlib")
+
+
+def _usable_cores() -> int:
+    """The CPU cores this process may run on (``os.cpu_count()`` counts the
+    machine's, also under ``taskset``)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def _environment() -> tuple:
     devices = jax.local_devices()
     env = (
         source_fingerprint(),
-        jax.__version__,
-        importlib.metadata.version("jaxlib"),
+        *_versions(),
         devices[0].platform,
         devices[0].device_kind,
         len(devices),
@@ -102,8 +116,9 @@ class Executables:
         """Load or compile, ahead of their first call, the programs of ``calls``:
         ``(program, args, static, label)`` tuples (``args`` may be
         ``jax.ShapeDtypeStruct``).  Programs are traced one after another and
-        compiled on a thread per CPU core, since XLA's compile releases the GIL
-        and each compile runs on one core."""
+        compiled on a thread per CPU core this process may run on (its
+        affinity: a process pinned to one core compiles on one thread), since
+        XLA's compile releases the GIL and each compile runs on one core."""
         todo = {}
         for program, args, static, label in calls:
             key = self._key(program, args, static)
@@ -129,7 +144,7 @@ class Executables:
             start = time.perf_counter()
             return key, label, lowered.compile(), seconds + time.perf_counter() - start
 
-        workers = max(1, min(len(todo), os.cpu_count() or 1))
+        workers = max(1, min(len(todo), _usable_cores()))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             futures = [pool.submit(compile_one, *build(item)) for item in todo.items()]
             for future in futures:
@@ -165,7 +180,11 @@ class Executables:
             return None
         try:
             payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            # On this process's devices (by default: every process's, which an
+            # argument already on this process's device does not match).
+            compiled = serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=jax.local_devices()
+            )
         except Exception:  # unreadable or incompatible entry: compile it again
             return None
         return compiled

@@ -29,6 +29,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import metrics
@@ -38,10 +39,12 @@ from fa_jax.exponential import ExpModel
 from fa_jax.formats import Format
 from fa_jax.policy import STAGES, Policy
 from fa_jax.presets import golden
+from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.features import PAPER, Features
 from fa_jax.studies.sweep.grid import METRICS
 
 __all__ = [
+    "METRIC_LABEL",
     "PolicyShape",
     "flash_program",
     "golden_for",
@@ -173,10 +176,55 @@ def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal, f
     return jax.vmap(one)(q, k, v, widths, lengths)
 
 
-def metric_values(a, b):
-    """The public metric functions' values, computed eagerly as a user's calls
-    would be (:func:`~fa_jax.metrics.abs_diff_summary`: one ``|a - b|`` for all
-    four): fused under one jit, rmse's last bit can change, and the CSV must
-    equal direct calls."""
-    summary = metrics.abs_diff_summary(a, b)
-    return [summary[m] for m in METRICS]
+@jax.jit
+def _abs_diff_max(a, b):
+    """``|a - b|`` and its max: elementwise and exact, so fused they equal the
+    eager calls of :func:`~fa_jax.metrics.abs_diff_summary`."""
+    d = jnp.abs(a - b)
+    return d, jnp.max(d)
+
+
+@jax.jit
+def _mean(d):
+    return jnp.mean(d)
+
+
+@jax.jit
+def _std(d, correction):
+    """``jnp.std(d)``: its ``ddof`` (``correction``) is a traced argument of the
+    program an eager call compiles, and must be one here too (a constant folds
+    into other arithmetic)."""
+    return jnp.std(d, correction=correction)
+
+
+@jax.jit
+def _scaled_square(d, safe):
+    return jnp.square(d / safe)  # two correctly rounded operations: nothing to contract
+
+
+METRIC_LABEL = "metrics"  # the profile's name of the metric programs
+
+
+def metric_values(a, b, executables: Executables):
+    """The four metrics of float64 ``a`` against ``b`` (:data:`METRICS`), bit for
+    bit the public metric functions' values (:func:`~fa_jax.metrics.abs_diff_summary`,
+    as a user's eager calls give them), from programs that ``executables``
+    compiles once per length and keeps on disk like the sweep's others.  Each
+    reduction (the mean of ``|a - b|``, its std, the mean of rmse's scaled
+    squares) is its own program, the one an eager ``jnp.mean`` / ``jnp.std``
+    call compiles: fused into one program with the operations around it, a
+    reduction's last bit can change (rmse's square can contract into its sum),
+    and the CSV must equal direct calls.  Only the exact elementwise steps are
+    fused (``|a - b|`` with its max; ``(d / s)²``); rmse's scalar steps are
+    :mod:`fa_jax.metrics`' own programs."""
+    a, b = (np.ascontiguousarray(x, np.float64).reshape(-1) for x in (a, b))
+
+    def run(program, *args):
+        return executables.call(program, args, {}, label=METRIC_LABEL)
+
+    d, s = run(_abs_diff_max, a, b)
+    mean, std = run(_mean, d), run(_std, d, np.int32(0))
+    scaled, safe = run(metrics._rmse_scale, s)
+    rmse = run(metrics._rmse_finish, s, scaled, safe, run(_mean, run(_scaled_square, d, safe)))
+    values = {"max_abs_diff": s, "mean_abs_diff": mean, "std_abs_diff": std, "rmse": rmse}
+    return [values[m] for m in METRICS]
