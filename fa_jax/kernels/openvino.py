@@ -124,7 +124,7 @@ def _compiled(h: int, d: int, d_v: int, causal: bool, scale, precision, kv_cache
             "scale": op.constant(np.float32(scale)),
         }
     node = op.scaled_dot_product_attention(q, present[0], present[1], causal=causal, **extra)
-    model = ov.Model([node.output(0)], sinks, [q, k, v, beam], "sdpa")
+    model = ov.Model([node.output(0)], sinks, [q, k, v, beam], "sdpa")  # pyright: ignore[reportGeneralTypeIssues]
     config = {
         "INFERENCE_PRECISION_HINT": precision,
         "KV_CACHE_PRECISION": kv_cache,
