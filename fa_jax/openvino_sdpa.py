@@ -26,6 +26,13 @@ pair (2i, 2i+1) acc = fl(fl(acc + a_{2i+1} b_{2i+1}) + a_{2i} b_{2i}), the
 products exact in FP32 (the instruction's order in Intel's SDM; an odd K is
 padded with a zero).  Denormal inputs and outputs of the instruction, which it
 flushes, are not modelled.
+
+``dot_product`` (``mha_single_token.cpp``'s ``dot_product``, AVX-512, the decoding
+kernel's Q·K on a BF16 or FP32 cache): blocks of 16 entries of d, four at a time
+into accumulators 0-3, then a remaining pair of blocks into 0 and 1, a last one
+into 0; each lane an FMA chain from zero; then (acc0 + acc1) + (acc2 + acc3) and
+``_mm512_reduce_add_ps``.  d must be a multiple of 16 (the scalar tail is not
+modelled).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from fa_jax import ops
 from fa_jax.exponential import ExpModel, _pow2, register_exp_model
 from fa_jax.formats import BF16, FP32
 
-__all__ = ["OPENVINO_EXP", "bf16_matmul", "exp_ps", "lane_sum", "softmax"]
+__all__ = ["OPENVINO_EXP", "bf16_matmul", "dot_product", "exp_ps", "lane_sum", "softmax"]
 
 LANES = 16
 
@@ -111,6 +118,39 @@ def bf16_matmul(a, b):
         k += 1
     odd_first = np.arange(k).reshape(-1, 2)[:, ::-1].reshape(-1)
     return ops.matmul(a[..., odd_first], b[..., odd_first, :], FP32, accumulation="sequential")
+
+
+def _accumulator_of_blocks(d: int) -> list[int]:
+    blocks, out = d // LANES, []
+    while len(out) + 4 <= blocks:
+        out += [0, 1, 2, 3]
+    if len(out) + 2 <= blocks:
+        out += [0, 1]
+    if len(out) + 1 <= blocks:
+        out += [0]
+    return out
+
+
+def dot_product(q, k):
+    """q (..., N, d) · k (..., M, d) -> (..., N, M) as the decoding kernel's
+    ``dot_product`` computes each entry, FP32 (module docstring)."""
+    d = q.shape[-1]
+    if d % LANES:
+        raise NotImplementedError(
+            f"openvino_sdpa.dot_product: d = {d}: the scalar tail (d mod 16) is not modelled"
+        )
+    prod = q[..., :, None, :] * k[..., None, :, :]  # (..., N, M, d), exact in float64
+    blocks = prod.reshape(*prod.shape[:-1], d // LANES, LANES)
+    owner = _accumulator_of_blocks(d)
+    acc = []
+    for j in range(4):
+        mine = [b for b, a in enumerate(owner) if a == j]
+        if mine:
+            acc.append(ops.sum(blocks[..., mine, :], FP32, axis=-2, accumulation="sequential"))
+        else:
+            acc.append(jnp.zeros((*blocks.shape[:-2], LANES), blocks.dtype))
+    total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
+    return lane_sum(total)
 
 
 OPENVINO_EXP = ExpModel("openvino_exp_ps_avx512", lambda x, fmt: ops.cast(exp_ps(x), fmt))

@@ -22,8 +22,13 @@ Which code runs (``nodes/scaled_attn.cpp``):
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
 - N < M (decoding: non-causal only): a first call stores the first M - N keys
   in the cache, a second one runs the N queries against all M keys with
-  ``mha_single_token`` on the cache, in ``kv_cache`` precision.  Not modelled
-  (the model raises).
+  ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 with a
+  BF16 or F32 cache (the same: under BF16 inference the cache holds BF16 values)
+  is modelled: S = its AVX-512 ``dot_product``, the softmax in FP32 (P not
+  rounded), O = an FMA chain over the keys per thread's contiguous share of
+  (head, key) work, the threads' partial sums added in thread order from zero
+  (``attn_reduce``; one thread: no reduction), rounded to BF16.  The F32 and
+  the u8-cache decoding paths are not modelled (the model raises).
 
 ``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1/sqrt(d)); a
 scale is given to the graph as the node's scale input (with the one-element
@@ -197,15 +202,52 @@ def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int):
 _M_BLOCK = 4  # MHAKernel<KT_MLAS, float>: query rows per sgemm call
 
 
-def _forward(q, k, v, *, policy, causal, scale, precision: str):
+def thread_shares(work: int, threads: int) -> list[tuple[int, int]]:
+    """[start, end) of each thread's share of ``work`` items (OpenVINO's ``splitter``)."""
+    if threads <= 1:
+        return [(0, work)]
+    n1 = -(-work // threads)
+    n2 = n1 - 1
+    t_big = work - n2 * threads
+    out = []
+    for tid in range(threads):
+        start = tid * n1 if tid <= t_big else t_big * n1 + (tid - t_big) * n2
+        out.append((start, start + (n1 if tid < t_big else n2)))
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "threads"))
+def _bf16_decode(q, k, v, *, scale: float, threads: int):
+    """``mha_single_token`` with BF16 queries and cache (module docstring); q (H, N, d)."""
+    q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
+    p = ovs.softmax(ovs.dot_product(q, k), scale)
+    h, m = k.shape[0], k.shape[-2]
+    if threads == 1:
+        return ops.cast(ops.matmul(p, v, FP32, accumulation=SEQUENTIAL), BF16)
+    work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
+    out = jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
+    for start, end in thread_shares(h * m, threads):
+        share = jnp.asarray((work >= start) & (work < end))
+        partial = ops.matmul(jnp.where(share, p, 0.0), v, FP32, accumulation=SEQUENTIAL)
+        out = ops.add(out, partial, FP32)
+    return ops.cast(out, BF16)
+
+
+def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int):
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
-    if n != m:
-        raise NotImplementedError(
-            "openvino-sdpa: N < M runs mha_single_token on the KV cache, which is not modelled"
-        )
     s = _scale(scale, d)
+    if n != m:
+        if precision != "bf16":
+            raise NotImplementedError(
+                "openvino-sdpa: N < M in f32 runs mha_single_token in FP32, whose order "
+                "is not modelled"
+            )
+        lead = q.shape[:-2]
+        flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
+        out = _bf16_decode(*flat, scale=s, threads=threads)
+        return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
     if n % _M_BLOCK == 1:
@@ -214,6 +256,15 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str):
             "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
         )
     return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=n)
+
+
+def _u8_guard(forward, q, k, v, **kw):
+    if np.shape(q)[-2] != np.shape(k)[-2]:
+        raise NotImplementedError(
+            "openvino-sdpa: N < M with kv_cache='u8' reads the u8 cache (per-token scale and "
+            "zero point), which is not modelled"
+        )
+    return forward(q, k, v, **kw)
 
 
 def sdpa_model(
@@ -225,13 +276,14 @@ def sdpa_model(
     kv_cache: str = "u8",
     threads: int = 1,
 ) -> KernelModel:
-    """fa_jax's model of ``openvino-sdpa``'s prefill path (N == M; module docstring);
-    ``kv_cache`` and ``threads`` are accepted (neither reaches that path's output)."""
+    """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
+    (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and BF16
+    decoding (N < M) on a BF16 or F32 cache with ``threads``."""
     del n, d
     f = _fmt(fmt)
     precision = _choice(precision, PRECISIONS, "precision")
-    _choice(kv_cache, KV_CACHES, "kv_cache")
-    positive_int(threads, "openvino-sdpa: threads")
+    kv_cache = _choice(kv_cache, KV_CACHES, "kv_cache")
+    threads = positive_int(threads, "openvino-sdpa: threads")
     stage = BF16 if precision == "bf16" else FP32
     policy = fa2_kernel(stage).replace(
         name=f"openvino_sdpa({f.name}, {precision})",
@@ -240,7 +292,9 @@ def sdpa_model(
         exp_model=ovs.OPENVINO_EXP,
         normalise="reciprocal",
     )
-    forward = functools.partial(_forward, precision=precision)
+    forward = functools.partial(_forward, precision=precision, threads=threads)
+    if kv_cache == "u8":
+        forward = functools.partial(_u8_guard, forward)
     return KernelModel("openvino-sdpa", policy, "reference", forward=forward)
 
 
