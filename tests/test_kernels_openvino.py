@@ -72,9 +72,11 @@ def test_options_checked():
 
 
 def test_model_refuses_what_it_does_not_model():
-    q, k, v = _inputs(1, 1, 1, 20, 8)
-    with pytest.raises(NotImplementedError, match="mha_single_token"):
-        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32")
+    q, k, v = _inputs(1, 1, 1, 20, 16)
+    with pytest.raises(NotImplementedError, match="u8 cache"):
+        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32")  # kv_cache="u8", the default
+    with pytest.raises(NotImplementedError, match="mha_single_token in FP32"):
+        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32", kv_cache="f32")
     q, k, v = _inputs(1, 1, 5, 5, 8)
     with pytest.raises(NotImplementedError, match="M1TransposeB"):
         kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32")
@@ -93,7 +95,7 @@ def test_exp_ps_reference_points():
 @pytest.mark.parametrize(
     ("precision", "n", "d", "causal", "fmt"),
     [
-        ("bf16", 19, 64, True, "fp32"),  # fp32 inputs rounded to bf16 by the plugin
+        ("bf16", 11, 16, True, "fp32"),  # fp32 inputs rounded to bf16 by the plugin
         pytest.param("bf16", 17, 80, False, "bf16", marks=pytest.mark.extended),
         pytest.param("f32", 19, 64, True, "fp32", marks=pytest.mark.extended),
     ],
@@ -134,6 +136,33 @@ def test_decode_reads_the_cache_in_its_precision():
     assert out["u8"].shape == (2, 1, 64)
     assert not np.array_equal(out["u8"], out["bf16"])
     assert np.array_equal(out["bf16"], out["f32"])
+
+
+@needs_bf16_cpu
+@pytest.mark.parametrize(
+    ("h", "n", "m", "d", "kv_cache", "threads"),
+    [
+        # the two threads' shares split a head's keys
+        pytest.param(3, 1, 37, 32, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param(2, 1, 1031, 80, "f32", 1, marks=pytest.mark.extended),
+        pytest.param(4, 1, 1037, 128, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param(2, 3, 515, 64, "bf16", 2, marks=pytest.mark.extended),
+    ],
+)
+def test_decode_exact(h, n, m, d, kv_cache, threads):
+    """BF16 decoding, N queries after M - N cached keys, against the real kernel."""
+    q, k, v = _inputs(6, h, n, m, d)
+    call = {"fmt": "fp32", "kv_cache": kv_cache, "threads": threads}
+    real = kernels.real("openvino-sdpa", q, k, v, **call)
+    model = kernels.emulate("openvino-sdpa", q, k, v, **call)
+    assert _identical(real, model) == 1.0
+
+
+def test_thread_shares():
+    """OpenVINO's splitter: contiguous shares, the first ``work mod threads`` one longer."""
+    assert O.thread_shares(10, 1) == [(0, 10)]
+    assert O.thread_shares(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert O.thread_shares(2, 3) == [(0, 1), (1, 2), (2, 2)]
 
 
 @pytest.mark.extended

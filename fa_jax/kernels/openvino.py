@@ -225,12 +225,10 @@ def _bf16_decode(q, k, v, *, scale: float, threads: int):
     if threads == 1:
         return ops.cast(ops.matmul(p, v, FP32, accumulation=SEQUENTIAL), BF16)
     work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
-    out = jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
-    for start, end in thread_shares(h * m, threads):
-        share = jnp.asarray((work >= start) & (work < end))
-        partial = ops.matmul(jnp.where(share, p, 0.0), v, FP32, accumulation=SEQUENTIAL)
-        out = ops.add(out, partial, FP32)
-    return ops.cast(out, BF16)
+    shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
+    partial = ops.matmul(jnp.where(shares, p, 0.0), v, FP32, accumulation=SEQUENTIAL)
+    # attn_reduce: from zero, thread by thread (a thread without keys of a head adds 0).
+    return ops.cast(ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL), BF16)
 
 
 def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int):
