@@ -33,6 +33,12 @@ into accumulators 0-3, then a remaining pair of blocks into 0 and 1, a last one
 into 0; each lane an FMA chain from zero; then (acc0 + acc1) + (acc2 + acc3) and
 ``_mm512_reduce_add_ps``.  d must be a multiple of 16 (the scalar tail is not
 modelled).
+
+``quantize_u8`` (``attn_quant.cpp``'s ``quant_u8``, the u8 KV cache, one group per
+token, the default group size): scale = fl(fl(max - min) / 255) (0.0001 where 0),
+zp = fl(-min / scale), u = clamp(rint(fma(x, fl(1 / scale), zp)), 0, 255).  The
+decoding kernel reads it back as fl(u - zp): its dot product runs on those and
+multiplies the result by the key's scale; its P V weight is fl(p · scale of V).
 """
 
 from __future__ import annotations
@@ -44,7 +50,15 @@ from fa_jax import ops
 from fa_jax.exponential import ExpModel, _pow2, register_exp_model
 from fa_jax.formats import BF16, FP32
 
-__all__ = ["OPENVINO_EXP", "bf16_matmul", "dot_product", "exp_ps", "lane_sum", "softmax"]
+__all__ = [
+    "OPENVINO_EXP",
+    "bf16_matmul",
+    "dot_product",
+    "exp_ps",
+    "lane_sum",
+    "quantize_u8",
+    "softmax",
+]
 
 LANES = 16
 
@@ -151,6 +165,19 @@ def dot_product(q, k):
             acc.append(jnp.zeros((*blocks.shape[:-2], LANES), blocks.dtype))
     total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
     return lane_sum(total)
+
+
+def quantize_u8(x):
+    """(u, scale, zp) of the u8 cache for FP32 values ``x`` (..., M, S), one scale and
+    zero point per row (module docstring); u as float64 integers, scale and zp (..., M, 1)."""
+    hi = jnp.max(x, axis=-1, keepdims=True)
+    lo = jnp.min(x, axis=-1, keepdims=True)
+    scale = ops.div(ops.sub(hi, lo, FP32), _full(hi, 255.0), FP32)
+    scale = jnp.where(scale == 0, float(np.float32(0.0001)), scale)
+    zp = ops.div(-lo, scale, FP32)
+    inverse = ops.div(jnp.ones_like(scale), scale, FP32)
+    t = ops.fma(x, jnp.broadcast_to(inverse, x.shape), jnp.broadcast_to(zp, x.shape), FP32)
+    return jnp.clip(jnp.round(t), 0, 255), scale, zp  # jnp.round: to nearest even
 
 
 OPENVINO_EXP = ExpModel("openvino_exp_ps_avx512", lambda x, fmt: ops.cast(exp_ps(x), fmt))

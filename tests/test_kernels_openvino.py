@@ -73,8 +73,6 @@ def test_options_checked():
 
 def test_model_refuses_what_it_does_not_model():
     q, k, v = _inputs(1, 1, 1, 20, 16)
-    with pytest.raises(NotImplementedError, match="u8 cache"):
-        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32")  # kv_cache="u8", the default
     with pytest.raises(NotImplementedError, match="mha_single_token in FP32"):
         kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32", kv_cache="f32")
     q, k, v = _inputs(1, 1, 5, 5, 8)
@@ -147,10 +145,14 @@ def test_decode_reads_the_cache_in_its_precision():
         pytest.param(2, 1, 1031, 80, "f32", 1, marks=pytest.mark.extended),
         pytest.param(4, 1, 1037, 128, "bf16", 2, marks=pytest.mark.extended),
         pytest.param(2, 3, 515, 64, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param(2, 1, 1031, 64, "u8", 1, marks=pytest.mark.extended),
+        pytest.param(3, 1, 1031, 80, "u8", 2, marks=pytest.mark.extended),
+        pytest.param(2, 2, 700, 128, "u8", 2, marks=pytest.mark.extended),
     ],
 )
 def test_decode_exact(h, n, m, d, kv_cache, threads):
-    """BF16 decoding, N queries after M - N cached keys, against the real kernel."""
+    """BF16 decoding, N queries after M - N cached keys (u8: quantized per token),
+    against the real kernel."""
     q, k, v = _inputs(6, h, n, m, d)
     call = {"fmt": "fp32", "kv_cache": kv_cache, "threads": threads}
     real = kernels.real("openvino-sdpa", q, k, v, **call)

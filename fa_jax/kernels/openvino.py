@@ -22,13 +22,17 @@ Which code runs (``nodes/scaled_attn.cpp``):
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
 - N < M (decoding: non-causal only): a first call stores the first M - N keys
   in the cache, a second one runs the N queries against all M keys with
-  ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 with a
-  BF16 or F32 cache (the same: under BF16 inference the cache holds BF16 values)
-  is modelled: S = its AVX-512 ``dot_product``, the softmax in FP32 (P not
-  rounded), O = an FMA chain over the keys per thread's contiguous share of
-  (head, key) work, the threads' partial sums added in thread order from zero
-  (``attn_reduce``; one thread: no reduction), rounded to BF16.  The F32 and
-  the u8-cache decoding paths are not modelled (the model raises).
+  ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 is
+  modelled with every cache (BF16 and F32 the same: under BF16 inference the
+  cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
+  scale and zero point per token): S = its AVX-512 ``dot_product`` (on u8 keys
+  read as fl(u - zp), times the key's scale), the softmax in FP32 (P not
+  rounded; on a u8 cache times the value's scale), O = an FMA chain over the
+  keys (on a u8 cache the last d_v mod 64 columns run a scalar loop:
+  fma(fl(p · fl(u - zp)), scale, O)) per thread's contiguous share of (head,
+  key) work, the threads' partial sums added in thread order from zero
+  (``attn_reduce``; one thread: no reduction), rounded to BF16.  F32 decoding
+  is not modelled (the model raises).
 
 ``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1/sqrt(d)); a
 scale is given to the graph as the node's scale input (with the one-element
@@ -216,22 +220,50 @@ def thread_shares(work: int, threads: int) -> list[tuple[int, int]]:
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "threads"))
-def _bf16_decode(q, k, v, *, scale: float, threads: int):
-    """``mha_single_token`` with BF16 queries and cache (module docstring); q (H, N, d)."""
+_VALUE_BLOCK = 64  # attn_acc_value on u8: AVX-512 over blocks of 64, the rest scalar
+
+
+def _u8_value_tail(p, v_read, v_scale, shares):
+    """O's last d_v mod 64 columns on a u8 cache: the scalar loop ``out += w · (v -
+    zp) · scale``, contracted to fma(fl(w · fl(v - zp)), scale, out), per thread
+    share (``shares`` (T, H, 1, M)), (T, H, N, columns)."""
+    t = ops.mul(jnp.swapaxes(p, -1, -2)[..., None], v_read[..., None, :], FP32)  # (H, M, N, c)
+    terms = t * v_scale[..., None, :]  # exact products: one rounding per fma
+    terms = jnp.where(jnp.swapaxes(shares, -1, -2)[..., None], terms, 0.0)
+    return ops.sum(terms, FP32, axis=-3, accumulation=SEQUENTIAL)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8"))
+def _bf16_decode(q, k, v, *, scale: float, threads: int, u8: bool):
+    """``mha_single_token`` with BF16 queries, on a BF16 or u8 cache (module
+    docstring); q (H, N, d)."""
     q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
-    p = ovs.softmax(ovs.dot_product(q, k), scale)
-    h, m = k.shape[0], k.shape[-2]
-    if threads == 1:
-        return ops.cast(ops.matmul(p, v, FP32, accumulation=SEQUENTIAL), BF16)
+    h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
     work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
     shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
-    partial = ops.matmul(jnp.where(shares, p, 0.0), v, FP32, accumulation=SEQUENTIAL)
-    # attn_reduce: from zero, thread by thread (a thread without keys of a head adds 0).
+    tail = d_v % _VALUE_BLOCK if u8 else 0
+    if u8:
+        k_u, k_scale, k_zp = ovs.quantize_u8(k)
+        v_u, v_scale, v_zp = ovs.quantize_u8(v)
+        k_read = ops.sub(k_u, jnp.broadcast_to(k_zp, k_u.shape), FP32)
+        v = ops.sub(v_u, jnp.broadcast_to(v_zp, v_u.shape), FP32)
+        s = ops.mul(ovs.dot_product(q, k_read), jnp.swapaxes(k_scale, -1, -2), FP32)
+        p = ovs.softmax(s, scale)
+        w = ops.mul(p, jnp.swapaxes(v_scale, -1, -2), FP32)  # weight · scale of V
+    else:
+        p = w = ovs.softmax(ovs.dot_product(q, k), scale)
+    partial = ops.matmul(
+        jnp.where(shares, w, 0.0), v[..., : d_v - tail], FP32, accumulation=SEQUENTIAL
+    )
+    if tail:
+        rest = _u8_value_tail(p, v[..., d_v - tail :], v_scale, shares)  # pyright: ignore[reportPossiblyUnbound]
+        partial = jnp.concatenate([partial, rest], axis=-1)
+    # attn_reduce: from zero, thread by thread (a thread without keys of a head adds 0;
+    # one thread: the partial itself).
     return ops.cast(ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL), BF16)
 
 
-def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int):
+def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool):
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
@@ -244,7 +276,7 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int):
             )
         lead = q.shape[:-2]
         flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
-        out = _bf16_decode(*flat, scale=s, threads=threads)
+        out = _bf16_decode(*flat, scale=s, threads=threads, u8=u8)
         return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
@@ -254,15 +286,6 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int):
             "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
         )
     return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=n)
-
-
-def _u8_guard(forward, q, k, v, **kw):
-    if np.shape(q)[-2] != np.shape(k)[-2]:
-        raise NotImplementedError(
-            "openvino-sdpa: N < M with kv_cache='u8' reads the u8 cache (per-token scale and "
-            "zero point), which is not modelled"
-        )
-    return forward(q, k, v, **kw)
 
 
 def sdpa_model(
@@ -276,7 +299,7 @@ def sdpa_model(
 ) -> KernelModel:
     """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
     (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and BF16
-    decoding (N < M) on a BF16 or F32 cache with ``threads``."""
+    decoding (N < M) on each ``kv_cache`` with ``threads``."""
     del n, d
     f = _fmt(fmt)
     precision = _choice(precision, PRECISIONS, "precision")
@@ -290,9 +313,8 @@ def sdpa_model(
         exp_model=ovs.OPENVINO_EXP,
         normalise="reciprocal",
     )
-    forward = functools.partial(_forward, precision=precision, threads=threads)
-    if kv_cache == "u8":
-        forward = functools.partial(_u8_guard, forward)
+    u8 = kv_cache == "u8"
+    forward = functools.partial(_forward, precision=precision, threads=threads, u8=u8)
     return KernelModel("openvino-sdpa", policy, "reference", forward=forward)
 
 
