@@ -38,6 +38,7 @@ _BUILTINS = {
     "ggml": ("fa_jax.kernels.ggml", "GGML"),
     "onnxruntime-attention": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_ATTENTION"),
     "onnxruntime-mha": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_MHA"),
+    "openvino-sdpa": ("fa_jax.kernels.openvino", "OPENVINO_SDPA"),
 }
 _REGISTERED: dict[str, Kernel] = {}
 

@@ -1,0 +1,334 @@
+"""OpenVINO's CPU ScaledDotProductAttention (``openvino-sdpa``) and fa_jax's bit-exact
+model of its prefill path.
+
+The real kernel runs where an LLM runs it: a stateful graph built with
+``openvino.opset13`` (ReadValue of the past K and V, Gather by ``beam_idx``, Concat
+with the new K and V, ScaledDotProductAttention, Assign), which the CPU plugin
+fuses into its ScaledAttnWithKVCache node (a bare SDPA node is decomposed
+instead).  Q, K, V (..., H, N, d) go in as one batch of H' = prod(...) heads,
+FP32; ``precision`` is the ``INFERENCE_PRECISION_HINT`` ("bf16", the default on a
+CPU with AVX-512 BF16, or "f32"), ``kv_cache`` the ``KV_CACHE_PRECISION`` ("u8":
+per-token scale and zero point, the default there; "bf16"; "f32"), ``threads`` the
+``INFERENCE_NUM_THREADS`` (default 1).
+
+Which code runs (``nodes/scaled_attn.cpp``):
+
+- N == M (prefill: the cache is empty, one call): the multi-token kernel on the
+  new K and V themselves (the cache's precision does not reach the output).
+  BF16: Q, K, V rounded to BF16 (nearest even), S = oneDNN brgemm (Q Kᵀ,
+  ``vdpbf16ps``), OpenVINO's softmax with P rounded to BF16, O = brgemm(P V) in
+  FP32, rounded to BF16.  F32: S = MLAS sgemm (Q Kᵀ, four query rows a call),
+  the same softmax in FP32, O = MLAS sgemm(P V).  Modelled:
+  :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
+- N < M (decoding: non-causal only): a first call stores the first M - N keys
+  in the cache, a second one runs the N queries against all M keys with
+  ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 is
+  modelled with every cache (BF16 and F32 the same: under BF16 inference the
+  cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
+  scale and zero point per token): S = its AVX-512 ``dot_product`` (on u8 keys
+  read as fl(u - zp), times the key's scale), the softmax in FP32 (P not
+  rounded; on a u8 cache times the value's scale), O = an FMA chain over the
+  keys (on a u8 cache the last d_v mod 64 columns run a scalar loop:
+  fma(fl(p · fl(u - zp)), scale, O)) per thread's contiguous share of (head,
+  key) work, the threads' partial sums added in thread order from zero
+  (``attn_reduce``; one thread: no reduction), rounded to BF16.  F32 decoding
+  is not modelled (the model raises).
+
+``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1/sqrt(d)); a
+scale is given to the graph as the node's scale input (with the one-element
+attention mask the plugin then ignores).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform as _platform
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import mlas, ops
+from fa_jax import openvino_sdpa as ovs
+from fa_jax._checks import positive_int
+from fa_jax.accumulation import SEQUENTIAL
+from fa_jax.formats import BF16, FP32, Format, get_format
+from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.presets import fa2_kernel
+
+__all__ = ["KV_CACHES", "OPENVINO_SDPA", "PRECISIONS", "real_sdpa", "sdpa_model"]
+
+_FORMATS = ("fp32", "bf16")
+PRECISIONS = ("bf16", "f32")
+KV_CACHES = ("u8", "bf16", "f32")
+
+
+def _unavailable() -> str | None:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return "openvino is not installed (pip install fa_jax[openvino])"
+    return None
+
+
+def _platform_facts() -> dict[str, str]:
+    import openvino as ov
+
+    core = ov.Core()
+    return {
+        "openvino": str(ov.__version__),
+        "backend": "cpu",
+        "device": str(core.get_property("CPU", "FULL_DEVICE_NAME")),
+        "capabilities": " ".join(map(str, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))),
+        "machine": _platform.machine(),
+        "processor": _platform.processor() or _platform.machine(),
+    }
+
+
+def _fmt(fmt) -> Format:
+    f = get_format(fmt)
+    if f.name not in {get_format(n).name for n in _FORMATS}:
+        raise ValueError(f"openvino-sdpa: fmt: expected one of {_FORMATS}, got {f.name!r}")
+    return f
+
+
+def _choice(value, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"openvino-sdpa: {what}: expected one of {choices}, got {value!r}")
+    return value
+
+
+def _scale(scale, d: int) -> float:
+    return float(np.float32(1.0 / np.sqrt(d) if scale is None else scale))
+
+
+@functools.cache
+def _compiled(h: int, d: int, d_v: int, causal: bool, scale, precision, kv_cache, threads):
+    """The stateful graph (module docstring), compiled for the CPU."""
+    import openvino as ov
+    import openvino.opset13 as op
+
+    f32 = ov.Type.f32
+    q = op.parameter([-1, h, -1, d], f32, name="q")
+    k = op.parameter([-1, h, -1, d], f32, name="k")
+    v = op.parameter([-1, h, -1, d_v], f32, name="v")
+    beam = op.parameter([-1], ov.Type.i32, name="beam_idx")
+    present, sinks = [], []
+    for name, x, width in (("k", k, d), ("v", v, d_v)):
+        info = ov.op.util.VariableInfo()
+        info.data_shape = ov.PartialShape([-1, h, -1, width])
+        info.data_type = f32
+        info.variable_id = f"past_{name}"
+        variable = ov.op.util.Variable(info)
+        batch = op.gather(op.shape_of(x), op.constant([0]), op.constant(0))
+        empty = op.concat([batch, op.constant(np.array([h, 0, width], np.int64))], 0)
+        past = op.read_value(op.broadcast(op.constant(np.float32(0)), empty), variable)
+        cat = op.concat([op.gather(past, beam, op.constant(0)), x], 2)
+        sinks.append(op.assign(cat, variable))
+        present.append(cat)
+    extra = {}
+    if scale is not None:
+        extra = {
+            "attention_mask": op.constant(np.zeros(1, np.float32)),
+            "scale": op.constant(np.float32(scale)),
+        }
+    node = op.scaled_dot_product_attention(q, present[0], present[1], causal=causal, **extra)
+    model = ov.Model([node.output(0)], sinks, [q, k, v, beam], "sdpa")  # pyright: ignore[reportGeneralTypeIssues]
+    config = {
+        "INFERENCE_PRECISION_HINT": precision,
+        "KV_CACHE_PRECISION": kv_cache,
+        "INFERENCE_NUM_THREADS": threads,
+    }
+    return ov.Core().compile_model(model, "CPU", config)
+
+
+def real_sdpa(
+    q,
+    k,
+    v,
+    *,
+    fmt,
+    causal: bool = False,
+    scale=None,
+    precision: str = "bf16",
+    kv_cache: str = "u8",
+    threads: int = 1,
+) -> np.ndarray:
+    """OpenVINO's fused SDPA output (..., N, d_v) on the CPU, as float64 (module docstring)."""
+    _fmt(fmt)
+    precision = _choice(precision, PRECISIONS, "precision")
+    kv_cache = _choice(kv_cache, KV_CACHES, "kv_cache")
+    threads = positive_int(threads, "openvino-sdpa: threads")
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    m, d_v = k.shape[-2], v.shape[-1]
+    if n > m:
+        raise ValueError(f"openvino-sdpa: expected N <= M (queries after a cache), got {n} > {m}")
+    if causal and n != m:
+        raise ValueError(f"openvino-sdpa: causal: expected N == M, got N = {n}, M = {m}")
+    h = int(np.prod(lead, dtype=np.int64)) if lead else 1
+    q4, k4, v4 = (np.asarray(t, np.float32).reshape(1, h, *t.shape[-2:]) for t in (q, k, v))
+    given = None if scale is None else _scale(scale, d)
+    compiled = _compiled(h, d, d_v, bool(causal), given, precision, kv_cache, threads)
+    request = compiled.create_infer_request()
+    beam = np.zeros(1, np.int32)
+    if m > n:  # the first M - N keys into the cache; the queries of this call are unused
+        past = {"q": np.zeros((1, h, m - n, d), np.float32), "beam_idx": beam}
+        request.infer({**past, "k": k4[:, :, : m - n], "v": v4[:, :, : m - n]})
+    out = request.infer({"q": q4, "k": k4[:, :, m - n :], "v": v4[:, :, m - n :], "beam_idx": beam})
+    return np.asarray(out[0], np.float64).reshape(*lead, n, d_v)
+
+
+def _keep(n: int, m: int, causal: bool):
+    if not causal:
+        return None
+    return jnp.asarray(np.arange(m)[None, :] <= np.arange(n)[:, None])
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "causal"))
+def _bf16_prefill(q, k, v, *, scale: float, causal: bool):
+    q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
+    s = ovs.bf16_matmul(q, jnp.swapaxes(k, -1, -2))
+    p = ovs.softmax(s, scale, _keep(q.shape[-2], k.shape[-2], causal), bf16=True)
+    return ops.cast(ovs.bf16_matmul(p, v), BF16)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "causal", "rows"))
+def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int):
+    """Rows [0, rows) of the MLAS path, whose sgemms take more than one row."""
+    n, m = q.shape[-2], k.shape[-2]
+    s = mlas.sgemm(q[..., :rows, :], jnp.swapaxes(k, -1, -2), trans_b=True)
+    keep = _keep(n, m, causal)
+    p = ovs.softmax(s, scale, None if keep is None else keep[:rows])
+    return mlas.sgemm(p, v)
+
+
+_M_BLOCK = 4  # MHAKernel<KT_MLAS, float>: query rows per sgemm call
+
+
+def thread_shares(work: int, threads: int) -> list[tuple[int, int]]:
+    """[start, end) of each thread's share of ``work`` items (OpenVINO's ``splitter``)."""
+    if threads <= 1:
+        return [(0, work)]
+    n1 = -(-work // threads)
+    n2 = n1 - 1
+    t_big = work - n2 * threads
+    out = []
+    for tid in range(threads):
+        start = tid * n1 if tid <= t_big else t_big * n1 + (tid - t_big) * n2
+        out.append((start, start + (n1 if tid < t_big else n2)))
+    return out
+
+
+_VALUE_BLOCK = 64  # attn_acc_value on u8: AVX-512 over blocks of 64, the rest scalar
+
+
+def _u8_value_tail(p, v_read, v_scale, shares):
+    """O's last d_v mod 64 columns on a u8 cache: the scalar loop ``out += w · (v -
+    zp) · scale``, contracted to fma(fl(w · fl(v - zp)), scale, out), per thread
+    share (``shares`` (T, H, 1, M)), (T, H, N, columns)."""
+    t = ops.mul(jnp.swapaxes(p, -1, -2)[..., None], v_read[..., None, :], FP32)  # (H, M, N, c)
+    terms = t * v_scale[..., None, :]  # exact products: one rounding per fma
+    terms = jnp.where(jnp.swapaxes(shares, -1, -2)[..., None], terms, 0.0)
+    return ops.sum(terms, FP32, axis=-3, accumulation=SEQUENTIAL)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8"))
+def _bf16_decode(q, k, v, *, scale: float, threads: int, u8: bool):
+    """``mha_single_token`` with BF16 queries, on a BF16 or u8 cache (module
+    docstring); q (H, N, d)."""
+    q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
+    h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
+    work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
+    shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
+    tail = d_v % _VALUE_BLOCK if u8 else 0
+    if u8:
+        k_u, k_scale, k_zp = ovs.quantize_u8(k)
+        v_u, v_scale, v_zp = ovs.quantize_u8(v)
+        k_read = ops.sub(k_u, jnp.broadcast_to(k_zp, k_u.shape), FP32)
+        v = ops.sub(v_u, jnp.broadcast_to(v_zp, v_u.shape), FP32)
+        s = ops.mul(ovs.dot_product(q, k_read), jnp.swapaxes(k_scale, -1, -2), FP32)
+        p = ovs.softmax(s, scale)
+        w = ops.mul(p, jnp.swapaxes(v_scale, -1, -2), FP32)  # weight · scale of V
+    else:
+        p = w = ovs.softmax(ovs.dot_product(q, k), scale)
+    partial = ops.matmul(
+        jnp.where(shares, w, 0.0), v[..., : d_v - tail], FP32, accumulation=SEQUENTIAL
+    )
+    if tail:
+        rest = _u8_value_tail(p, v[..., d_v - tail :], v_scale, shares)  # pyright: ignore[reportPossiblyUnbound]
+        partial = jnp.concatenate([partial, rest], axis=-1)
+    # attn_reduce: from zero, thread by thread (a thread without keys of a head adds 0;
+    # one thread: the partial itself).
+    return ops.cast(ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL), BF16)
+
+
+def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool):
+    del policy
+    q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
+    s = _scale(scale, d)
+    if n != m:
+        if precision != "bf16":
+            raise NotImplementedError(
+                "openvino-sdpa: N < M in f32 runs mha_single_token in FP32, whose order "
+                "is not modelled"
+            )
+        lead = q.shape[:-2]
+        flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
+        out = _bf16_decode(*flat, scale=s, threads=threads, u8=u8)
+        return out.reshape(*lead, n, v.shape[-1])
+    if precision == "bf16":
+        return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
+    if n % _M_BLOCK == 1:
+        raise NotImplementedError(
+            "openvino-sdpa: f32 with N mod 4 == 1: the last row's Q Kᵀ runs MLAS's "
+            "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
+        )
+    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=n)
+
+
+def sdpa_model(
+    fmt: Format,
+    n: int,
+    d: int,
+    *,
+    precision: str = "bf16",
+    kv_cache: str = "u8",
+    threads: int = 1,
+) -> KernelModel:
+    """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
+    (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and BF16
+    decoding (N < M) on each ``kv_cache`` with ``threads``."""
+    del n, d
+    f = _fmt(fmt)
+    precision = _choice(precision, PRECISIONS, "precision")
+    kv_cache = _choice(kv_cache, KV_CACHES, "kv_cache")
+    threads = positive_int(threads, "openvino-sdpa: threads")
+    stage = BF16 if precision == "bf16" else FP32
+    policy = fa2_kernel(stage).replace(
+        name=f"openvino_sdpa({f.name}, {precision})",
+        p=stage,
+        accumulation=SEQUENTIAL,
+        exp_model=ovs.OPENVINO_EXP,
+        normalise="reciprocal",
+    )
+    u8 = kv_cache == "u8"
+    forward = functools.partial(_forward, precision=precision, threads=threads, u8=u8)
+    return KernelModel("openvino-sdpa", policy, "reference", forward=forward)
+
+
+OPENVINO_SDPA = Kernel(
+    name="openvino-sdpa",
+    description=(
+        "OpenVINO's CPU ScaledDotProductAttention with a KV cache (stateful graph, "
+        "ScaledAttnWithKVCache): oneDNN brgemm in BF16 or MLAS sgemm in FP32, its own "
+        "softmax (src/plugins/intel_cpu/src/nodes/scaled_attn.cpp)"
+    ),
+    real=real_sdpa,
+    model=sdpa_model,
+    unavailable=_unavailable,
+    platform=_platform_facts,
+    formats=_FORMATS,
+    options=("precision", "kv_cache", "threads"),
+)

@@ -1,0 +1,184 @@
+"""OpenVINO's CPU ScaledDotProductAttention numerics on x86-64 with AVX-512: its exp,
+its softmax and the BF16 dot products of its oneDNN brgemm.
+
+Step by step in :mod:`fa_jax.ops`, every step rounded as the vector instructions
+round (sources: ``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/softmax_kernel.hpp``
+and ``nodes/scaled_attn.cpp`` of openvinotoolkit/openvino, 2025-2026):
+
+``exp_ps`` (``exp_ps_avx512``), on x = fl(a - max)::
+
+    x' = clamp(x, ln FLT_MIN, ln FLT_MAX)      (0xc2aeac50, 0x42b17218)
+    n = floor(fl(fl(x' · log2 e) + 0.5))       r = fl(x' - n · ln 2)   (one fnmadd)
+    p = p5;  p = fma(p, r, c) for c in p4, p3, p2, p1, 1
+    e = fl(fl(p · 2^(n-1)) · 2)                (2^(n-1) from its bits; 0 where x < ln FLT_MIN)
+
+``softmax`` (``attn_softmax_kernel<float>``, ``scale_add2_reduce_max``,
+``exp_reduce_sum``, ``multiply_scalar``) of one row of raw scores s over the
+keys a query may see: a = fl(s · scale), the row max, e = exp_ps(fl(a - max)),
+Σ e in 16 lanes (entry j into lane j mod 16, each lane in index order), the
+lanes reduced as GCC's ``_mm512_reduce_add_ps`` does (lane i + lane i+8, then i
++ i+4, then i + i+2, then the last two), then P = fl(e · fl(1 / Σ)), stored as
+FP32 or rounded to BF16 (nearest even); keys a causal row may not see get P = 0.
+
+``bf16_matmul`` (oneDNN's brgemm for ``avx512_core_bf16`` without AMX: K in one
+block, one FP32 accumulator per output, ``vdpbf16ps`` on each pair of K): per
+pair (2i, 2i+1) acc = fl(fl(acc + a_{2i+1} b_{2i+1}) + a_{2i} b_{2i}), the
+products exact in FP32 (the instruction's order in Intel's SDM; an odd K is
+padded with a zero).  Denormal inputs and outputs of the instruction, which it
+flushes, are not modelled.
+
+``dot_product`` (``mha_single_token.cpp``'s ``dot_product``, AVX-512, the decoding
+kernel's Q·K on a BF16 or FP32 cache): blocks of 16 entries of d, four at a time
+into accumulators 0-3, then a remaining pair of blocks into 0 and 1, a last one
+into 0; each lane an FMA chain from zero; then (acc0 + acc1) + (acc2 + acc3) and
+``_mm512_reduce_add_ps``.  d must be a multiple of 16 (the scalar tail is not
+modelled).
+
+``quantize_u8`` (``attn_quant.cpp``'s ``quant_u8``, the u8 KV cache, one group per
+token, the default group size): scale = fl(fl(max - min) / 255) (0.0001 where 0),
+zp = fl(-min / scale), u = clamp(rint(fma(x, fl(1 / scale), zp)), 0, 255).  The
+decoding kernel reads it back as fl(u - zp): its dot product runs on those and
+multiplies the result by the key's scale; its P V weight is fl(p · scale of V).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from fa_jax import ops
+from fa_jax.exponential import ExpModel, _pow2, register_exp_model
+from fa_jax.formats import BF16, FP32
+
+__all__ = [
+    "OPENVINO_EXP",
+    "bf16_matmul",
+    "dot_product",
+    "exp_ps",
+    "lane_sum",
+    "quantize_u8",
+    "softmax",
+]
+
+LANES = 16
+
+
+def _f32_bits(bits: int) -> float:
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
+_LN_FLT_MIN = _f32_bits(0xC2AEAC50)
+_LN_FLT_MAX = _f32_bits(0x42B17218)
+_LOG2E = _f32_bits(0x3FB8AA3B)
+_LN2 = _f32_bits(0x3F317218)
+_POLY = (  # p5, p4, p3, p2, p1, 1
+    *(_f32_bits(b) for b in (0x3C07CFCE, 0x3D2B9D0D, 0x3E2AAD40, 0x3EFFFEE3, 0x3F7FFFFB)),
+    1.0,
+)
+
+
+def _full(x, value: float):
+    return jnp.full_like(x, value)
+
+
+def exp_ps(x):
+    """OpenVINO's ``exp_ps_avx512`` of the FP32 values ``x`` (module docstring)."""
+    underflow = x < _LN_FLT_MIN
+    x = jnp.clip(x, _LN_FLT_MIN, _LN_FLT_MAX)
+    n = jnp.floor(ops.add(ops.mul(x, _full(x, _LOG2E), FP32), _full(x, 0.5), FP32))
+    r = ops.fma(-n, _full(x, _LN2), x, FP32)
+    # (n - 1 + 127) << 23 as bits: 0 (the value +0) where n - 1 = -127.
+    pow2 = jnp.where(underflow | (n - 1 < -126), 0.0, _pow2(n - 1))
+    p = _full(r, _POLY[0])
+    for c in _POLY[1:]:
+        p = ops.fma(p, r, _full(r, c), FP32)
+    y = ops.mul(p, pow2, FP32)
+    return ops.mul(y, _full(y, 2.0), FP32)
+
+
+def lane_sum(e):
+    """Σ e over the last axis in 16 lanes and ``_mm512_reduce_add_ps`` (module docstring)."""
+    n = e.shape[-1]
+    e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % LANES)])  # + 0 is exact (e >= 0)
+    lanes = ops.sum(e.reshape(*e.shape[:-1], -1, LANES), FP32, axis=-2, accumulation="sequential")
+    b = ops.add(lanes[..., 8:], lanes[..., :8], FP32)
+    c = ops.add(b[..., 4:], b[..., :4], FP32)
+    d = ops.add(c[..., 2:], c[..., :2], FP32)
+    return ops.add(d[..., 1], d[..., 0], FP32)
+
+
+def softmax(s, scale: float, keep=None, *, bf16: bool = False):
+    """OpenVINO's softmax of FP32 raw scores ``s`` (..., N, M) over the last axis,
+    the scores times ``scale`` first; ``keep`` (broadcastable boolean, True = the
+    key is seen; None: all) gives P = 0 elsewhere; ``bf16`` rounds P to BF16."""
+    a = ops.mul(s, _full(s, float(np.float32(scale))), FP32)
+    if keep is None:
+        keep = jnp.ones(a.shape, bool)
+    row_max = jnp.max(jnp.where(keep, a, -jnp.inf), axis=-1, keepdims=True)
+    e = jnp.where(keep, exp_ps(ops.sub(a, row_max, FP32)), 0.0)
+    total = lane_sum(e)
+    reciprocal = ops.div(jnp.ones_like(total), total, FP32)
+    p = ops.mul(e, reciprocal[..., None], FP32)
+    return ops.cast(p, BF16) if bf16 else p
+
+
+def bf16_matmul(a, b):
+    """a (..., N, K) @ b (..., K, M) of BF16 values as ``vdpbf16ps`` chains compute it,
+    FP32 (module docstring)."""
+    k = a.shape[-1]
+    if k % 2:  # the packed K is padded with a zero
+        a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 1)])
+        b = jnp.pad(b, [(0, 0)] * (b.ndim - 2) + [(0, 1), (0, 0)])
+        k += 1
+    odd_first = np.arange(k).reshape(-1, 2)[:, ::-1].reshape(-1)
+    return ops.matmul(a[..., odd_first], b[..., odd_first, :], FP32, accumulation="sequential")
+
+
+def _accumulator_of_blocks(d: int) -> list[int]:
+    blocks, out = d // LANES, []
+    while len(out) + 4 <= blocks:
+        out += [0, 1, 2, 3]
+    if len(out) + 2 <= blocks:
+        out += [0, 1]
+    if len(out) + 1 <= blocks:
+        out += [0]
+    return out
+
+
+def dot_product(q, k):
+    """q (..., N, d) · k (..., M, d) -> (..., N, M) as the decoding kernel's
+    ``dot_product`` computes each entry, FP32 (module docstring)."""
+    d = q.shape[-1]
+    if d % LANES:
+        raise NotImplementedError(
+            f"openvino_sdpa.dot_product: d = {d}: the scalar tail (d mod 16) is not modelled"
+        )
+    prod = q[..., :, None, :] * k[..., None, :, :]  # (..., N, M, d), exact in float64
+    blocks = prod.reshape(*prod.shape[:-1], d // LANES, LANES)
+    owner = _accumulator_of_blocks(d)
+    acc = []
+    for j in range(4):
+        mine = [b for b, a in enumerate(owner) if a == j]
+        if mine:
+            acc.append(ops.sum(blocks[..., mine, :], FP32, axis=-2, accumulation="sequential"))
+        else:
+            acc.append(jnp.zeros((*blocks.shape[:-2], LANES), blocks.dtype))
+    total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
+    return lane_sum(total)
+
+
+def quantize_u8(x):
+    """(u, scale, zp) of the u8 cache for FP32 values ``x`` (..., M, S), one scale and
+    zero point per row (module docstring); u as float64 integers, scale and zp (..., M, 1)."""
+    hi = jnp.max(x, axis=-1, keepdims=True)
+    lo = jnp.min(x, axis=-1, keepdims=True)
+    scale = ops.div(ops.sub(hi, lo, FP32), _full(hi, 255.0), FP32)
+    scale = jnp.where(scale == 0, float(np.float32(0.0001)), scale)
+    zp = ops.div(-lo, scale, FP32)
+    inverse = ops.div(jnp.ones_like(scale), scale, FP32)
+    t = ops.fma(x, jnp.broadcast_to(inverse, x.shape), jnp.broadcast_to(zp, x.shape), FP32)
+    return jnp.clip(jnp.round(t), 0, 255), scale, zp  # jnp.round: to nearest even
+
+
+OPENVINO_EXP = ExpModel("openvino_exp_ps_avx512", lambda x, fmt: ops.cast(exp_ps(x), fmt))
+register_exp_model(OPENVINO_EXP)

@@ -1,0 +1,184 @@
+"""OpenVINO's fused CPU ScaledDotProductAttention (``openvino-sdpa``) and its exp and
+softmax (:mod:`fa_jax.openvino_sdpa`) against the real library.
+
+Skipped where openvino is absent.  The model-vs-real checks run only on hosts
+whose CPU has AVX-512 with BF16 dot products (``avx512_bf16``) and no AMX: the
+plugin's BF16 brgemm and its softmax take the ``vdpbf16ps`` and AVX-512 paths
+there, the ones the model follows (with AMX the brgemm blocks K by 32);
+elsewhere they skip saying so.  On such a host the model is bit-exact on every
+case here, so each asserts 100 %.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from host import cpu_flags, isa
+from numpy.typing import DTypeLike
+
+from fa_jax import kernels
+from fa_jax import openvino_sdpa as ovs
+from fa_jax._x64 import float64_enabled
+from fa_jax.kernels import openvino as O
+
+ov = pytest.importorskip("openvino", reason="openvino is not installed")
+
+needs_bf16_cpu = pytest.mark.skipif(
+    isa() != "avx512" or "avx512_bf16" not in cpu_flags() or "amx_bf16" in cpu_flags(),
+    reason="the model follows OpenVINO's AVX-512 BF16 (vdpbf16ps, no AMX) kernels; this "
+    f"host's CPU is {isa()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}, "
+    f"amx_bf16 {'amx_bf16' in cpu_flags()}",
+)
+
+
+def _inputs(seed, h, n, m, d, dtype: DTypeLike = np.float32):
+    rng = np.random.default_rng(seed)
+    return tuple(
+        rng.standard_normal(s).astype(dtype).astype(np.float64)
+        for s in ((h, n, d), (h, m, d), (h, m, d))
+    )
+
+
+def _identical(real, model) -> float:
+    return float(np.mean(np.asarray(real) == np.asarray(model)))
+
+
+def test_registered():
+    assert "openvino-sdpa" in kernels.names()
+    assert "openvino-sdpa" in kernels.available()
+    kernel = kernels.get("openvino-sdpa")
+    assert kernel.formats == ("fp32", "bf16")
+    assert kernel.options == ("precision", "kv_cache", "threads")
+    facts = kernel.platform()
+    assert facts["openvino"] == ov.__version__ and facts["backend"] == "cpu"
+
+
+def test_options_checked():
+    q, k, v = _inputs(0, 1, 4, 4, 8)
+    with pytest.raises(ValueError, match="precision"):
+        kernels.real("openvino-sdpa", q, k, v, fmt="fp32", precision="f16")
+    with pytest.raises(ValueError, match="kv_cache"):
+        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", kv_cache="i4")
+    with pytest.raises(ValueError, match="threads"):
+        kernels.real("openvino-sdpa", q, k, v, fmt="fp32", threads=0)
+    with pytest.raises(ValueError, match="natively"):
+        kernels.real("openvino-sdpa", q, k, v, fmt="fp16")
+    q, k, v = _inputs(0, 1, 5, 4, 8)
+    with pytest.raises(ValueError, match="N <= M"):
+        kernels.real("openvino-sdpa", q, k, v, fmt="fp32")
+
+
+def test_model_refuses_what_it_does_not_model():
+    q, k, v = _inputs(1, 1, 1, 20, 16)
+    with pytest.raises(NotImplementedError, match="mha_single_token in FP32"):
+        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32", kv_cache="f32")
+    q, k, v = _inputs(1, 1, 5, 5, 8)
+    with pytest.raises(NotImplementedError, match="M1TransposeB"):
+        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32")
+
+
+def test_exp_ps_reference_points():
+    """exp_ps where its steps are known exactly: exp(0) = fl(p(0) · 2^-1) · 2 = 1 (n = 0,
+    r = 0, p = 1); at and below ln FLT_MIN (n - 1 = -127, or the zero mask) it gives 0."""
+    x = np.array([0.0, float(np.float32(-87.33654)), -88.0, -200.0], np.float32)
+    with float64_enabled():
+        e = np.asarray(ovs.exp_ps(jnp.asarray(x, jnp.float64)))
+    assert e.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+@needs_bf16_cpu
+@pytest.mark.parametrize(
+    ("precision", "n", "d", "causal", "fmt"),
+    [
+        ("bf16", 11, 16, True, "fp32"),  # fp32 inputs rounded to bf16 by the plugin
+        pytest.param("bf16", 17, 80, False, "bf16", marks=pytest.mark.extended),
+        pytest.param("f32", 19, 64, True, "fp32", marks=pytest.mark.extended),
+    ],
+)
+def test_prefill_exact(precision, n, d, causal, fmt):
+    dtype = ml_dtypes.bfloat16 if fmt == "bf16" else np.float32
+    q, k, v = _inputs(3, 2, n, n, d, dtype)
+    real = kernels.real("openvino-sdpa", q, k, v, fmt=fmt, causal=causal, precision=precision)
+    model = kernels.emulate("openvino-sdpa", q, k, v, fmt=fmt, causal=causal, precision=precision)
+    assert _identical(real, model) == 1.0
+
+
+@pytest.mark.extended
+@needs_bf16_cpu
+def test_prefill_exact_jit_and_scale():
+    """The model's forward under an outer jit (eager above), with a scale given."""
+    q, k, v = _inputs(4, 1, 15, 15, 64)
+    real = kernels.real("openvino-sdpa", q, k, v, fmt="fp32", causal=True, scale=0.3)
+    m = kernels.model("openvino-sdpa", "fp32", 15, 64)
+    forward = m.forward
+    assert forward is not None
+    with float64_enabled():
+        model = jax.jit(lambda a, b, c: forward(a, b, c, policy=m.policy, causal=True, scale=0.3))(
+            jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+        )
+    assert _identical(real, np.asarray(model, np.float64)) == 1.0
+
+
+def test_decode_reads_the_cache_in_its_precision():
+    """One query over 40 keys (two calls: 39 keys into the cache, then the query):
+    the u8 cache's quantisation reaches the output, a bf16 cache's does not
+    differ from an f32 one's under BF16 inference, and threads are accepted."""
+    q, k, v = _inputs(5, 2, 1, 40, 64, ml_dtypes.bfloat16)
+    out = {
+        kv: kernels.real("openvino-sdpa", q, k, v, fmt="bf16", kv_cache=kv, threads=2)
+        for kv in O.KV_CACHES
+    }
+    assert out["u8"].shape == (2, 1, 64)
+    assert not np.array_equal(out["u8"], out["bf16"])
+    assert np.array_equal(out["bf16"], out["f32"])
+
+
+@needs_bf16_cpu
+@pytest.mark.parametrize(
+    ("h", "n", "m", "d", "kv_cache", "threads"),
+    [
+        # the two threads' shares split a head's keys
+        pytest.param(3, 1, 37, 32, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param(2, 1, 1031, 80, "f32", 1, marks=pytest.mark.extended),
+        pytest.param(4, 1, 1037, 128, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param(2, 3, 515, 64, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param(2, 1, 1031, 64, "u8", 1, marks=pytest.mark.extended),
+        pytest.param(3, 1, 1031, 80, "u8", 2, marks=pytest.mark.extended),
+        pytest.param(2, 2, 700, 128, "u8", 2, marks=pytest.mark.extended),
+    ],
+)
+def test_decode_exact(h, n, m, d, kv_cache, threads):
+    """BF16 decoding, N queries after M - N cached keys (u8: quantized per token),
+    against the real kernel."""
+    q, k, v = _inputs(6, h, n, m, d)
+    call = {"fmt": "fp32", "kv_cache": kv_cache, "threads": threads}
+    real = kernels.real("openvino-sdpa", q, k, v, **call)
+    model = kernels.emulate("openvino-sdpa", q, k, v, **call)
+    assert _identical(real, model) == 1.0
+
+
+def test_thread_shares():
+    """OpenVINO's splitter: contiguous shares, the first ``work mod threads`` one longer."""
+    assert O.thread_shares(10, 1) == [(0, 10)]
+    assert O.thread_shares(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert O.thread_shares(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.extended
+@needs_bf16_cpu
+@pytest.mark.parametrize("precision", O.PRECISIONS)
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_prefill_exact_extended(precision, d):
+    n = 127 if d != 80 else 131
+    for causal in (True, False):
+        q, k, v = _inputs(d, 2, n, n, d)
+        real = kernels.real(
+            "openvino-sdpa", q, k, v, fmt="fp32", causal=causal, precision=precision
+        )
+        model = kernels.emulate(
+            "openvino-sdpa", q, k, v, fmt="fp32", causal=causal, precision=precision
+        )
+        assert _identical(real, model) == 1.0
