@@ -199,6 +199,7 @@ def test_config_errors_name_the_field(kw, match):
         AttributionConfig("paper_uniform")
 
 
+@pytest.mark.extended  # about 14 s
 def test_cli_attribute_prints_table_and_writes_files(tmp_path, capsys):
     assert (
         main(

@@ -42,6 +42,7 @@ def result(tmp_path_factory):
     return engines(tmp_path_factory.mktemp("engines"), quick=True, grid=_GRID, quiet=True)
 
 
+@pytest.mark.extended  # the module's quick study: about 11 s of CPU
 def test_rows_per_engine_and_shape_are_the_csv_means(result):
     with open(result["csv"]) as fh:
         raw = list(csv.DictReader(fh))
@@ -71,6 +72,7 @@ def _row(result, case, shape):
     return next(r for r in result["rows"] if (r["case"], r["shape"]) == (case, shape))
 
 
+@pytest.mark.extended  # the module's quick study: about 11 s of CPU
 def test_ggml_kv_types_order_by_their_precision(result):
     if _reason("ggml") is not None:
         pytest.skip(f"ggml: {_reason('ggml')}")
@@ -82,6 +84,7 @@ def test_ggml_kv_types_order_by_their_precision(result):
         assert err["q4_0"] > 5 * err["q8_0"]
 
 
+@pytest.mark.extended  # the module's quick study: about 11 s of CPU
 def test_onnxruntime_fp16_costs_more_than_fp32(result):
     if _reason("onnxruntime-attention") is not None:
         pytest.skip(f"onnxruntime: {_reason('onnxruntime-attention')}")
@@ -93,6 +96,7 @@ def test_onnxruntime_fp16_costs_more_than_fp32(result):
         assert fp16["mean_rel_fp32in"] > fp16["mean_rel"]
 
 
+@pytest.mark.extended  # the module's quick study: about 11 s of CPU
 def test_thread_rows_compare_with_one_thread(result):
     if _reason("ggml") is not None:
         pytest.skip(f"ggml: {_reason('ggml')}")
@@ -112,6 +116,7 @@ def test_thread_rows_compare_with_one_thread(result):
     assert len(raw) == len(THREAD_KV) * len(_GRID.decode_keys) * len(_GRID.threads) * 2
 
 
+@pytest.mark.extended  # the module's quick study: about 11 s of CPU
 def test_figure_and_identity_file(result):
     assert result["png"].endswith("engines.png")
     with open(result["png"], "rb") as fh:

@@ -53,6 +53,7 @@ def test_validate_errors():
         Shape(1, 1, 0, 32)
 
 
+@pytest.mark.extended  # about 10 s
 def test_cli_validate_json(capsys):
     """The command on the shape of the test above (its compiled model is reused)."""
     argv = ["validate", "--kernel", "xla", "--n", "64", "--d", "32", "--heads", "1"]
