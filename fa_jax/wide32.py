@@ -17,8 +17,10 @@ gives the correctly rounded result, as 53 >= 24 + 2 (Boldo & Melquiond 2008,
 to odd"); it is :func:`fa_jax.ops.add`'s method with the last rounding on the
 hardware.  That conversion is IEEE round-to-nearest-even except where XLA's CPU
 runtime flushes a float32 subnormal to zero (DESIGN.md), so every step checks
-that ``s'`` is 0 or a finite float32-normal magnitude (>= 2**-126); where any
-step of the batch is not, the exact emulation (``fallback``) runs instead.
+that ``s'`` is 0 or a float32-normal magnitude (>= 2**-126) that converts to a
+finite value, and marks the accumulator NaN where not (NaN then stays NaN);
+where the batch's result holds a NaN, the exact emulation (``fallback``) runs
+instead.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ _ONE = np.uint64(1)
 
 def _odd_then_float32(s, e):
     """fl_32(s + e) for s = fl_64(s + e): s moved to its odd neighbour toward e where
-    inexact, then converted; and whether that conversion is outside the range where
-    the hardware's is IEEE (module docstring)."""
+    inexact, then converted; NaN where that conversion is outside the range where
+    the hardware's is IEEE, or gives ±inf (module docstring): NaN stays NaN
+    through the later steps, so one look at the result tells."""
     bits = jax.lax.bitcast_convert_type(s, jnp.uint64)
     even_inexact = (e != 0) & ((bits & _ONE) == 0)
     grow = (e > 0) == (s > 0)  # moving toward e grows |s|
@@ -50,7 +53,7 @@ def _odd_then_float32(s, e):
     narrowed = jax.lax.convert_element_type(odd, jnp.float32)
     rounded = jax.lax.convert_element_type(narrowed, jnp.float64)
     outside = ((odd != 0) & ~(jnp.abs(odd) >= _NORMAL32)) | ~jnp.isfinite(rounded)
-    return rounded, outside
+    return jnp.where(outside, np.nan, rounded)
 
 
 def sequential_matmul(a, b, fallback: Callable[[], jax.Array]) -> jax.Array:
@@ -66,18 +69,15 @@ def sequential_matmul(a, b, fallback: Callable[[], jax.Array]) -> jax.Array:
     a_steps = jnp.moveaxis(a, -1, 0)[..., :, None]  # (K, ..., n, 1)
     b_steps = jnp.moveaxis(b, -2, 0)[..., None, :]  # (K, ..., 1, m)
 
-    def step(carry, ab):
-        acc, outside = carry
+    def step(acc, ab):
         p = ab[0] * ab[1]
         s = acc + p
         bp = s - acc
         e = (acc - (s - bp)) + (p - bp)
-        acc, now = _odd_then_float32(s, e)
-        return (acc, outside | now), None
+        return _odd_then_float32(s, e), None
 
     start = jnp.zeros(out_shape, jnp.float64)
     # XLA would fold 0 + p to p (-0 for p = -0, where 0 + -0 is +0).
-    carry = (jax.lax.optimization_barrier(start), jnp.zeros(out_shape, bool))
-    carry = _scan(step, carry, (a_steps, b_steps))[0]
-    acc, outside = carry
-    return jax.lax.cond(batch_all(~outside), lambda _: acc, lambda _: fallback(), None)
+    acc = _scan(step, jax.lax.optimization_barrier(start), (a_steps, b_steps))[0]
+    inside = ~jnp.isnan(acc)
+    return jax.lax.cond(batch_all(inside), lambda _: acc, lambda _: fallback(), None)
