@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import native32, ops, wide32
+from fa_jax import ops
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.attention import Blocks, flash_attention
 from fa_jax.exponential import (
@@ -78,7 +78,7 @@ from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
-from fa_jax.vector_loop import LANES, gemm_k_blocks, lane_sum
+from fa_jax.vector_loop import LANES, gemm_accumulate, gemm_k_blocks, lane_sum
 
 __all__ = [
     "CAPABILITIES",
@@ -252,11 +252,6 @@ def _math_call(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=Non
     )
 
 
-def _narrow(fmt: Format) -> bool:
-    """Whether ``fmt``'s values have at most 12 significant bits, statically."""
-    return isinstance(fmt.man_bits, int) and fmt.man_bits <= 11
-
-
 def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=None, mask=None):
     """ATen's math SDPA on FP32 upcasts (module docstring), step by step; K and V
     repeated per group (``enable_gqa``: ``repeat_interleave``), the float attn_mask
@@ -271,9 +266,7 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=
     root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
     n, m = q.shape[-2], k.shape[-2]
-    # Q' and K' are FP32 values of up to 24 bits unless r is a power of two.
-    wide = math.frexp(math.sqrt(scale))[0] != 0.5 or not _narrow(policy.inputs)
-    s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32, wide=wide)
+    s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
     if causal:
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
     if bias is not None:
@@ -286,23 +279,20 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=
     total = lane_sum(e, LANES[variant], policy.stats, accumulators=1, vector_tail=True)
     reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
     p = jnp.where(empty, 0.0, ops.mul(e, reciprocal[..., None], policy.p))
-    wide = not (_narrow(policy.p) and _narrow(policy.inputs))
-    o = _gemm(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc, wide=wide)
+    o = _gemm(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
     return ops.cast(o, policy.out)
 
 
-def _gemm(c, a, b, fmt, *, wide: bool):
+def _gemm(c, a, b, fmt):
     """:func:`fa_jax.vector_loop.gemm_accumulate` (c + a @ b summed per inner block
     of :func:`~fa_jax.vector_loop.gemm_k_blocks` from 0, each block then added into
     c in order) as one batched matmul of the blocks, the narrower ones padded with
     zero products at their end (a sum from 0 never holds -0, so adding 0 changes no
     bit), and a loop adding their sums: the same operations, in a program whose
-    size does not grow with the number of blocks (11 at 2048 keys).  ``wide``:
-    the operands are known wider than 12 bits, so the sums run on float64
-    hardware (:mod:`fa_jax.wide32`) rather than float32 (:mod:`fa_jax.native32`)."""
+    size does not grow with the number of blocks (11 at 2048 keys)."""
     blocks = gemm_k_blocks(a.shape[-1])
     if len(blocks) == 1:
-        return ops.add(c, _sequential(a, b, fmt, wide=wide), fmt)
+        return gemm_accumulate(c, a, b, fmt)
     width = max(hi - lo for lo, hi in blocks)
 
     def padded(x, axis, lo, hi):
@@ -313,24 +303,12 @@ def _gemm(c, a, b, fmt, *, wide: bool):
 
     a_blocks = jnp.stack([padded(a, a.ndim - 1, lo, hi) for lo, hi in blocks])
     b_blocks = jnp.stack([padded(b, b.ndim - 2, lo, hi) for lo, hi in blocks])
-    sums = _sequential(a_blocks, b_blocks, fmt, wide=wide)  # (blocks, ..., n, m)
+    sums = ops.matmul(a_blocks, b_blocks, fmt, accumulation="sequential")  # (blocks, ..., n, m)
 
     def add(total, block_sum):
         return ops.add(total, block_sum, fmt), None
 
     return jax.lax.scan(add, jnp.broadcast_to(c, sums.shape[1:]), sums)[0]
-
-
-def _sequential(a, b, fmt, *, wide: bool):
-    """fl(a @ b) summed in index order from 0 (``ops.matmul``'s "sequential"); with
-    ``wide``, on float64 hardware where the accumulator is FP32 (:mod:`fa_jax.wide32`)."""
-
-    def exact():
-        return ops.matmul(a, b, fmt, accumulation="sequential")
-
-    if wide and a.dtype == jnp.float64 and b.dtype == jnp.float64 and native32.is_binary32(fmt):
-        return wide32.sequential_matmul(a, b, exact)
-    return exact()
 
 
 _math_jit = jax.jit(_math_forward, static_argnames=("policy", "variant", "causal", "scale"))

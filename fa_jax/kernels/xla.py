@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import masking, native32, ops, wide32
+from fa_jax import masking, ops
 from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format
 from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
@@ -316,7 +316,7 @@ def xla_cpu_exp_model() -> ExpModel:
 # -- summation orders ------------------------------------------------------------------
 
 
-def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, wide: bool = False):
+def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1):
     """fl32(Q Kᵀ), each dot ``tile_k`` sequential FMA chains over d (term t in chain
     t mod tile_k) folded pairwise, the last d mod tile_k terms as rounded products
     added in order, added last; with ``pairs`` (bf16 inputs) the terms in the order 1, 0, 3,
@@ -327,9 +327,7 @@ def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, wide: bool = False):
         q, k = q[..., order], k[..., order]
     rest = d % tile_k if d > tile_k else 0
     if rest:
-        main = _qk(
-            q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k, wide=wide
-        )
+        main = _qk(q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k)
         tail = [(q[..., :, None, t], k[..., None, :, t]) for t in range(d - rest, d)]
         return ops.add(main, _rounded_products(tail, acc), acc)
     tile_k = min(tile_k, d)
@@ -339,28 +337,8 @@ def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, wide: bool = False):
     ks = jnp.swapaxes(k.reshape(*k.shape[:-1], steps, tile_k), -1, -2)
     qs = jnp.moveaxis(qs, -2, -3)
     ks = jnp.moveaxis(ks, -2, -3)
-    chains = _sequential(qs, jnp.swapaxes(ks, -1, -2), acc, wide=wide)
+    chains = ops.matmul(qs, jnp.swapaxes(ks, -1, -2), acc, accumulation="sequential")
     return _folded(chains, acc)
-
-
-def _sequential(a, b, acc: Format, *, wide: bool):
-    """fl(a @ b) summed in index order from 0 (``ops.matmul``'s "sequential"): an FMA
-    chain.  With ``wide`` (operands known wider than 12 bits: FP32 Q and K, or
-    unrounded P), an FP32 chain runs on float64 hardware (:mod:`fa_jax.wide32`),
-    else on float32 hardware where :mod:`fa_jax.native32` allows it; both fall
-    back to the exact emulation."""
-
-    def exact():
-        return ops.matmul(a, b, acc, accumulation="sequential")
-
-    if wide and a.dtype == jnp.float64 and b.dtype == jnp.float64 and native32.is_binary32(acc):
-        return wide32.sequential_matmul(a, b, exact)
-    return exact()
-
-
-def _narrow(fmt: Format) -> bool:
-    """Whether ``fmt``'s values have at most 12 significant bits, statically."""
-    return isinstance(fmt.man_bits, int) and fmt.man_bits <= 11
 
 
 def _folded(chains, acc: Format):
@@ -442,7 +420,7 @@ def _rounded_products(pairs, acc: Format):
     return total
 
 
-def _pv(p, v, acc: Format, block: int, tile_k: int = 1, wide: bool = False):
+def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
     """fl32(P V): blocks of ``block`` keys; in each, ``tile_k`` FMA chains from zero
     (key j of the block in chain j mod tile_k), folded pairwise; the block sums
     added in order; the last N mod tile_k keys (the kernel's remainder) as
@@ -453,7 +431,7 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1, wide: bool = False):
     m = p.shape[-1]
     rest = m % tile_k if m > tile_k else 0
     if rest:
-        main = _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k, wide)
+        main = _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k)
         tail = [(p[..., j, None], v[..., j, None, :]) for j in range(m - rest, m)]
         return ops.add(main, _rounded_products(tail, acc), acc)
     block = min(block, m)
@@ -469,7 +447,7 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1, wide: bool = False):
     ps = jnp.transpose(ps, (*range(lead), lead + 1, lead + 3, lead, lead + 2))
     vs = v.reshape(*v.shape[:-2], nb, steps, tile_k, v.shape[-1])
     vs = jnp.transpose(vs, (*range(lead), lead, lead + 2, lead + 1, lead + 3))
-    chains = _sequential(ps, vs, acc, wide=wide)
+    chains = ops.matmul(ps, vs, acc, accumulation="sequential")
     blocks = _folded(chains, acc)  # (..., nb, N, dv)
     if nb == 1:
         return blocks[..., 0, :, :]
@@ -966,11 +944,9 @@ def _model_core(
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
-    wide_qk = not _narrow(fmt)
-    wide_pv = not (round_p and _narrow(policy.p) and _narrow(fmt))
     s = jnp.concatenate(
         [
-            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k, wide=wide_qk)
+            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k)
             for lo, hi, pairs, tile_k in qk
         ],
         axis=-1,
@@ -992,10 +968,7 @@ def _model_core(
     if round_p:
         p = ops.cast(p, policy.p)
     o = jnp.concatenate(
-        [
-            _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, wide_pv)
-            for lo, hi, tile_k, block in pv
-        ],
+        [_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k) for lo, hi, tile_k, block in pv],
         axis=-2,
     )
     return ops.cast(o, policy.out)
