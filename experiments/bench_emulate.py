@@ -28,7 +28,7 @@ from fa_jax.studies.validation import Shape, validation_inputs
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("kernel")
     parser.add_argument("format")
     parser.add_argument("shape", nargs=4, type=int, metavar=("B", "H", "N", "D"))
