@@ -233,7 +233,8 @@ def test_glibc_expf_is_the_c_librarys():
 
 
 @pytest.mark.parametrize(
-    "k", [201, pytest.param(590, marks=pytest.mark.slow), pytest.param(1100, marks=pytest.mark.slow)]
+    "k",
+    [201, pytest.param(590, marks=pytest.mark.slow), pytest.param(1100, marks=pytest.mark.slow)],
 )
 def test_batched_gemm_blocks_equal_the_block_by_block_gemm(k):
     """torch-math's GEMM with its inner blocks batched (the narrower ones padded
