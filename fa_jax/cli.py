@@ -479,20 +479,27 @@ def _kernel(flag: str, name: str) -> str:
 
 def cmd_validate(args) -> int:
     import json
+    import time
 
+    from fa_jax.kernels.registry import timed_calls
+    from fa_jax.studies.profile import CallProfile
     from fa_jax.studies.validation import format_validation, validate
 
     kernel, fmt, shape = _kernel_args(args)
-    result = validate(
-        kernel,
-        fmt,
-        shape=shape,
-        causal=args.causal,
-        seeds=_seeds("--seeds", args.seeds),
-        presets=() if args.no_presets else _items("--presets", args.presets),
-        features=_validation_features(args),
-    )
+    profile, start = CallProfile(), time.perf_counter()
+    with timed_calls(profile.call) if args.profile else contextlib.nullcontext():
+        result = validate(
+            kernel,
+            fmt,
+            shape=shape,
+            causal=args.causal,
+            seeds=_seeds("--seeds", args.seeds),
+            presets=() if args.no_presets else _items("--presets", args.presets),
+            features=_validation_features(args),
+        )
     print(json.dumps(result.to_dict(), indent=1) if args.json else format_validation(result))
+    if args.profile:
+        print(profile.table(time.perf_counter() - start), file=sys.stderr)
     return 0
 
 
@@ -735,6 +742,11 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--window", help="a local window L,R (-1: unbounded side)")
     va.add_argument("--kv-len", help="keys kept per sequence (key lengths)")
     va.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    va.add_argument(
+        "--profile",
+        action="store_true",
+        help="print trace, compile and other seconds per kernel call at the end",
+    )
     va.set_defaults(func=cmd_validate)
     ca = sub.add_parser(
         "calibrate", help="which modelling knobs make fa_jax reproduce a real kernel"

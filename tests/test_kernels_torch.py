@@ -230,3 +230,26 @@ def test_glibc_expf_is_the_c_librarys():
         rounded = np.asarray(ops.exp(jnp.asarray(x[-12:], jnp.float64), FP32))
     np.testing.assert_array_equal(got, want)
     assert (rounded != want[-12:]).all()  # glibc's own roundings, not the correct ones
+
+
+@pytest.mark.parametrize(
+    "k",
+    [201, pytest.param(590, marks=pytest.mark.slow), pytest.param(1100, marks=pytest.mark.slow)],
+)
+def test_batched_gemm_blocks_equal_the_block_by_block_gemm(k):
+    """torch-math's GEMM with its inner blocks batched (the narrower ones padded
+    with zero products) gives the bits of gemm_accumulate's block-by-block sums:
+    k = 201 (two halves and a last product), 590 (three blocks of 192 and a rest
+    of 14 in halves), 1100 (five blocks and a rest of 140); FP32 upcasts (24-bit
+    values, the emulated path) and bf16 values (the float32 hardware's)."""
+    from fa_jax.vector_loop import gemm_accumulate
+
+    rng = np.random.default_rng(k)
+    with x64_enabled():
+        a32 = jnp.asarray(round_to(rng.standard_normal((2, 5, k)) * 0.3, FP32))
+        b16 = jnp.asarray(round_to(rng.standard_normal((2, k, 6)), BF16))
+        c = jnp.zeros((2, 5, 6))
+        for a in (a32, jnp.asarray(round_to(a32, BF16))):
+            want = jax.jit(lambda c, a, b: gemm_accumulate(c, a, b, FP32))(c, a, b16)
+            got = jax.jit(lambda c, a, b: torch_cpu._gemm(c, a, b, FP32))(c, a, b16)
+            assert np.array_equal(np.asarray(got).view(np.uint64), np.asarray(want).view(np.uint64))

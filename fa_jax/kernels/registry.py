@@ -13,19 +13,36 @@ and a kernel asked for a feature it does not declare (``Kernel.features``)
 raises ValueError naming the kernel, the feature and what it supports.  A
 feature not given is not passed on, so a kernel without features is called as
 before.
+
+:func:`timed_calls` puts a timer around every :func:`real` and :func:`emulate`
+call (labelled "<kernel> real", "<kernel> model") while it is active: how
+``fa-jax validate --profile`` says where its time goes
+(:class:`fa_jax.studies.profile.CallProfile`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import numpy as np
 
 from fa_jax.formats import Format, get_format
 from fa_jax.kernels.model import FEATURES, Kernel, KernelModel
 
-__all__ = ["available", "emulate", "get", "model", "names", "real", "register"]
+__all__ = [
+    "available",
+    "emulate",
+    "get",
+    "model",
+    "names",
+    "real",
+    "register",
+    "timed_calls",
+]
 
 # Built-in kernel name -> (module, attribute holding its Kernel).
 _BUILTINS = {
@@ -41,6 +58,22 @@ _BUILTINS = {
     "openvino-sdpa": ("fa_jax.kernels.openvino", "OPENVINO_SDPA"),
 }
 _REGISTERED: dict[str, Kernel] = {}
+_TIMERS: list[Callable[[str], AbstractContextManager]] = []
+
+
+@contextlib.contextmanager
+def timed_calls(timer: Callable[[str], AbstractContextManager]) -> Iterator[None]:
+    """While the block runs, every :func:`real` and :func:`emulate` call runs inside
+    ``timer(label)`` (module docstring)."""
+    _TIMERS.append(timer)
+    try:
+        yield
+    finally:
+        _TIMERS.remove(timer)
+
+
+def _timed(label: str) -> AbstractContextManager:
+    return _TIMERS[-1](label) if _TIMERS else contextlib.nullcontext()
 
 
 def register(kernel: Kernel) -> None:
@@ -239,8 +272,9 @@ def real(
     kernel = get(name)
     given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
-    out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **extra)
-    return np.asarray(out, np.float64)
+    with _timed(f"{name} real"):
+        out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **extra)
+        return np.asarray(out, np.float64)
 
 
 def model(name: str, fmt, n: int, d: int) -> KernelModel:
@@ -276,5 +310,6 @@ def emulate(
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"emulate: scale: expected a finite number, got {scale!r}")
     features = {name: x for name, x in extra.items() if name not in options}
-    m = kernel.model(fmt, q.shape[-2], q.shape[-1], **options)
-    return m(q, k, v, causal=causal, scale=scale, **features)
+    with _timed(f"{name} model"):
+        m = kernel.model(fmt, q.shape[-2], q.shape[-1], **options)
+        return m(q, k, v, causal=causal, scale=scale, **features)

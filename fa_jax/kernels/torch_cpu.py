@@ -78,7 +78,7 @@ from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
-from fa_jax.vector_loop import LANES, gemm_accumulate, lane_sum
+from fa_jax.vector_loop import LANES, gemm_accumulate, gemm_k_blocks, lane_sum
 
 __all__ = [
     "CAPABILITIES",
@@ -266,7 +266,7 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=
     root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
     n, m = q.shape[-2], k.shape[-2]
-    s = gemm_accumulate(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
+    s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
     if causal:
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
     if bias is not None:
@@ -279,8 +279,36 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=
     total = lane_sum(e, LANES[variant], policy.stats, accumulators=1, vector_tail=True)
     reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
     p = jnp.where(empty, 0.0, ops.mul(e, reciprocal[..., None], policy.p))
-    o = gemm_accumulate(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
+    o = _gemm(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
     return ops.cast(o, policy.out)
+
+
+def _gemm(c, a, b, fmt):
+    """:func:`fa_jax.vector_loop.gemm_accumulate` (c + a @ b summed per inner block
+    of :func:`~fa_jax.vector_loop.gemm_k_blocks` from 0, each block then added into
+    c in order) as one batched matmul of the blocks, the narrower ones padded with
+    zero products at their end (a sum from 0 never holds -0, so adding 0 changes no
+    bit), and a loop adding their sums: the same operations, in a program whose
+    size does not grow with the number of blocks (11 at 2048 keys)."""
+    blocks = gemm_k_blocks(a.shape[-1])
+    if len(blocks) == 1:
+        return gemm_accumulate(c, a, b, fmt)
+    width = max(hi - lo for lo, hi in blocks)
+
+    def padded(x, axis, lo, hi):
+        x = jax.lax.slice_in_dim(x, lo, hi, axis=axis)
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, width - (hi - lo))
+        return jnp.pad(x, pad)
+
+    a_blocks = jnp.stack([padded(a, a.ndim - 1, lo, hi) for lo, hi in blocks])
+    b_blocks = jnp.stack([padded(b, b.ndim - 2, lo, hi) for lo, hi in blocks])
+    sums = ops.matmul(a_blocks, b_blocks, fmt, accumulation="sequential")  # (blocks, ..., n, m)
+
+    def add(total, block_sum):
+        return ops.add(total, block_sum, fmt), None
+
+    return jax.lax.scan(add, jnp.broadcast_to(c, sums.shape[1:]), sums)[0]
 
 
 _math_jit = jax.jit(_math_forward, static_argnames=("policy", "variant", "causal", "scale"))

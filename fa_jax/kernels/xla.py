@@ -679,8 +679,9 @@ def _pv_order(
             t, lo, hi = tiles[query], *bounds[query]
             if hi - lo <= 1:
                 continue
+            mine = (t, lo, hi)  # the query's group; lo rises as its points match
             for group, j, at in plan:
-                if group != (t, lo, hi) or not lo < j < hi:
+                if group != mine or not lo < j < hi:
                     continue
                 same = got[at : at + 2, query] == want[t][at : at + 2]
                 if same.all():

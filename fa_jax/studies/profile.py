@@ -5,13 +5,24 @@ sweep runs (:class:`~fa_jax.studies.sweep.executables.Executables` records into
 it), plus named phases such as the metrics; :meth:`Profile.table` renders them
 for ``--profile``.  Times are wall-clock seconds from ``time.perf_counter``;
 a program's run time includes copying its results to the host.
+
+:class:`CallProfile` times whole calls instead (``fa-jax validate --profile``:
+each real kernel and each model call), splitting each into JAX's tracing and
+lowering, XLA's compiling (JAX's monitoring events
+``/jax/core/compile/jaxpr_trace_duration``, ``.../jaxpr_to_mlir_module_duration``
+and ``.../backend_compile_duration``) and the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+from collections.abc import Iterator
 
-__all__ = ["Profile", "ProgramTime"]
+import jax
+
+__all__ = ["CallProfile", "CallTime", "Profile", "ProgramTime"]
 
 
 @dataclasses.dataclass
@@ -81,4 +92,86 @@ class Profile:
         loaded = sum(p.loaded for p in rows)
         total = line("total", prepare=f"{prepare:.2f}", run=f"{run:.2f}")
         lines.append(f"{total}   ({compiled} compiled, {loaded} loaded)")
+        return "\n".join(lines)
+
+
+# -- kernel calls: trace, compile and the rest ---------------------------------------
+
+_TRACE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+)
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@dataclasses.dataclass
+class CallTime:
+    """The calls of one label (e.g. "xla model"): their wall-clock seconds, of which
+    JAX spent ``trace_s`` tracing and lowering programs and ``compile_s`` in XLA's
+    compiler (or loading from its cache); the rest runs programs and the host's
+    work between them (for a model: the probes of the real kernel too)."""
+
+    label: str
+    calls: int = 0
+    trace_s: float = 0.0
+    compile_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def rest_s(self) -> float:
+        return max(0.0, self.total_s - self.trace_s - self.compile_s)
+
+
+@dataclasses.dataclass
+class CallProfile:
+    """Trace, compile and other seconds per labelled call (:meth:`call`), read from
+    JAX's monitoring events; :meth:`table` renders them for ``validate --profile``."""
+
+    calls: dict[str, CallTime] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def call(self, label: str) -> Iterator[None]:
+        """Time the block as one call of ``label``."""
+        entry = self.calls.setdefault(label, CallTime(label))
+
+        def listen(event: str, duration_secs: float, **_: str | int) -> None:
+            if event in _TRACE_EVENTS:
+                entry.trace_s += duration_secs
+            elif event == _COMPILE_EVENT:
+                entry.compile_s += duration_secs
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            entry.total_s += time.perf_counter() - start
+            entry.calls += 1
+            jax.monitoring.unregister_event_duration_listener(listen)
+
+    def table(self, total_s: float | None = None) -> str:
+        """One line per label, then (given the command's ``total_s``) the time
+        outside every call: inputs, the FP64 golden, presets, comparisons."""
+        rows = list(self.calls.values())
+        width = max([len(r.label) for r in rows] + [len("outside the calls")])
+
+        def line(name, calls="", trace="", compile_="", rest="", total=""):
+            return f"{name:<{width}}  {calls:>5}  {trace:>7}  {compile_:>9}  {rest:>6}  {total:>7}"
+
+        lines = [line("call", "calls", "trace s", "compile s", "rest s", "total s")]
+        for r in rows:
+            lines.append(
+                line(
+                    r.label,
+                    str(r.calls),
+                    f"{r.trace_s:.2f}",
+                    f"{r.compile_s:.2f}",
+                    f"{r.rest_s:.2f}",
+                    f"{r.total_s:.2f}",
+                )
+            )
+        if total_s is not None:
+            inside = sum(r.total_s for r in rows)
+            lines.append(line("outside the calls", total=f"{max(0.0, total_s - inside):.2f}"))
+            lines.append(line("total", total=f"{total_s:.2f}"))
         return "\n".join(lines)
