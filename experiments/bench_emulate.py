@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("kernel")
     parser.add_argument("format")
-    parser.add_argument("shape", nargs=4, type=int, metavar=("B", "H", "N", "D"))
+    parser.add_argument("shape", nargs=4, type=int, help="B H N D")
     parser.add_argument("--causal", action="store_true")
     args = parser.parse_args()
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="fa_jax_bench_"))
