@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from fa_jax import kernels
 from fa_jax.studies.engine_figures import (
     GGML_KV,
     THREAD_KV,
@@ -16,6 +15,7 @@ from fa_jax.studies.engine_figures import (
     engine_cases,
     engines,
 )
+from fa_jax.studies.engine_figures import _unavailable as _reason  # the study's own rule
 
 _GRID = EngineGrid(
     decode_keys=(512,),  # the smallest M of ggml's split-KV path
@@ -25,16 +25,6 @@ _GRID = EngineGrid(
     heads=2,
     presets=("fa2_kernel",),
 )
-
-
-def _reason(engine: str):
-    if engine == "fa_jax":  # the presets: fa_jax itself
-        return None
-    try:
-        kernels.get(engine)
-    except (RuntimeError, ImportError) as err:
-        return str(err)
-    return None
 
 
 @pytest.fixture(scope="module")

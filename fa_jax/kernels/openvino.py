@@ -50,7 +50,7 @@ import numpy as np
 
 from fa_jax import mlas, ops
 from fa_jax import openvino_sdpa as ovs
-from fa_jax._checks import positive_int
+from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.formats import BF16, FP32, Format, get_format
 from fa_jax.kernels.model import Kernel, KernelModel
@@ -90,12 +90,6 @@ def _fmt(fmt) -> Format:
     if f.name not in {get_format(n).name for n in _FORMATS}:
         raise ValueError(f"openvino-sdpa: fmt: expected one of {_FORMATS}, got {f.name!r}")
     return f
-
-
-def _choice(value, choices: tuple[str, ...], what: str) -> str:
-    if value not in choices:
-        raise ValueError(f"openvino-sdpa: {what}: expected one of {choices}, got {value!r}")
-    return value
 
 
 def _scale(scale, d: int) -> float:
@@ -156,8 +150,8 @@ def real_sdpa(
 ) -> np.ndarray:
     """OpenVINO's fused SDPA output (..., N, d_v) on the CPU, as float64 (module docstring)."""
     _fmt(fmt)
-    precision = _choice(precision, PRECISIONS, "precision")
-    kv_cache = _choice(kv_cache, KV_CACHES, "kv_cache")
+    precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
+    kv_cache = one_of(kv_cache, KV_CACHES, "openvino-sdpa: kv_cache")
     threads = positive_int(threads, "openvino-sdpa: threads")
     q, k, v = (np.asarray(t) for t in (q, k, v))
     lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
@@ -302,8 +296,8 @@ def sdpa_model(
     decoding (N < M) on each ``kv_cache`` with ``threads``."""
     del n, d
     f = _fmt(fmt)
-    precision = _choice(precision, PRECISIONS, "precision")
-    kv_cache = _choice(kv_cache, KV_CACHES, "kv_cache")
+    precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
+    kv_cache = one_of(kv_cache, KV_CACHES, "openvino-sdpa: kv_cache")
     threads = positive_int(threads, "openvino-sdpa: threads")
     stage = BF16 if precision == "bf16" else FP32
     policy = fa2_kernel(stage).replace(
