@@ -6,6 +6,7 @@ import csv
 import math
 
 import pytest
+from host import cpu_flags, isa
 
 from fa_jax.studies.engine_figures import (
     GGML_KV,
@@ -119,6 +120,10 @@ def test_figure_and_identity_file(result):
 def test_identity_point_is_bit_identical(tmp_path):
     if _reason("ggml") is not None:
         pytest.skip(f"ggml: {_reason('ggml')}")
+    if isa() != "avx512" or "avx512fp16" in cpu_flags():  # as tests/test_kernels_ggml.py
+        pytest.skip(
+            f"the ggml model follows ggml's AVX-512 build (no AVX512-FP16); this host: {isa()}"
+        )
     grid = EngineGrid(
         decode_keys=(),
         prefill_lens=(),

@@ -122,6 +122,7 @@ def test_prefill_exact_jit_and_scale():
     assert _identical(real, np.asarray(model, np.float64)) == 1.0
 
 
+@needs_bf16_cpu  # BF16 inference: a CPU without AVX-512 BF16 may run the hint in f32
 def test_decode_reads_the_cache_in_its_precision():
     """One query over 40 keys (two calls: 39 keys into the cache, then the query):
     the u8 cache's quantisation reaches the output, a bf16 cache's does not
