@@ -9,6 +9,7 @@ process count.  Every subprocess has a timeout; all are killed on failure.
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -48,10 +49,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out, count, *, grids=None, victim=None):
+def launch(out, count, *, grids=None, victim=None, cache=None):
     """Start ``count`` processes of the sweep into ``out``; ``grids`` (one flag
     list per process) replaces the grid flags; process ``victim`` dies after its
-    first part file."""
+    first part file; ``cache`` (a folder) replaces the test run's cache."""
     port = free_port()
     procs = []
     logs = out.parent / "logs"  # files, not pipes: a full pipe would stall a process
@@ -59,6 +60,8 @@ def launch(out, count, *, grids=None, victim=None):
     for i in range(count):
         env = dict(os.environ, JAX_PLATFORMS="cpu")
         env.pop("FA_JAX_TEST_DIE_AFTER_PART", None)
+        if cache is not None:
+            env["FA_JAX_CACHE_DIR"] = str(cache)
         if i == victim:
             env["FA_JAX_TEST_DIE_AFTER_PART"] = "1"
         args = [*(GRID if grids is None else grids[i]), "--out", str(out)]
@@ -99,16 +102,29 @@ def run(out, count, **kw):
     return results
 
 
+def _counts(err: str) -> tuple[int, int, int]:
+    """(compiled, loaded, received) of a process's ``--profile`` table."""
+    m = re.search(r"\((\d+) compiled, (\d+) loaded(?:, (\d+) from other processes)?\)", err)
+    assert m, err[-2000:]
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
 def test_two_processes_merge_to_the_one_process_csv(tmp_path):
-    results = run(tmp_path / "out", 2)
+    cache, profiled = tmp_path / "cache", [[*GRID, "--profile"]] * 2
+    results = run(tmp_path / "out", 2, grids=profiled, cache=cache)
     assert (tmp_path / "out" / "results.csv").read_bytes() == open(SNAPSHOT, "rb").read()
     assert sorted(os.listdir(tmp_path / "out")) == ["metadata.json", "results.csv"]
     assert all("(96 rows)" in out for _, out, _ in results)
+    # Each program was compiled by one process only, the other loading it.
+    counts = [_counts(err) for _, _, err in results]
+    stored = len(list((cache / "programs").glob("*.bin")))
+    assert sum(c for c, _, _ in counts) == stored > 0, counts
+    assert all(c + r >= 1 for c, _, r in counts), counts
     # A second run loads every program the first stored (on each process's own
     # device: a loaded program takes the arrays of the one before it).
-    warm = run(tmp_path / "warm", 2, grids=[[*GRID, "--profile"]] * 2)
+    warm = run(tmp_path / "warm", 2, grids=profiled, cache=cache)
     assert (tmp_path / "warm" / "results.csv").read_bytes() == open(SNAPSHOT, "rb").read()
-    assert all("(0 compiled," in err for _, _, err in warm), [e[-2000:] for _, _, e in warm]
+    assert all(_counts(err)[0] == 0 for _, _, err in warm), [e[-2000:] for _, _, e in warm]
 
 
 def test_different_grids_are_refused_before_any_work(tmp_path):

@@ -28,21 +28,24 @@ __all__ = ["CallProfile", "CallTime", "Profile", "ProgramTime"]
 @dataclasses.dataclass
 class ProgramTime:
     """The programs of one label (a label can name several shapes): how many were
-    compiled and how many loaded from the cache, and their seconds."""
+    compiled, how many loaded from the cache and how many received from another
+    process of a multi-process sweep, and their seconds."""
 
     label: str
     compiled: int = 0
     loaded: int = 0
+    received: int = 0
     prepare_s: float = 0.0
     run_s: float = 0.0
     calls: int = 0
 
     @property
     def source(self) -> str:
-        """ "compiled", "loaded", "mixed", or "memory" (prepared before this profile)."""
-        if self.compiled and self.loaded:
-            return "mixed"
-        return "compiled" if self.compiled else "loaded" if self.loaded else "memory"
+        """ "compiled", "loaded", "received", "mixed", or "memory" (prepared
+        before this profile)."""
+        counts = {"compiled": self.compiled, "loaded": self.loaded, "received": self.received}
+        sources = [name for name, n in counts.items() if n]
+        return "mixed" if len(sources) > 1 else sources[0] if sources else "memory"
 
 
 @dataclasses.dataclass
@@ -53,14 +56,14 @@ class Profile:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def prepared(self, label: str, source: str, seconds: float) -> None:
-        """One program of ``label`` obtained from ``source`` ("compiled" or "loaded")."""
+        """One program of ``label`` obtained from ``source`` ("compiled",
+        "loaded" or "received")."""
         entry = self.programs.setdefault(label, ProgramTime(label))
-        if source == "compiled":
-            entry.compiled += 1
-        elif source == "loaded":
-            entry.loaded += 1
-        else:
-            raise ValueError(f"Profile.prepared: expected 'compiled' or 'loaded', got {source!r}")
+        if source not in ("compiled", "loaded", "received"):
+            raise ValueError(
+                f"Profile.prepared: expected 'compiled', 'loaded' or 'received', got {source!r}"
+            )
+        setattr(entry, source, getattr(entry, source) + 1)
         entry.prepare_s += seconds
 
     def ran(self, label: str, seconds: float) -> None:
@@ -90,8 +93,12 @@ class Profile:
         run = sum(p.run_s for p in rows) + sum(self.phases.values())
         compiled = sum(p.compiled for p in rows)
         loaded = sum(p.loaded for p in rows)
+        received = sum(p.received for p in rows)
         total = line("total", prepare=f"{prepare:.2f}", run=f"{run:.2f}")
-        lines.append(f"{total}   ({compiled} compiled, {loaded} loaded)")
+        counts = f"{compiled} compiled, {loaded} loaded"
+        if received:
+            counts += f", {received} from other processes"
+        lines.append(f"{total}   ({counts})")
         return "\n".join(lines)
 
 

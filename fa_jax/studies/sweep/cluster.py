@@ -15,6 +15,10 @@ coordinator, as short strings:
 * :meth:`Processes.wait_all`: a barrier (every process has reached a point);
 * :meth:`Processes.publish` / :meth:`Processes.receive`: process 0's outcome
   (the merge) for the others;
+* :meth:`Processes.claim`, :meth:`Processes.publish_bytes` /
+  :meth:`Processes.receive_bytes`: a compiled program, claimed by the first
+  process to ask and compiled by it alone, for the others to load
+  (:mod:`.executables`);
 * :meth:`Processes.add` / :meth:`Processes.count_of`: a shared counter (the
   progress of the whole job);
 * :meth:`Processes.fail`: a process that stops on an error (or Ctrl-C) says
@@ -147,11 +151,12 @@ class Processes:
     count: int
     prefix: str
 
-    def _get(self, key: str) -> str:
+    def _get(self, key: str, *, raw: bool = False):
         client = _client()
+        get = client.blocking_key_value_get_bytes if raw else client.blocking_key_value_get
         while True:
             try:
-                return client.blocking_key_value_get(key, POLL_MS)
+                return get(key, POLL_MS)
             except Exception as err:  # the runtime's own error type
                 if not _timed_out(err):
                     raise
@@ -204,6 +209,25 @@ class Processes:
     def receive(self, what: str) -> str:
         """What :meth:`publish` set, once it is set."""
         return self._get(f"{self.prefix}/{what}")
+
+    def claim(self, what: str) -> bool:
+        """Whether this process is the first to claim ``what`` (an atomic
+        set-if-absent in the store: exactly one process gets True)."""
+        try:
+            _client().key_value_set(f"{self.prefix}/claim/{what}", str(self.index))
+        except Exception as err:  # the runtime's own error type
+            if "ALREADY_EXISTS" not in str(err):
+                raise
+            return False
+        return True
+
+    def publish_bytes(self, what: str, data: bytes) -> None:
+        """Set ``what`` to ``data`` for every process (:meth:`receive_bytes`)."""
+        _client().key_value_set_bytes(f"{self.prefix}/{what}", data)
+
+    def receive_bytes(self, what: str) -> bytes:
+        """What :meth:`publish_bytes` set, once it is set."""
+        return self._get(f"{self.prefix}/{what}", raw=True)
 
     def add(self, counter: str, n: int) -> None:
         """Add ``n`` to the shared ``counter``."""

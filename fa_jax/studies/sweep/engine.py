@@ -402,12 +402,15 @@ def _share(
     def job_done():
         return 0 if group is None else group.count_of("configurations done")
 
-    with follow(
-        f"sweep, {count} processes",
-        job,
-        job_done,
-        unit="config",
-        quiet=quiet or index != 0 or group is None,
+    with (
+        follow(
+            f"sweep, {count} processes",
+            job,
+            job_done,
+            unit="config",
+            quiet=quiet or index != 0 or group is None,
+        ),
+        executables.shared_with(group),
     ):
         _compute(
             grid,

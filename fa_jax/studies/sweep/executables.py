@@ -11,9 +11,23 @@ everything its code can depend on:
 * a fingerprint of fa_jax's source files, the jax and jaxlib versions, the
   process's devices (platform, kind, count), ``jax_enable_x64`` and
   ``XLA_FLAGS``; under ``jax.distributed`` with several processes also the
-  process count and the ids of the process's devices, since a serialized
-  executable names the devices it runs on (process 1's cannot run on
-  process 0's device).
+  process count, and, where a process has several devices, their ids (a
+  serialized executable names the devices it runs on).
+
+Under ``jax.distributed``, where each process has one device (one per CPU
+host or per accelerator: the common layout), the processes also share their
+compiles (:meth:`Executables.shared_with`): each program a process needs is
+claimed by the first process to ask (:meth:`.cluster.Processes.claim`),
+compiled by that process alone and published through the runtime's
+key-value store; the others load it onto their own device.  A serialized
+executable names its device by id (process 0's is not process 1's), so it is
+pickled with its devices as positions among the process's local devices and
+loaded with a device assignment of the loading process's device
+(``compile_options`` of ``deserialize_executable``).  Who compiles a program
+depends on timing; what it computes does not (the same program, the same
+binary).  No public API does this: the pickler extends
+``jax.experimental.serialize_executable``'s own, and ``CompileOptions`` and
+``DeviceAssignment`` come from jaxlib (``jax._src.lib._jax``, jax 0.10.2).
 
 A later run with the same key loads the executable instead of tracing and
 compiling it: it is the same binary, so it computes the same bits (the sweep's
@@ -26,16 +40,22 @@ unpickles, so the folder must be the user's own (it is, by default:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import io
 import os
 import pathlib
 import pickle
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 
 import jax
+import numpy as np
+from jax._src.lib import _jax  # pyright: ignore[reportPrivateImportUsage]
 from jax.experimental import serialize_executable
 
 from fa_jax.studies.profile import Profile
@@ -83,8 +103,80 @@ def _environment() -> tuple:
         os.environ.get("XLA_FLAGS", ""),
     )
     if jax.process_count() > 1:  # one process: the key of a run without jax.distributed
-        env += (jax.process_count(), tuple(d.id for d in devices))
+        env += (jax.process_count(),)
+        if not _portable():
+            env += (tuple(d.id for d in devices),)
     return env
+
+
+def _portable() -> bool:
+    """Whether this process's executables are stored device-neutral (module
+    docstring): several processes, one device each."""
+    return jax.process_count() > 1 and len(jax.local_devices()) == 1
+
+
+class _Pickler(serialize_executable._JaxPjrtPickler):
+    """Pickles a device as its position among the local devices."""
+
+    def persistent_id(self, obj):
+        if isinstance(obj, jax.Device):
+            return ("local device", jax.local_devices().index(obj))
+        return super().persistent_id(obj)
+
+
+class _Unpickler(serialize_executable._JaxPjrtUnpickler):
+    """Loads :class:`_Pickler`'s devices, and the executable onto this
+    process's one device."""
+
+    def persistent_load(self, pid):
+        if pid[0] == "local device":
+            return jax.local_devices()[pid[1]]
+        if pid[0] == "exec":
+            options = _jax.CompileOptions()
+            ids = np.array([[d.id for d in self.execution_devices]])
+            options.device_assignment = _jax.DeviceAssignment.create(ids)
+            return self.backend.deserialize_executable(
+                pid[1], executable_devices=self.execution_devices, compile_options=options
+            )
+        return super().persistent_load(pid)
+
+
+def _serialize(compiled) -> bytes | None:
+    """``compiled`` as bytes, or None where the backend cannot serialize it."""
+    try:
+        if not _portable():
+            return pickle.dumps(serialize_executable.serialize(compiled))
+        unloaded = compiled._executable._unloaded_executable
+        if unloaded is None or compiled._params.const_args:
+            return None
+        flat, in_tree = jax.tree_util.tree_flatten(compiled.args_info)
+        with io.BytesIO() as fh:
+            _Pickler(fh).dump((unloaded, flat, compiled._no_kwargs))
+            return pickle.dumps((fh.getvalue(), in_tree, compiled.out_tree))
+    except (ValueError, NotImplementedError, AttributeError, pickle.PicklingError):
+        return None
+
+
+def _deserialize(data: bytes):
+    """The compiled program of :func:`_serialize`'s ``data`` on this process's
+    devices, or None where it cannot be loaded (compile it again)."""
+    try:
+        payload, in_tree, out_tree = pickle.loads(data)
+        if not _portable():
+            # On this process's devices (by default: every process's, which an
+            # argument already on this process's device does not match).
+            return serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=jax.local_devices()
+            )
+        backend = jax.local_devices()[0].client
+        unloaded, flat, no_kwargs = _Unpickler(
+            io.BytesIO(payload), backend, jax.local_devices()
+        ).load()
+        return jax.stages.Compiled(
+            unloaded.load(), [], in_tree.unflatten(flat), out_tree, no_kwargs=no_kwargs
+        )
+    except Exception:  # unreadable or incompatible entry: compile it again
+        return None
 
 
 def _signature(x) -> tuple:
@@ -98,6 +190,19 @@ class Executables:
     def __init__(self, folder: pathlib.Path | None = None, profile: Profile | None = None):
         self.folder, self.profile = folder, profile
         self._loaded: dict[str, tuple[str, jax.stages.Compiled]] = {}
+        self._peers = None
+
+    @contextlib.contextmanager
+    def shared_with(self, peers) -> Iterator[None]:
+        """Within this block, share compiles with the other processes of
+        ``peers`` (a :class:`.cluster.Processes`; None: no one), where each
+        process has one device (module docstring)."""
+        before = self._peers
+        self._peers = peers if peers is not None and _portable() else None
+        try:
+            yield
+        finally:
+            self._peers = before
 
     def _key(self, program, args, static: dict) -> str:
         leaves = jax.tree_util.tree_leaves(args)
@@ -118,7 +223,11 @@ class Executables:
         ``jax.ShapeDtypeStruct``).  Programs are traced one after another and
         compiled on a thread per CPU core this process may run on (its
         affinity: a process pinned to one core compiles on one thread), since
-        XLA's compile releases the GIL and each compile runs on one core."""
+        XLA's compile releases the GIL and each compile runs on one core.
+        Shared with other processes (:meth:`shared_with`), a process traces and
+        compiles only the programs it claims, at most one per compile thread
+        ahead of its compiles (so that claims follow each process's pace), and
+        then loads the others' as they publish them."""
         todo = {}
         for program, args, static, label in calls:
             key = self._key(program, args, static)
@@ -133,24 +242,56 @@ class Executables:
         if not todo:
             return
         status(f"compiling {len(todo)} programs")
-
-        def build(item):
-            key, (program, args, static, label) = item
-            start = time.perf_counter()
-            lowered = program.lower(*args, **static)
-            return key, label, lowered, time.perf_counter() - start
+        peers, order = self._peers, list(todo)
+        if peers is not None:  # start at a different place on each process
+            cut = peers.index * len(order) // peers.count
+            order = order[cut:] + order[:cut]
+        workers = max(1, min(len(todo), _usable_cores()))
+        ahead = threading.Semaphore(workers + 1)
 
         def compile_one(key, label, lowered, seconds):
-            start = time.perf_counter()
-            return key, label, lowered.compile(), seconds + time.perf_counter() - start
+            try:
+                start = time.perf_counter()
+                compiled = lowered.compile()
+                seconds += time.perf_counter() - start
+                data = self._store(key, compiled)
+                if peers is not None:  # empty: the others compile it themselves
+                    peers.publish_bytes(f"program/{key}", data or b"")
+                return key, label, compiled, seconds
+            finally:
+                ahead.release()
 
-        workers = max(1, min(len(todo), _usable_cores()))
+        theirs = []
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            futures = [pool.submit(compile_one, *build(item)) for item in todo.items()]
+            futures = []
+            for key in order:
+                ahead.acquire()
+                if peers is not None and not peers.claim(f"program/{key}"):
+                    ahead.release()
+                    theirs.append(key)
+                    continue
+                program, args, static, label = todo[key]
+                start = time.perf_counter()
+                lowered = program.lower(*args, **static)
+                futures.append(
+                    pool.submit(compile_one, key, label, lowered, time.perf_counter() - start)
+                )
             for future in futures:
                 key, label, compiled, seconds = future.result()
-                self._store(key, compiled)
                 self._keep(key, label, compiled, "compiled", seconds)
+        for key in theirs:
+            assert peers is not None
+            program, args, static, label = todo[key]
+            start = time.perf_counter()
+            data = peers.receive_bytes(f"program/{key}")
+            compiled = _deserialize(data) if data else None
+            if compiled is None:
+                compiled = program.lower(*args, **static).compile()
+                self._keep(key, label, compiled, "compiled", time.perf_counter() - start)
+                self._store(key, compiled)
+            else:
+                self._keep(key, label, compiled, "received", time.perf_counter() - start)
+                self._write(key, data)
         status("")
 
     def _keep(self, key: str, label: str, compiled, source: str, seconds: float) -> None:
@@ -179,26 +320,28 @@ class Executables:
         if path is None or not path.exists():
             return None
         try:
-            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            # On this process's devices (by default: every process's, which an
-            # argument already on this process's device does not match).
-            compiled = serialize_executable.deserialize_and_load(
-                payload, in_tree, out_tree, execution_devices=jax.local_devices()
-            )
-        except Exception:  # unreadable or incompatible entry: compile it again
+            data = path.read_bytes()
+        except OSError:
             return None
-        return compiled
+        return _deserialize(data)
 
-    def _store(self, key: str, compiled) -> None:
+    def _store(self, key: str, compiled) -> bytes | None:
+        """Write ``compiled`` to the folder; returns its bytes (None where the
+        backend cannot serialize it)."""
+        data = _serialize(compiled)
+        if data is not None:
+            self._write(key, data)
+        return data
+
+    def _write(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if path is None:
             return
         try:
-            data = pickle.dumps(serialize_executable.serialize(compiled))
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             os.replace(tmp, path)
-        except (OSError, ValueError, NotImplementedError):
-            pass  # a backend without serialisation, or a full disk: run uncached
+        except OSError:
+            pass  # a full disk: run uncached
