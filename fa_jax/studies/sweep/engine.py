@@ -221,7 +221,8 @@ def canonical_keys(grid: Grid, pad: bool | None = None) -> list[dict[str, str]]:
     """The row key of every configuration of ``grid``, in the order a one-process
     sweep writes them (group, length bucket, format, length, seed, tiling);
     ``pad`` None: :func:`pads`."""
-    kinds, by_bc, groups = _layout(grid, pads(grid) if pad is None else pad)
+    pad = pads(grid) if pad is None else pad
+    kinds, by_bc, groups = _layout(grid, pad)
     return [
         row_key(grid, preset, f, n, label, b, variant, s, feat)
         for kind, feat, preset, variant, bc in groups
