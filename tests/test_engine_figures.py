@@ -187,7 +187,7 @@ def test_openvino_rows_order_by_precision_and_cache(result):
     assert err["openvino-sdpa bf16 cache f32"] == err["openvino-sdpa bf16 cache bf16"]
 
 
-@pytest.mark.extended  # about 10 s: the models' compiles
+@pytest.mark.extended  # about 45 s on the shared 2-core host: the models' compiles
 def test_openvino_identity_points_are_bit_identical(tmp_path):
     reason = _openvino_bf16_reason()
     if reason is not None:

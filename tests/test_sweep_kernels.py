@@ -79,7 +79,7 @@ def _available(name):
 # reads the FP16 inputs), torch-flash its own tiles (32 x 16), openvino-sdpa its BF16
 # prefill (there equal to reference attention under its policy); two lengths in one grid
 # (a kernel grid runs unpadded) and two tilings (the kernel follows neither: rows repeat).
-@pytest.mark.extended  # about 20 s each: the models' own compiles
+@pytest.mark.extended  # 40-55 s each on the shared 2-core host: the models' compiles
 @pytest.mark.parametrize(
     "name, fmt, causal, differs",
     [
@@ -160,7 +160,7 @@ def test_kernel_models_own_refusal_passes_through(tmp_path):
 ARGV = ["sweep", "--seq-lens", "16", "--blocks", "8x8", "--d", "4", "--seeds", "1"]
 
 
-@pytest.mark.extended  # about 15 s: XLA's probes and the programs' compiles
+@pytest.mark.extended  # about 40 s on the shared 2-core host: XLA's probes, compiles
 def test_cli_sweep_kernel_flag(tmp_path):
     out = tmp_path / "s"
     assert main([*ARGV, "--formats", "bf16", "--kernel", "xla", "--out", str(out), "--quiet"]) == 0
