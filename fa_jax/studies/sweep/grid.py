@@ -7,7 +7,8 @@ softcap, ALiBi, split-KV, decoding shapes) are :class:`~.features.Features`.
 A ``"kernel:NAME"`` policies entry is a real kernel's computation: its flash
 column is :func:`fa_jax.kernels.emulate` of the kernel (its model's own order of
 steps, tiles and loop), and its baseline is reference attention under the
-policy of that model (:func:`policy_for`); it needs formats the kernel runs
+policy of that model (:func:`policy_for`), both on Q, K, V rounded to the
+format, as the golden sees them; it needs formats the kernel runs
 natively and the paper's attention (no features), and its rows repeat under
 every blocks and variants entry, which the kernel does not follow.
 Every configuration is compared three ways, ``flash_vs_golden``,
