@@ -335,7 +335,7 @@ def cmd_reproduce(args) -> int:
 
     if args.kernel is not None and args.figure in ("fig8", "fa3-table"):
         raise ValueError(
-            f"--kernel: only fig3..fig6 and all run under a kernel's policy, got {args.figure}"
+            f"--kernel: only fig3..fig6 and all run a kernel's model, got {args.figure}"
         )
     policies = _policies("--policy", args.policy, args.kernel, DEFAULT_POLICIES)
     check_out_dir(args.out, what="--out")  # each study checks its own subfolder too
@@ -614,8 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernel",
         nargs="*",
         default=None,
-        help="real kernels whose model's policy to run under, as policy 'kernel:NAME' "
-        "(see 'fa-jax kernels'); any format, native to the kernel or not",
+        help="real kernels whose models to run, as policy 'kernel:NAME' (see 'fa-jax "
+        "kernels'): the model's own steps (fa_jax.kernels.emulate), in formats the kernel "
+        "runs natively",
     )
     sw.add_argument("--seeds", nargs="*", default=["0"], help="input seeds")
     sw.add_argument("--batch", type=int, default=1)
@@ -665,7 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernel",
         nargs="*",
         default=None,
-        help="fig3..fig6: also run under these real kernels' model policies ('kernel:NAME')",
+        help="fig3..fig6: also run these real kernels' models ('kernel:NAME'); a figure "
+        "with a format the kernel does not run natively is refused",
     )
     rp.add_argument(
         "--ablations",

@@ -1,6 +1,7 @@
 """The inference-engine study (fa_jax.studies.engine_figures): a shrunken grid runs end
-to end; every available engine has its rows at every shape, each the mean over seeds
-of the CSV's rows; ggml's thread-count rows compare each count with one thread."""
+to end; every available engine has its rows at the shapes its cases name, each the
+mean over seeds of the CSV's rows; ggml's thread-count rows compare each count with
+one thread; OpenVINO's rows order by their precision and KV cache."""
 
 import csv
 import math
@@ -10,6 +11,9 @@ from host import cpu_flags, isa
 
 from fa_jax.studies.engine_figures import (
     GGML_KV,
+    OPENVINO_KV,
+    OPENVINO_MAX_KEYS,
+    OPENVINO_PRECISIONS,
     THREAD_KV,
     Check,
     EngineGrid,
@@ -43,7 +47,8 @@ def test_rows_per_engine_and_shape_are_the_csv_means(result):
     assert set(result["skipped"]) == {c.engine for c in cases if _reason(c.engine) is not None}
     for shape, n_q, m in _GRID.shapes():
         at = [r for r in result["rows"] if (r["shape"], r["n_q"], r["m"]) == (shape, n_q, m)]
-        assert sorted(r["case"] for r in at) == sorted(expected)
+        here = {c.label for c in cases if c.runs_at(shape, m)} & expected
+        assert sorted(r["case"] for r in at) == sorted(here)
     for row in result["rows"]:
         assert row["seeds"] == 2
         for col in ("max_abs", "mean_rel", "max_abs_fp32in", "mean_rel_fp32in"):
@@ -140,6 +145,65 @@ def test_identity_point_is_bit_identical(tmp_path):
     assert row["identical_share"] == 1.0
 
 
+# OpenVINO's BF16 inference takes the vdpbf16ps paths only with AVX-512 BF16 (a CPU
+# without it may run the hint in FP32), as tests/test_kernels_openvino.py.
+def _openvino_bf16_reason() -> str | None:
+    reason = _reason("openvino-sdpa")
+    if reason is not None:
+        return f"openvino-sdpa: {reason}"
+    if isa() != "avx512" or "avx512_bf16" not in cpu_flags() or "amx_bf16" in cpu_flags():
+        return (
+            "the OpenVINO model follows its AVX-512 BF16 (no AMX) kernels; this host: "
+            f"{isa()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}"
+        )
+    return None
+
+
+def test_openvino_cases_per_precision_and_cache():
+    cases = [c for c in engine_cases(()) if c.engine == "openvino-sdpa"]
+    decode = {c.label for c in cases if c.runs_at("decode", OPENVINO_MAX_KEYS)}
+    assert decode == {
+        f"openvino-sdpa {p} cache {kv}" for p in OPENVINO_PRECISIONS for kv in OPENVINO_KV
+    }
+    assert not any(c.runs_at("decode", 2 * OPENVINO_MAX_KEYS) for c in cases)
+    prefill = {c.label for c in cases if c.runs_at("prefill", 2048)}
+    assert prefill == {f"openvino-sdpa {p}" for p in OPENVINO_PRECISIONS}
+    assert all(c.fmt == "fp32" and dict(c.options)["threads"] == 1 for c in cases)
+
+
+@pytest.mark.extended  # the module's quick study: about 11 s of CPU
+def test_openvino_rows_order_by_precision_and_cache(result):
+    reason = _openvino_bf16_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    err = {r["case"]: r["mean_rel"] for r in result["rows"] if r["engine"] == "openvino-sdpa"}
+    # F32 inference on an F32 cache is FP32 arithmetic; BF16 inference rounds Q, K, V
+    # (and its cache) to BF16; a u8 cache's quantisation costs more than BF16's rounding
+    assert err["openvino-sdpa f32 cache f32"] < 1e-5 < err["openvino-sdpa bf16 cache bf16"]
+    assert err["openvino-sdpa f32"] < 1e-5 < err["openvino-sdpa bf16"]
+    for p in OPENVINO_PRECISIONS:
+        assert err[f"openvino-sdpa {p} cache u8"] > 2 * err[f"openvino-sdpa {p} cache bf16"]
+    # under BF16 inference the cache holds BF16 values whatever its precision
+    assert err["openvino-sdpa bf16 cache f32"] == err["openvino-sdpa bf16 cache bf16"]
+
+
+@pytest.mark.extended  # about 45 s on the shared 2-core host: the models' compiles
+def test_openvino_identity_points_are_bit_identical(tmp_path):
+    reason = _openvino_bf16_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    checks = (
+        Check("openvino-sdpa", "fp32", 1, 512, (("precision", "bf16"), ("kv_cache", "u8"))),
+        Check("openvino-sdpa", "fp32", 64, 64, (("precision", "f32"),)),
+    )
+    grid = EngineGrid((), (), (0,), threads=(), d=64, heads=2, presets=(), checks=checks)
+    rows = engines(tmp_path, quick=True, grid=grid, quiet=True)["identity_rows"]
+    assert [(r["n_q"], r["elements"], r["identical"], r["max_ulp"]) for r in rows] == [
+        (1, 128, 128, 0),
+        (64, 64 * 128, 64 * 128, 0),
+    ]
+
+
 def test_grid_rejects_kernel_policies_and_a_first_count_other_than_one():
     with pytest.raises(ValueError, match="preset names"):
         EngineGrid((512,), (), (0,), presets=("kernel:ggml",))
@@ -155,13 +219,18 @@ def test_absent_engines_are_skipped_with_their_reason(tmp_path, monkeypatch, cap
     real_get = ef.kernels.get
 
     def get(name):
-        if name in ("ggml", "onnxruntime-attention", "onnxruntime-mha"):
+        if name in ("ggml", "onnxruntime-attention", "onnxruntime-mha", "openvino-sdpa"):
             raise RuntimeError(f"kernel {name!r} is not available here: not installed")
         return real_get(name)
 
     monkeypatch.setattr(ef.kernels, "get", get)
     res = engines(tmp_path, quick=True, grid=_GRID, quiet=True)
-    assert set(res["skipped"]) == {"ggml", "onnxruntime-attention", "onnxruntime-mha"}
+    assert set(res["skipped"]) == {
+        "ggml",
+        "onnxruntime-attention",
+        "onnxruntime-mha",
+        "openvino-sdpa",
+    }
     out = capsys.readouterr().out
     assert "engines: ggml rows skipped: kernel 'ggml' is not available here" in out
     assert {r["case"] for r in res["rows"]} == {"fa2_kernel bf16", "fa2_kernel fp16"}

@@ -1,5 +1,5 @@
 """The paper's question asked of inference engines: how far from an FP64 golden
-attention are llama.cpp's ggml and ONNX Runtime, beside fa_jax's presets?
+attention are llama.cpp's ggml, ONNX Runtime and OpenVINO, beside fa_jax's presets?
 
 Golden et al. 2024 (arXiv 2405.02803, §3) measure a kernel by its deviation from
 FP64 attention on the same inputs.  ``engines`` asks it of the real CPU kernels
@@ -10,6 +10,13 @@ of :mod:`fa_jax.kernels` (:func:`fa_jax.kernels.real`):
   part of its error), one thread;
 * ``onnxruntime-attention`` (the ONNX ``Attention`` op) in FP32 and FP16 and
   ``onnxruntime-mha`` (MLAS flash attention) in FP32;
+* ``openvino-sdpa`` (the CPU plugin's ScaledAttnWithKVCache) on FP32 Q, K and V
+  with ``precision`` (the inference precision hint) ``bf16`` and ``f32``, one
+  thread: at decode shapes with each KV cache (``u8``, ``bf16``, ``f32``: the
+  cache holds the first M - 1 keys, so its precision is part of the error; up
+  to :data:`OPENVINO_MAX_KEYS` keys, since the real kernel fills that cache by a
+  prefill of M - 1 queries), at prefill shapes once per precision (an empty
+  cache: its precision does not reach the output);
 * fa_jax's presets (``policies``, default ``paper_uniform`` and ``fa2_kernel``)
   in BF16 and FP16, FlashAttention-2's tiled loop with 128 x 128 tiles
   (:func:`fa_jax.studies.validation` runs them the same way);
@@ -83,6 +90,11 @@ __all__ = [
 ]
 
 GGML_KV = ("f32", "f16", "bf16", "q8_0", "q4_0")
+OPENVINO_PRECISIONS = ("bf16", "f32")
+OPENVINO_KV = ("u8", "bf16", "f32")
+# The real kernel fills its cache with the first M - 1 keys by a prefill call of M - 1
+# queries, O(M²): 76 s a call at M = 32k here, so OpenVINO's decode rows stop at 4k keys.
+OPENVINO_MAX_KEYS = 4096
 THREAD_KV = ("f32", "f16")  # the KV types whose one-row path is split-KV
 PRESET_FORMATS = ("bf16", "fp16")
 
@@ -150,7 +162,10 @@ class Check:
         return " ".join(f"{k}={v}" for k, v in self.options) or "-"
 
 
-QUICK_CHECKS = (Check("ggml", "fp32", 1, 1024, (("kv_type", "f32"), ("threads", 1))),)
+QUICK_CHECKS = (
+    Check("ggml", "fp32", 1, 1024, (("kv_type", "f32"), ("threads", 1))),
+    Check("openvino-sdpa", "fp32", 1, 1024, (("precision", "bf16"), ("kv_cache", "u8"))),
+)
 FULL_CHECKS = (
     Check("ggml", "fp32", 1, 1024, (("kv_type", "f32"), ("threads", 1))),
     Check("ggml", "fp32", 1, 1024, (("kv_type", "f32"), ("threads", 4))),
@@ -163,6 +178,17 @@ FULL_CHECKS = (
     Check("onnxruntime-attention", "fp16", 1, 1024),
     Check("onnxruntime-mha", "fp32", 512, 512),
     Check("onnxruntime-mha", "fp32", 1, 1024),
+    Check("openvino-sdpa", "fp32", 1, 1024, (("precision", "bf16"), ("kv_cache", "u8"))),
+    Check("openvino-sdpa", "fp32", 1, 1024, (("precision", "bf16"), ("kv_cache", "bf16"))),
+    Check(
+        "openvino-sdpa",
+        "fp32",
+        1,
+        1024,
+        (("precision", "bf16"), ("kv_cache", "u8"), ("threads", 4)),
+    ),
+    Check("openvino-sdpa", "fp32", 512, 512, (("precision", "bf16"),)),
+    Check("openvino-sdpa", "fp32", 512, 512, (("precision", "f32"),)),
 )
 
 
@@ -233,17 +259,25 @@ FULL = EngineGrid(
 
 @dataclasses.dataclass(frozen=True)
 class _Case:
-    """One row family: a real kernel with options, or a preset (``engine`` "fa_jax")."""
+    """One row family: a real kernel with options, or a preset (``engine`` "fa_jax"),
+    run at the ``shapes`` ("decode", "prefill") it names, up to ``max_keys`` keys."""
 
     label: str
     engine: str
     fmt: str
     options: tuple[tuple[str, Any], ...] = ()
     preset: str | None = None
+    shapes: tuple[str, ...] = ("decode", "prefill")
+    max_keys: int | None = None
+
+    def runs_at(self, shape: str, m: int) -> bool:
+        """Whether the case has a row at ``shape`` with ``m`` keys."""
+        return shape in self.shapes and (self.max_keys is None or m <= self.max_keys)
 
 
 def engine_cases(presets=DEFAULT_POLICIES) -> tuple[_Case, ...]:
-    """The cases of the table: ggml per KV type, ONNX Runtime's two ops, the presets."""
+    """The cases of the table: ggml per KV type, ONNX Runtime's two ops, OpenVINO per
+    precision (and per KV cache at decode), the presets."""
     cases = [
         _Case(f"ggml {kv}", "ggml", "fp32", (("kv_type", kv), ("threads", 1))) for kv in GGML_KV
     ]
@@ -252,6 +286,27 @@ def engine_cases(presets=DEFAULT_POLICIES) -> tuple[_Case, ...]:
         _Case("onnxruntime-attention fp16", "onnxruntime-attention", "fp16"),
         _Case("onnxruntime-mha fp32", "onnxruntime-mha", "fp32"),
     ]
+    for prec in OPENVINO_PRECISIONS:
+        cases += [
+            _Case(
+                f"openvino-sdpa {prec} cache {kv}",
+                "openvino-sdpa",
+                "fp32",
+                (("precision", prec), ("kv_cache", kv), ("threads", 1)),
+                shapes=("decode",),
+                max_keys=OPENVINO_MAX_KEYS,
+            )
+            for kv in OPENVINO_KV
+        ]
+        cases.append(
+            _Case(
+                f"openvino-sdpa {prec}",
+                "openvino-sdpa",
+                "fp32",
+                (("precision", prec), ("threads", 1)),
+                shapes=("prefill",),
+            )
+        )
     cases += [_Case(f"{p} {f}", "fa_jax", f, preset=p) for p in presets for f in PRESET_FORMATS]
     return tuple(cases)
 
@@ -298,7 +353,7 @@ def _measure(grid: EngineGrid, cases, quiet: bool, write) -> list[dict]:
     for (shape, n_q, m), seed in track(units, desc="engines", unit="shape", quiet=quiet):
         inputs = {f: _inputs(f, grid, n_q, m, seed) for f in formats}
         goldens = {f: _golden(q, k, v, False) for f, (q, k, v) in inputs.items()}
-        for case in cases:
+        for case in (c for c in cases if c.runs_at(shape, m)):
             out = _run_case(case, *inputs[case.fmt])
             err = _errors(out, goldens[case.fmt])
             err32 = _errors(out, goldens["fp32"])
@@ -410,7 +465,13 @@ def _figure(grid: EngineGrid, summary, thread_summary, out: pathlib.Path) -> pat
     plt = pyplot("fa_jax.studies.engine_figures: plotting")
     fig, axes = plt.subplots(1, 3, figsize=(17, 5), squeeze=False)
     labels = list(dict.fromkeys(r["case"] for r in summary))
-    styles = {"ggml": "o-", "onnxruntime-attention": "s-", "onnxruntime-mha": "D-", "fa_jax": "x--"}
+    styles = {
+        "ggml": "o-",
+        "onnxruntime-attention": "s-",
+        "onnxruntime-mha": "D-",
+        "openvino-sdpa": "^-",
+        "fa_jax": "x--",
+    }
     for ax, shape, xlabel in (
         (axes[0][0], "decode", "keys M (one query row)"),
         (axes[0][1], "prefill", "N (N queries, N keys)"),
@@ -423,7 +484,7 @@ def _figure(grid: EngineGrid, summary, thread_summary, out: pathlib.Path) -> pat
                 [r["m"] for r in pr],
                 [max(r["mean_rel"], 1e-300) for r in pr],
                 styles.get(pr[0]["engine"], "o-"),
-                color=f"C{i % 10}",
+                color=plt.get_cmap("tab20")(i % 20),
                 label=label,
                 ms=4,
             )
@@ -432,8 +493,10 @@ def _figure(grid: EngineGrid, summary, thread_summary, out: pathlib.Path) -> pat
         ax.set_title(f"{shape}: mean row relative error vs FP64")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("mean ||o_i - g_i|| / ||g_i||")
-    if summary:  # the prefill panel has room between FP32 and the rest
-        axes[0][1].legend(fontsize=7, ncol=2, loc="center", bbox_to_anchor=(0.5, 0.27))
+    if summary:  # each panel names its cases; there is room between FP32 and the rest
+        for ax in axes[0][:2]:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=6, ncol=2, loc="center", bbox_to_anchor=(0.5, 0.3))
     ax = axes[0][2]
     for kv in THREAD_KV:
         for j, m in enumerate(sorted({r["m"] for r in thread_summary})):

@@ -37,6 +37,14 @@ by one device, so the results equal a single-device run bitwise.  Under
 ``jax.distributed`` each process runs its own share of the configurations
 (:mod:`.partition`) on its own devices: no program spans processes.
 
+Kernels: a ``"kernel:NAME"`` entry's flash outputs are
+:func:`fa_jax.kernels.emulate` of the kernel, one call per configuration on its
+unpadded Q, K, V rounded to the format (:meth:`FormatBatch.kernel`): the model's
+own program at that shape, not one of the sweep's; a model that does not cover
+the shape raises ValueError.  Its baseline program reads the same rounded
+inputs (:meth:`FormatBatch.rounded_inputs`), since the model's input stage may
+be wider than the format (ggml's is FP32).
+
 Shares: a batch given ``share`` (a set of (format name, seq_len, seed) units)
 holds only those entries, in the same order, so a process's programs see the
 inputs a one-process run would.
@@ -45,16 +53,18 @@ inputs a one-process run would.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import numpy as np
 
+from fa_jax import kernels
 from fa_jax.inputs import make_inputs
 from fa_jax.policy import STAGES
 from fa_jax.rounding import round_to
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.features import PAPER, Features
-from fa_jax.studies.sweep.grid import Grid, policy_for
+from fa_jax.studies.sweep.grid import Grid, kernel_name, policy_for
 from fa_jax.studies.sweep.programs import (
     flash_program,
     golden_for,
@@ -187,6 +197,9 @@ class FormatBatch:
         self._baseline = {}
         self._flash: dict = {}  # one flash run's outputs by flash chunk
         self._flash_run = None  # (preset, static) of those outputs
+        self._rounded: dict = {}  # inputs rounded to each configuration's format, by chunk
+        self._kernel: dict = {}  # one kernel entry's outputs by chunk
+        self._kernel_run = None  # its preset
 
     def entries(self, chunk):
         every = [(f, n, s) for f in self.fmts for n in chunk for s in self.grid.seeds]
@@ -228,6 +241,18 @@ class FormatBatch:
             self._narrow_inputs[chunk, preset] = tuple(narrow(t) for t in (q, k, v))
         return self._narrow_inputs[chunk, preset]
 
+    def rounded_inputs(self, chunk):
+        """Q, K, V of :meth:`inputs` rounded on the host to each configuration's
+        format, float64: what a kernel entry's programs read (its model takes
+        values exact in the format; its policy's input stage may be wider)."""
+        if chunk not in self._rounded:
+            fmts = [f for f, _, _ in self.entries(chunk)]
+            q, k, v, _ = self.inputs(chunk)
+            self._rounded[chunk] = tuple(
+                np.stack([host(round_to(x, f)) for x, f in zip(t, fmts)]) for t in (q, k, v)
+            )
+        return self._rounded[chunk]
+
     def policies(self, chunk, preset, slots):
         """The shape every configuration's policy shares (in ``slots``) and their
         widths ``[C, slots, 3]``."""
@@ -258,6 +283,8 @@ class FormatBatch:
         in the piece, its sharded arguments), the full static arguments and the
         program's label."""
         q, k, v, lengths = self.inputs(chunk)
+        if kernel_name(preset) is not None:  # its baseline reads what its model reads
+            q, k, v = self.rounded_inputs(chunk)
         shape, widths = self.policies(chunk, preset, self.slots[program])
         if program is flash_program and self.carrier != "float64":
             shape = dataclasses.replace(shape, carrier=self.carrier)
@@ -328,6 +355,39 @@ class FormatBatch:
         return np.stack(
             [padded(self._flash[fc][i]) for fc, i in (where[e] for e in self.entries(chunk))]
         )
+
+    def kernel(self, chunk, preset):
+        """The outputs of ``preset`` ("kernel:NAME") for the chunk's entries, padded
+        to its longest length: :func:`fa_jax.kernels.emulate` of the kernel on each
+        configuration's own Q, K, V rounded to its format (module docstring).  The
+        outputs of one preset are kept until another is asked for."""
+        name = kernel_name(preset)
+        if name is None:
+            raise ValueError(f"FormatBatch.kernel: expected 'kernel:NAME', got {preset!r}")
+        if preset != self._kernel_run:
+            self._kernel, self._kernel_run = {}, preset
+        if chunk not in self._kernel:
+            q, k, v = self.rounded_inputs(chunk)
+            rows = q.shape[-2]
+            outs = []
+            start = time.perf_counter()
+            for j, (f, n, _) in enumerate(self.entries(chunk)):
+                qkv = [t[j, ..., :n, :] for t in (q, k, v)]
+                try:
+                    out = kernels.emulate(name, *qkv, fmt=f, causal=self.grid.causal)
+                except NotImplementedError as err:
+                    raise ValueError(
+                        f"sweep: {preset}: expected a format and shape the kernel's model "
+                        f"covers, got {f.name} at N = {n}, d = {self.grid.d}: {err}"
+                    ) from None
+                pad = [(0, 0)] * (out.ndim - 2) + [(0, rows - n), (0, 0)]
+                outs.append(np.pad(out, pad))
+            profile = self.executables.profile
+            if profile is not None:
+                seconds = time.perf_counter() - start
+                profile.ran(f"{name} emulate N<={max(chunk)}", seconds)
+            self._kernel[chunk] = np.stack(outs)
+        return self._kernel[chunk]
 
     def golden(self, chunk):
         if chunk not in self._golden:

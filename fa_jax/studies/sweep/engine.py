@@ -18,6 +18,11 @@ Execution, in brief:
   change flash's numbers;
 * golden runs once per format batch and baseline once per (preset, batch), and
   both are reused by every variant and tiling;
+* a ``"kernel:NAME"`` entry's flash column is the kernel's model
+  (:func:`fa_jax.kernels.emulate`, :meth:`.batch.FormatBatch.kernel`), run once
+  per configuration and reused by every variant and tiling, which the kernel
+  does not follow; a grid with such an entry runs unpadded (one length per
+  bucket), so that its baseline takes the model's policy at each length;
 * each program vmaps over a flat (format × seq_len × seed) axis, with lengths
   padded within buckets, memory-bounded pieces and the axis sharded over
   ``jax.devices()`` (:mod:`.batch`);
@@ -102,7 +107,15 @@ from fa_jax.studies.sweep.batch import (
 )
 from fa_jax.studies.sweep.cluster import Processes, ProcessFailed, processes
 from fa_jax.studies.sweep.executables import Executables
-from fa_jax.studies.sweep.grid import COLUMNS, COMPARISONS, KEY_COLUMNS, METRICS, Grid, row_key
+from fa_jax.studies.sweep.grid import (
+    COLUMNS,
+    COMPARISONS,
+    KEY_COLUMNS,
+    METRICS,
+    Grid,
+    kernel_name,
+    row_key,
+)
 from fa_jax.studies.sweep.partition import partition, unit_cost, unit_of
 from fa_jax.studies.sweep.programs import metric_values
 
@@ -141,7 +154,7 @@ def run_sweep(
         grid,
         out_dir,
         quiet=quiet,
-        pad=PAD_SEQ_LENS,
+        pad=pads(grid),
         memory_budget=memory_budget,
         cache=cache,
         profile=profile,
@@ -177,6 +190,12 @@ def _run(
         )
 
 
+def pads(grid: Grid) -> bool:
+    """Whether a sweep of ``grid`` pads lengths within buckets: :data:`PAD_SEQ_LENS`,
+    unless a policies entry is a kernel's (module docstring)."""
+    return PAD_SEQ_LENS and not any(kernel_name(p) for p in grid.policies)
+
+
 def _layout(grid: Grid, pad: bool):
     """The formats by batch key (their policies' shapes), the tilings by key tile
     width Bc (Br does not change flash's numbers: one run per Bc) and the groups
@@ -198,9 +217,11 @@ def _layout(grid: Grid, pad: bool):
     return kinds, by_bc, groups
 
 
-def canonical_keys(grid: Grid, pad: bool = PAD_SEQ_LENS) -> list[dict[str, str]]:
+def canonical_keys(grid: Grid, pad: bool | None = None) -> list[dict[str, str]]:
     """The row key of every configuration of ``grid``, in the order a one-process
-    sweep writes them (group, length bucket, format, length, seed, tiling)."""
+    sweep writes them (group, length bucket, format, length, seed, tiling);
+    ``pad`` None: :func:`pads`."""
+    pad = pads(grid) if pad is None else pad
     kinds, by_bc, groups = _layout(grid, pad)
     return [
         row_key(grid, preset, f, n, label, b, variant, s, feat)
@@ -517,7 +538,8 @@ def _compute(
     for kind, feat, preset, variant, bc, chunk in todo:
         kb = batches[kind, feat]
         plans += kb.reference_plans(chunk, preset)
-        plans += kb.flash_plans(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
+        if kernel_name(preset) is None:
+            plans += kb.flash_plans(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
     executables.prepare(plans)
 
     for kind, feat, preset, variant, bc in track(groups, desc=desc, unit="group", quiet=quiet):
@@ -532,7 +554,10 @@ def _compute(
             entries = kb.entries(chunk)
             gold = kb.golden(chunk)
             base = kb.baseline(chunk, preset)
-            flash = kb.flash(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
+            if kernel_name(preset) is None:
+                flash = kb.flash(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
+            else:
+                flash = kb.kernel(chunk, preset)
             for j, ((_, n, _), ks) in enumerate(zip(entries, keys)):
                 rows = n if feat.queries is None else min(n, feat.queries)
                 outs = {

@@ -4,6 +4,13 @@ A configuration is (policy preset, format, sequence length, blocks, variant,
 seed, attention features) plus the shared shape (batch, heads, d), input
 distribution (:mod:`fa_jax.inputs`) and causal flag; the features (GQA, window,
 softcap, ALiBi, split-KV, decoding shapes) are :class:`~.features.Features`.
+A ``"kernel:NAME"`` policies entry is a real kernel's computation: its flash
+column is :func:`fa_jax.kernels.emulate` of the kernel (its model's own order of
+steps, tiles and loop), and its baseline is reference attention under the
+policy of that model (:func:`policy_for`), both on Q, K, V rounded to the
+format, as the golden sees them; it needs formats the kernel runs
+natively and the paper's attention (no features), and its rows repeat under
+every blocks and variants entry, which the kernel does not follow.
 Every configuration is compared three ways, ``flash_vs_golden``,
 ``baseline_vs_golden`` and ``flash_vs_baseline``, with the metrics
 ``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff`` and ``rmse`` of
@@ -32,11 +39,12 @@ __all__ = [
     "METRICS",
     "Grid",
     "SramBlocks",
+    "kernel_name",
     "policy_for",
     "row_key",
 ]
 
-# A grid's policies entry "kernel:NAME" runs under the policy of a real kernel's model.
+# A grid's policies entry "kernel:NAME" runs a real kernel's model (module docstring).
 KERNEL_PREFIX = "kernel:"
 COMPARISONS = ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
 METRICS = ("max_abs_diff", "mean_abs_diff", "std_abs_diff", "rmse")
@@ -107,8 +115,9 @@ class Grid:
     ``formats``: names ("bf16", "e5m4", ...), :class:`Format` objects or
     ``(exp_bits, man_bits)`` tuples.  ``blocks``: :class:`Blocks` or
     :class:`SramBlocks`.  ``policies``: preset names of
-    :data:`fa_jax.presets.PRESETS`, or ``"kernel:NAME"`` for the policy of a real
-    kernel's model (:func:`policy_for`).  ``distribution``: one of
+    :data:`fa_jax.presets.PRESETS`, or ``"kernel:NAME"`` for fa_jax's model of a
+    real kernel (module docstring): formats the kernel runs natively and the
+    paper's attention only.  ``distribution``: one of
     :data:`DISTRIBUTIONS` (module docstring).  ``features``: :class:`Features`
     entries, the paper's attention by default.
     """
@@ -145,7 +154,7 @@ class Grid:
         if len(set(names)) != len(names):
             raise ValueError(f"Grid.formats: expected distinct format names, got {names}")
         for p in self.policies:
-            _check_policy(p)
+            _check_policy(p, fmts, self.features)
         for v in self.variants:
             one_of(v, VARIANTS, "Grid.variants")
         one_of(self.distribution, DISTRIBUTIONS, "Grid.distribution")
@@ -231,14 +240,34 @@ class Grid:
         }
 
 
-def _check_policy(name) -> None:
-    if isinstance(name, str) and name.startswith(KERNEL_PREFIX):
-        kernel = name[len(KERNEL_PREFIX) :]
+def kernel_name(policy: str) -> str | None:
+    """NAME of a ``"kernel:NAME"`` policies entry; None for a preset."""
+    if isinstance(policy, str) and policy.startswith(KERNEL_PREFIX):
+        return policy[len(KERNEL_PREFIX) :]
+    return None
+
+
+def _check_policy(name, fmts, features) -> None:
+    kernel = kernel_name(name)
+    if kernel is not None:
         one_of(kernel, kernels.names(), "Grid.policies: kernel")
         try:
-            kernels.get(kernel)
+            real = kernels.get(kernel)
         except RuntimeError as err:
             raise ValueError(f"Grid.policies: {err}") from None
+        native = {get_format(f).name for f in real.formats}
+        other = [f.name for f in fmts if f.name not in native]
+        if other:
+            raise ValueError(
+                f"Grid.policies: {name} runs the kernel's model, which takes the formats "
+                f"the kernel runs natively, {list(real.formats)}; got formats {other}"
+            )
+        other = [f.label() for f in features if isinstance(f, Features) and f != PAPER]
+        if other:
+            raise ValueError(
+                f"Grid.policies: {name} runs the kernel's model on the paper's attention; "
+                f"expected features {PAPER.label()!r} only, got {other}"
+            )
         return
     if name not in PRESETS:
         raise ValueError(
@@ -250,10 +279,11 @@ def _check_policy(name) -> None:
 def policy_for(name: str, fmt: Format, n: int, d: int) -> Policy:
     """The policy of a grid's ``policies`` entry in format ``fmt``: a preset of
     :data:`~fa_jax.presets.PRESETS`, or ``"kernel:NAME"``, the policy of fa_jax's
-    model of that real kernel (:mod:`fa_jax.kernels`) for (n, d), carried to
-    ``fmt`` even where the real kernel does not run in it."""
-    if name.startswith(KERNEL_PREFIX):
-        return kernels.get(name[len(KERNEL_PREFIX) :]).model(fmt, n, d).policy
+    model of that real kernel for (n, d) (:func:`fa_jax.kernels.model`: ``fmt``
+    one the kernel runs natively), under which a kernel row's baseline runs."""
+    kernel = kernel_name(name)
+    if kernel is not None:
+        return kernels.model(kernel, fmt, n, d).policy
     return PRESETS[name](fmt)
 
 
