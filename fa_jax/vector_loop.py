@@ -5,8 +5,8 @@ runs the online-softmax recurrence of FlashAttention-2 (Dao 2023, Algorithm 1)
 with its own summation orders: the row sum of P̃ over vector lanes
 (:func:`lane_sum`), the P V product in the CPU GEMM's inner blocks
 (:func:`gemm_accumulate`), the statistics updated by an FMA where the build
-fuses a · b + c (:func:`torch_step`).  In FP16 a last query block of 1 to 3
-rows meets MKL's small-matrix GEMM, which sums in other orders
+fuses a · b + c (:func:`torch_step`).  A last query block of 1 to 3 rows
+meets MKL's small-matrix GEMM, which sums in other orders
 (:func:`torch_qk`, :func:`torch_pv`).
 
 ATen compiles that loop once per CPU capability, with ``Vectorized<float>``
@@ -164,18 +164,15 @@ def query_block(n: int) -> int:
     return min(query_split(n), n)
 
 
-# The most rows (columns of its column-major call) for which the CPU BLAS's FP16
+# The most rows (columns of its column-major call) for which the CPU BLAS's
 # GEMM takes its small-matrix path.
 _SMALL_ROWS = 3
 
 
-def small_block_rows(n: int, fmt) -> int:
+def small_block_rows(n: int) -> int:
     """How many of N query rows go through the CPU BLAS's small-matrix path: the
     rows of the kernel's last query block (:func:`query_block`) when it holds at
-    most 3 and the inputs are FP16 (the kernel's FP16 GEMMs are MKL's
-    ``gemm_f16f16f32``; its BF16 GEMMs take no such path, as measured); else 0."""
-    if getattr(fmt, "name", None) != "float16":
-        return 0
+    most 3, else 0 (the same in BF16 and FP16: MKL's GEMM of the FP32 values)."""
     br = query_block(n)
     rows = n - br * ((n - 1) // br)
     return rows if rows <= _SMALL_ROWS else 0
@@ -188,10 +185,11 @@ def torch_qk(q, k_t, policy: Policy):
     holding terms i, i + 4, …, the lanes combined by halving, the d mod 4 last
     terms then added one by one: ``vector(4)``) for the keys in whole groups of
     4, and in 8 lanes (``vector(8)``) for the key block's last (width mod 4)
-    keys.  Revealed by probes on ``cblas_gemm_f16f16f32`` (one thread) and
-    checked on random inputs, 1 to 3 rows, 1 to 512 keys, d = 8 to 256."""
+    keys.  Revealed by probes on MKL's ``cblas_gemm_f16f16f32`` and ``sgemm_``
+    (one thread; the same orders) and checked on random inputs, 1 to 3 rows, 1
+    to 512 keys, d = 8 to 256; BF16 by the kernel's outputs."""
     n, width = q.shape[-2], k_t.shape[-1]
-    rows = small_block_rows(n, policy.inputs)
+    rows = small_block_rows(n)
     if not rows:
         return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
     tail = q[..., n - rows :, :]
@@ -211,7 +209,7 @@ def torch_pv(o, p, v_j, policy: Policy):
     on the rows of :func:`small_block_rows`, where MKL's small-matrix path runs one
     chain of fused multiply-adds from o over the keys in index order."""
     n = p.shape[-2]
-    rows = small_block_rows(n, policy.inputs)
+    rows = small_block_rows(n)
     if not rows:
         return gemm_accumulate(o, p, v_j, policy.o_acc)
     small = ops.matmul(

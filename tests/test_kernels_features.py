@@ -174,9 +174,8 @@ def test_torch_features_bit_identical_other_builds(capability, index):
     _torch_check(capability, TORCH_DEFAULT[index])
 
 
-# Measured gap.  One query against 2048 keys on DEFAULT: 2 of 512 outputs by
-# 1 ulp (AVX2 and AVX512 exact), not yet explained.
-_GAPS = {(2, "DEFAULT"): "DEFAULT, one query, 2048 keys: 2 of 512 outputs by 1 ulp"}
+# Measured gaps (none left at these cases): (case index, capability) -> reason.
+_GAPS: dict[tuple[int, str], str] = {}
 
 
 @pytest.mark.slow

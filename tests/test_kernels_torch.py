@@ -257,7 +257,7 @@ def test_batched_gemm_blocks_equal_the_block_by_block_gemm(k):
 
 # (format, (B, H, N, d), H_kv, M, features, causal): query blocks of 1 to 3 rows
 # last (33 = 32 + 1, 35 = 32 + 3, 65 = 2 · 32 + 1, 129 = 4 · 32 + 1; N < 32 is one
-# block of N rows), whose FP16 GEMMs MKL runs on its small-matrix path
+# block of N rows), whose GEMMs MKL runs on its small-matrix path
 # (fa_jax.vector_loop.torch_qk, torch_pv); key widths with 1 to 3 keys past the
 # last group of 4 (43, 555, 70), the 4 wholly (64, 512).  Default tier: one
 # case with a mask on the capability here (the model without the small-matrix
@@ -272,6 +272,7 @@ SMALL_BLOCK_SLOW = (
     ("fp16", (1, 4, 3, 80), 4, 43, ("bias", "mask"), False),
     ("bf16", (2, 4, 33, 96), 2, 555, ("mask",), False),
     ("bf16", (1, 2, 35, 80), 2, 35, (), True),
+    ("bf16", (1, 32, 1, 64), 32, 2048, (), False),
 )
 
 
@@ -303,18 +304,34 @@ def test_small_last_query_block_bit_identical():
     _small_block_check(here, SMALL_BLOCK_DEFAULT[0])
 
 
+# One query against 2048 keys, 32 heads, on DEFAULT: 1 of 2048 outputs by 1 ulp
+# (AVX2 and AVX512 exact), not yet explained.
+_SMALL_BLOCK_GAPS = {(len(SMALL_BLOCK_SLOW) - 1, "DEFAULT"): "DEFAULT decode: 1 of 2048 by 1 ulp"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("capability", CAPABILITIES)
-@pytest.mark.parametrize("index", range(len(SMALL_BLOCK_SLOW)))
+@pytest.mark.parametrize(
+    ("capability", "index"),
+    [
+        pytest.param(
+            c,
+            i,
+            marks=[pytest.mark.xfail(strict=True, reason=_SMALL_BLOCK_GAPS[i, c])]
+            if (i, c) in _SMALL_BLOCK_GAPS
+            else [],
+        )
+        for i in range(len(SMALL_BLOCK_SLOW))
+        for c in CAPABILITIES
+    ],
+)
 def test_small_last_query_block_bit_identical_slow(capability, index):
     _small_block_check(capability, SMALL_BLOCK_SLOW[index])
 
 
 def test_small_block_rows_follow_the_kernels_blocks():
-    """The rows of the last query block where it holds 1 to 3, FP16 only."""
+    """The rows of the last query block where it holds 1 to 3."""
     from fa_jax.vector_loop import query_block, small_block_rows
 
     assert [query_block(n) for n in (1, 33, 191, 192, 767, 768)] == [1, 32, 32, 64, 64, 256]
-    rows = {n: small_block_rows(n, FP16) for n in (1, 3, 4, 17, 33, 35, 36, 64, 65, 193, 769)}
+    rows = {n: small_block_rows(n) for n in (1, 3, 4, 17, 33, 35, 36, 64, 65, 193, 769)}
     assert rows == {1: 1, 3: 3, 4: 0, 17: 0, 33: 1, 35: 3, 36: 0, 64: 0, 65: 1, 193: 1, 769: 1}
-    assert small_block_rows(33, BF16) == 0

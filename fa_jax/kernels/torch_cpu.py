@@ -25,12 +25,12 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   every step) with the kernel's block sizes.  What was read in the source and
   what was measured on the kernel: the exp (``fexp_u20``, not the ``exp_u20``
   of older sources), the two accumulators and the GEMM's blocks were found by
-  inputs built to isolate them.  The FP16 GEMMs are MKL's (``cpublas::gemm`` →
-  ``gemm_f16f16f32``); where the last query block holds 1 to 3 rows (N = 33,
-  35, 65, ...), MKL's small-matrix path sums Q Kᵀ in 4 lanes over the head
-  dimension (8 for the key block's last width mod 4 keys) and P V as one FMA
-  chain from o (:func:`fa_jax.vector_loop.torch_qk`, ``torch_pv``), revealed by
-  probes on ``cblas_gemm_f16f16f32``.  The BF16 GEMMs take no such path.
+  inputs built to isolate them.  The GEMMs are MKL's (``cpublas::gemm``);
+  where the last query block holds 1 to 3 rows (N = 33, 35, 65, ..., N <= 3),
+  MKL's small-matrix path sums Q Kᵀ in 4 lanes over the head dimension (8 for
+  the key block's last width mod 4 keys) and P V as one FMA chain from o
+  (:func:`fa_jax.vector_loop.torch_qk`, ``torch_pv``), revealed by probes on
+  MKL's ``cblas_gemm_f16f16f32`` and ``sgemm_``.
 
 ATen builds both kernels once per CPU capability and dispatches to one
 (``torch.backends.cpu.get_cpu_capability()``; ``ATEN_CPU_CAPABILITY=default``
