@@ -93,6 +93,7 @@ from fa_jax.softmax import (
     shifted_exp,
 )
 from fa_jax.vector_loop import LANES as _LANES
+from fa_jax.vector_loop import torch_qk as _torch_qk
 from fa_jax.vector_loop import torch_step as _torch_step
 
 __all__ = [
@@ -194,9 +195,16 @@ def _resolved_scale(scale, d: int, policy: Policy):
         return ops.constant(scale, stage, dtype)
 
 
-def _scores(q, k_t, scale, policy: Policy):
+def _qk(q, k_t, policy: Policy, variant=None):
+    """fl_qk_acc(Q Kᵀ): a kernel loop's GEMM where it has one (fa_jax.vector_loop)."""
+    if variant in _LANES:
+        return _torch_qk(q, k_t, policy)
+    return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
+
+
+def _scores(q, k_t, scale, policy: Policy, variant=None):
     """S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) (or fl_scores(Q' Kᵀ) with Q pre-scaled)."""
-    s = ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
+    s = _qk(q, k_t, policy, variant)
     if policy.scale == "scores":
         return ops.mul(s, scale, policy.scores)
     return ops.cast(s, policy.scores)
@@ -226,16 +234,14 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
         fused = call.variant in _FUSED_BIAS and policy.scale == "scores"
         if b_j is not None and fused and call.softcap is None:
             # PyTorch's CPU flash loop built with FMA: S' = fl(fl(Q Kᵀ) · scale + B̂), one FMA
-            raw = ops.matmul(
-                q, jnp.swapaxes(k_j, -1, -2), policy.qk_acc, accumulation=policy.accumulation
-            )
+            raw = _qk(q, jnp.swapaxes(k_j, -1, -2), policy, call.variant)
             masked = b_j == -jnp.inf
             s = jnp.where(
                 masked, -jnp.inf, ops.fma(raw, scale, jnp.where(masked, 0.0, b_j), policy.bias)
             )
             t = None
         else:
-            s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy)
+            s = _scores(q, jnp.swapaxes(k_j, -1, -2), scale, policy, call.variant)
             t = None
             if call.softcap is not None:
                 s, t = softcap(s, call.softcap, policy)

@@ -5,7 +5,9 @@ runs the online-softmax recurrence of FlashAttention-2 (Dao 2023, Algorithm 1)
 with its own summation orders: the row sum of P̃ over vector lanes
 (:func:`lane_sum`), the P V product in the CPU GEMM's inner blocks
 (:func:`gemm_accumulate`), the statistics updated by an FMA where the build
-fuses a · b + c (:func:`torch_step`).
+fuses a · b + c (:func:`torch_step`).  A last query block of 1 to 3 rows
+meets MKL's small-matrix GEMM, which sums in other orders
+(:func:`torch_qk`, :func:`torch_pv`).
 
 ATen compiles that loop once per CPU capability, with ``Vectorized<float>``
 (``aten/src/ATen/cpu/vec``) of the capability's width; :class:`Lanes` says
@@ -36,11 +38,24 @@ import jax.numpy as jnp
 
 from fa_jax import ops
 from fa_jax._checks import one_of
+from fa_jax.accumulation import vector
 from fa_jax.exponential import GLIBC_EXPF
 from fa_jax.policy import Policy
 from fa_jax.softmax import rescale_factor, running_max, shifted_exp
 
-__all__ = ["LANES", "Lanes", "gemm_accumulate", "gemm_k_blocks", "lane_sum", "torch_step"]
+__all__ = [
+    "LANES",
+    "Lanes",
+    "gemm_accumulate",
+    "gemm_k_blocks",
+    "lane_sum",
+    "query_block",
+    "query_split",
+    "small_block_rows",
+    "torch_pv",
+    "torch_qk",
+    "torch_step",
+]
 
 _COMBINES = ("halving", "in_order")
 
@@ -137,6 +152,79 @@ def gemm_accumulate(c, a, b, fmt):
     return c
 
 
+def query_split(n: int) -> int:
+    """The kernel's query tile (``q_split_size``) for N queries: 256 rows (N >= 768),
+    64 (N >= 192), else 32."""
+    return 256 if n >= 768 else 64 if n >= 192 else 32
+
+
+def query_block(n: int) -> int:
+    """The rows of the kernel's full query blocks (``qSplitSize``): the tile, at
+    most N (:func:`query_split`)."""
+    return min(query_split(n), n)
+
+
+# The most rows (columns of its column-major call) for which the CPU BLAS's
+# GEMM takes its small-matrix path.
+_SMALL_ROWS = 3
+
+
+def small_block_rows(n: int) -> int:
+    """How many of N query rows go through the CPU BLAS's small-matrix path: the
+    rows of the kernel's last query block (:func:`query_block`) when it holds at
+    most 3, else 0 (the same in BF16 and FP16: MKL's GEMM of the FP32 values)."""
+    br = query_block(n)
+    rows = n - br * ((n - 1) // br)
+    return rows if rows <= _SMALL_ROWS else 0
+
+
+def torch_qk(q, k_t, policy: Policy):
+    """fl_qk_acc(Q Kᵀ) as the kernel's GEMM adds it: each dot in index order
+    (``policy.accumulation``), except on the rows of :func:`small_block_rows`,
+    where MKL's small-matrix path sums the head dimension in 4 lanes (lane i
+    holding terms i, i + 4, …, the lanes combined by halving, the d mod 4 last
+    terms then added one by one: ``vector(4)``) for the keys in whole groups of
+    4, and in 8 lanes (``vector(8)``) for the key block's last (width mod 4)
+    keys.  Revealed by probes on MKL's ``cblas_gemm_f16f16f32`` and ``sgemm_``
+    (one thread; the same orders) and checked on random inputs, 1 to 3 rows, 1
+    to 512 keys, d = 8 to 256; BF16 by the kernel's outputs."""
+    n, width = q.shape[-2], k_t.shape[-1]
+    rows = small_block_rows(n)
+    if not rows:
+        return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
+    tail = q[..., n - rows :, :]
+    whole = width - width % 4
+    parts = [ops.matmul(tail, k_t[..., :whole], policy.qk_acc, accumulation=vector(4))]
+    if whole < width:
+        parts.append(ops.matmul(tail, k_t[..., whole:], policy.qk_acc, accumulation=vector(8)))
+    small = jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+    if rows == n:
+        return small
+    head = ops.matmul(q[..., : n - rows, :], k_t, policy.qk_acc, accumulation=policy.accumulation)
+    return jnp.concatenate([head, small], axis=-2)
+
+
+def torch_pv(o, p, v_j, policy: Policy):
+    """o ⊕ P V as the kernel's GEMM adds it into o: :func:`gemm_accumulate`, except
+    on the rows of :func:`small_block_rows`, where MKL's small-matrix path runs one
+    chain of fused multiply-adds from o over the keys in index order."""
+    n = p.shape[-2]
+    rows = small_block_rows(n)
+    if not rows:
+        return gemm_accumulate(o, p, v_j, policy.o_acc)
+    small = ops.matmul(
+        p[..., n - rows :, :],
+        v_j,
+        policy.o_acc,
+        accumulation="sequential",
+        initial=o[..., n - rows :, :],
+    )
+    if rows == n:
+        return small
+    head = gemm_accumulate(o[..., : n - rows, :], p[..., : n - rows, :], v_j, policy.o_acc)
+    return jnp.concatenate([head, small], axis=-2)
+
+
 def torch_step(carry, s, v_j, policy: Policy, *, lanes: Lanes, log2_scale):
     """One key block of a ``torch_*`` loop (:data:`LANES`): PyTorch's CPU flash
     attention (``cpu_flash_attention`` in ATen's ``FlashAttentionKernel.cpp``)
@@ -176,5 +264,5 @@ def torch_step(carry, s, v_j, policy: Policy, *, lanes: Lanes, log2_scale):
     else:
         l_new = ops.add(ops.mul(alpha, l, policy.stats), total, policy.stats)
     o = ops.mul(o, alpha[..., None], policy.o_acc)
-    o = gemm_accumulate(o, ops.cast(e, policy.p), v_j, policy.o_acc)
+    o = torch_pv(o, ops.cast(e, policy.p), v_j, policy)
     return m_new, l_new, o

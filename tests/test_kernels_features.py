@@ -174,13 +174,8 @@ def test_torch_features_bit_identical_other_builds(capability, index):
     _torch_check(capability, TORCH_DEFAULT[index])
 
 
-# Measured gaps.  33 = 32 + 1 queries: only the last query block's one row
-# differs (at most 3 ulp, every build): the CPU BLAS's one-row P V order is not
-# modelled.  One query against 2048 keys on DEFAULT: 2 of 512 outputs by 1 ulp
-# (AVX2 and AVX512 exact), not yet explained.
-_GAPS = {(1, c): "a one-row query block's P V order is not modelled" for c in CAPABILITIES} | {
-    (2, "DEFAULT"): "DEFAULT, one query, 2048 keys: 2 of 512 outputs by 1 ulp"
-}
+# Measured gaps (none left at these cases): (case index, capability) -> reason.
+_GAPS: dict[tuple[int, str], str] = {}
 
 
 @pytest.mark.slow

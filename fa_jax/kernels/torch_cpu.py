@@ -25,7 +25,12 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   every step) with the kernel's block sizes.  What was read in the source and
   what was measured on the kernel: the exp (``fexp_u20``, not the ``exp_u20``
   of older sources), the two accumulators and the GEMM's blocks were found by
-  inputs built to isolate them.
+  inputs built to isolate them.  The GEMMs are MKL's (``cpublas::gemm``);
+  where the last query block holds 1 to 3 rows (N = 33, 35, 65, ..., N <= 3),
+  MKL's small-matrix path sums Q Kᵀ in 4 lanes over the head dimension (8 for
+  the key block's last width mod 4 keys) and P V as one FMA chain from o
+  (:func:`fa_jax.vector_loop.torch_qk`, ``torch_pv``), revealed by probes on
+  MKL's ``cblas_gemm_f16f16f32`` and ``sgemm_``.
 
 ATen builds both kernels once per CPU capability and dispatches to one
 (``torch.backends.cpu.get_cpu_capability()``; ``ATEN_CPU_CAPABILITY=default``
@@ -78,7 +83,7 @@ from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
-from fa_jax.vector_loop import LANES, gemm_accumulate, gemm_k_blocks, lane_sum
+from fa_jax.vector_loop import LANES, gemm_accumulate, gemm_k_blocks, lane_sum, query_split
 
 __all__ = [
     "CAPABILITIES",
@@ -317,8 +322,7 @@ _math_jit = jax.jit(_math_forward, static_argnames=("policy", "variant", "causal
 def flash_blocks(n: int, m: int) -> Blocks:
     """The kernel's tiles for N queries and M keys: 256/64/32 query rows (N >= 768,
     >= 192, else) and min(512, M) key columns."""
-    br = 256 if n >= 768 else 64 if n >= 192 else 32
-    return Blocks(br, min(512, m))
+    return Blocks(query_split(n), min(512, m))
 
 
 def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None) -> KernelModel:
