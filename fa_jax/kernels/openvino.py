@@ -25,16 +25,20 @@ Which code runs (``nodes/scaled_attn.cpp``):
   ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 is
   modelled with every cache (BF16 and F32 the same: under BF16 inference the
   cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
-  scale and zero point per token): S = its AVX-512 ``dot_product`` (on u8 keys
-  read as fl(u - zp), times the key's scale), the softmax in FP32 (P not
-  rounded; on a u8 cache times the value's scale), O = an FMA chain over the
-  keys (on a u8 cache the last d_v mod 64 columns run a scalar loop:
-  fma(fl(p · fl(u - zp)), scale, O)) per thread's contiguous share of (head,
-  key) work, the threads' partial sums added in thread order from zero
-  (``attn_reduce``; one thread: no reduction), rounded to BF16.  F32 decoding
-  is not modelled (the model raises).
+  scale and zero point per token), F32 with an F32 or BF16 cache (the same:
+  under F32 inference the cache holds FP32 values): S = its AVX-512
+  ``dot_product`` (each query precision its own order; on u8 keys read as
+  fl(u - zp), times the key's scale), the softmax in FP32 (P not rounded; on a
+  u8 cache times the value's scale), O = an FMA chain over the keys (on a u8
+  cache the last d_v mod 64 columns run a scalar loop: fma(fl(p · fl(u - zp)),
+  scale, O)) per thread's contiguous share of (head, key) work, the threads'
+  partial sums added in thread order from zero (``attn_reduce``; one thread: no
+  reduction); BF16: rounded to BF16 (the last d_v mod 16 columns as
+  ``ov::bfloat16`` rounds).  F32 on a u8 cache, and a u8 cache with d mod 16 !=
+  0, are not modelled (the model raises).
 
-``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1/sqrt(d)); a
+``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1 / fl32(sqrt(d)))
+(``1.0f / std::sqrt(float(d))``: d = 24, 72, 96, 112 differ from fl32(1/sqrt(d))); a
 scale is given to the graph as the node's scale input (with the one-element
 attention mask the plugin then ignores).
 """
@@ -93,7 +97,9 @@ def _fmt(fmt) -> Format:
 
 
 def _scale(scale, d: int) -> float:
-    return float(np.float32(1.0 / np.sqrt(d) if scale is None else scale))
+    if scale is None:  # 1.0f / std::sqrt(float(d)): two FP32 roundings
+        return float(np.float32(1.0) / np.sqrt(np.float32(d)))
+    return float(np.float32(scale))
 
 
 @functools.cache
@@ -227,11 +233,12 @@ def _u8_value_tail(p, v_read, v_scale, shares):
     return ops.sum(terms, FP32, axis=-3, accumulation=SEQUENTIAL)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8"))
-def _bf16_decode(q, k, v, *, scale: float, threads: int, u8: bool):
-    """``mha_single_token`` with BF16 queries, on a BF16 or u8 cache (module
-    docstring); q (H, N, d)."""
-    q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
+@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8", "bf16"))
+def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
+    """``mha_single_token`` with BF16 queries on a BF16 or u8 cache (``bf16``), or
+    with FP32 queries on an FP32 or u8 cache (module docstring); q (H, N, d)."""
+    if bf16:
+        q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
     h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
     work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
     shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
@@ -241,20 +248,28 @@ def _bf16_decode(q, k, v, *, scale: float, threads: int, u8: bool):
         v_u, v_scale, v_zp = ovs.quantize_u8(v)
         k_read = ops.sub(k_u, jnp.broadcast_to(k_zp, k_u.shape), FP32)
         v = ops.sub(v_u, jnp.broadcast_to(v_zp, v_u.shape), FP32)
-        s = ops.mul(ovs.dot_product(q, k_read), jnp.swapaxes(k_scale, -1, -2), FP32)
+        s = ops.mul(ovs.dot_product(q, k_read, fp32=not bf16), jnp.swapaxes(k_scale, -1, -2), FP32)
         p = ovs.softmax(s, scale)
         w = ops.mul(p, jnp.swapaxes(v_scale, -1, -2), FP32)  # weight · scale of V
     else:
-        p = w = ovs.softmax(ovs.dot_product(q, k), scale)
-    partial = ops.matmul(
-        jnp.where(shares, w, 0.0), v[..., : d_v - tail], FP32, accumulation=SEQUENTIAL
-    )
+        p = w = ovs.softmax(ovs.dot_product(q, k, fp32=not bf16), scale)
+    parts = []
+    if d_v - tail:
+        w_t = jnp.where(shares, w, 0.0)
+        parts.append(ops.matmul(w_t, v[..., : d_v - tail], FP32, accumulation=SEQUENTIAL))
     if tail:
-        rest = _u8_value_tail(p, v[..., d_v - tail :], v_scale, shares)  # pyright: ignore[reportPossiblyUnbound]
-        partial = jnp.concatenate([partial, rest], axis=-1)
+        parts.append(_u8_value_tail(p, v[..., d_v - tail :], v_scale, shares))  # pyright: ignore[reportPossiblyUnbound]
+    partial = jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
     # attn_reduce: from zero, thread by thread (a thread without keys of a head adds 0;
     # one thread: the partial itself).
-    return ops.cast(ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL), BF16)
+    out = ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL)
+    if not bf16:
+        return out
+    # to BF16: vcvtneps2bf16 on blocks of 16 columns, ov::bfloat16 on the rest
+    vector = d_v - d_v % ovs.LANES
+    return jnp.concatenate(
+        [ops.cast(out[..., :vector], BF16), ovs.bf16_scalar(out[..., vector:])], axis=-1
+    )
 
 
 def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool):
@@ -263,14 +278,19 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
     s = _scale(scale, d)
     if n != m:
-        if precision != "bf16":
+        if u8 and precision != "bf16":
             raise NotImplementedError(
-                "openvino-sdpa: N < M in f32 runs mha_single_token in FP32, whose order "
-                "is not modelled"
+                "openvino-sdpa: N < M in f32 on a u8 cache: its quantization and dot "
+                "product for FP32 queries are not modelled"
+            )
+        if u8 and d % ovs.LANES:
+            raise NotImplementedError(
+                f"openvino-sdpa: N < M on a u8 cache with d = {d}: the u8 dot product's "
+                "scalar tail (d mod 16) is not modelled"
             )
         lead = q.shape[:-2]
         flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
-        out = _bf16_decode(*flat, scale=s, threads=threads, u8=u8)
+        out = _decode(*flat, scale=s, threads=threads, u8=u8, bf16=precision == "bf16")
         return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
@@ -292,8 +312,9 @@ def sdpa_model(
     threads: int = 1,
 ) -> KernelModel:
     """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
-    (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and BF16
-    decoding (N < M) on each ``kv_cache`` with ``threads``."""
+    (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and
+    decoding (N < M) with ``threads``: BF16 on each ``kv_cache``, F32 on an f32 or
+    bf16 one."""
     del n, d
     f = _fmt(fmt)
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
