@@ -78,9 +78,6 @@ def test_model_refuses_what_it_does_not_model():
     q, k, v = _inputs(1, 1, 1, 20, 40)
     with pytest.raises(NotImplementedError, match="scalar tail"):
         kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", kv_cache="u8")
-    q, k, v = _inputs(1, 1, 5, 5, 8)
-    with pytest.raises(NotImplementedError, match="M1TransposeB"):
-        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32")
 
 
 def test_exp_ps_reference_points():
@@ -97,6 +94,12 @@ def test_exp_ps_reference_points():
     ("precision", "n", "d", "causal", "fmt"),
     [
         ("bf16", 11, 16, True, "fp32"),  # fp32 inputs rounded to bf16 by the plugin
+        # N mod 4 = 1: the last row in MLAS's one-row kernels (Q Kᵀ: 8 AVX lanes)
+        ("f32", 5, 16, False, "fp32"),
+        pytest.param("f32", 9, 20, True, "fp32", marks=pytest.mark.extended),
+        # N = 1: the decoding kernel on the cache (u8 by default)
+        pytest.param("bf16", 1, 64, False, "fp32", marks=pytest.mark.extended),
+        pytest.param("f32", 13, 100, False, "fp32", marks=pytest.mark.extended),
         pytest.param("bf16", 17, 80, False, "bf16", marks=pytest.mark.extended),
         pytest.param("f32", 19, 64, True, "fp32", marks=pytest.mark.extended),
     ],

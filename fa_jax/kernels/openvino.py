@@ -17,8 +17,10 @@ Which code runs (``nodes/scaled_attn.cpp``):
   new K and V themselves (the cache's precision does not reach the output).
   BF16: Q, K, V rounded to BF16 (nearest even), S = oneDNN brgemm (Q Kᵀ,
   ``vdpbf16ps``), OpenVINO's softmax with P rounded to BF16, O = brgemm(P V) in
-  FP32, rounded to BF16.  F32: S = MLAS sgemm (Q Kᵀ, four query rows a call),
-  the same softmax in FP32, O = MLAS sgemm(P V).  Modelled:
+  FP32, rounded to BF16.  F32: S = MLAS sgemm (Q Kᵀ, four query rows a call;
+  a last block of one row, N mod 4 = 1, in MLAS's one-row kernels), the same
+  softmax in FP32, O = MLAS sgemm(P V).  N == 1 runs the decoding kernel below,
+  on the cache the one key has just entered.  Modelled:
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
 - N < M (decoding: non-causal only): a first call stores the first M - N keys
   in the cache, a second one runs the N queries against all M keys with
@@ -195,12 +197,17 @@ def _bf16_prefill(q, k, v, *, scale: float, causal: bool):
 
 @functools.partial(jax.jit, static_argnames=("scale", "causal", "rows"))
 def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int):
-    """Rows [0, rows) of the MLAS path, whose sgemms take more than one row."""
+    """The MLAS path: rows [0, rows) in sgemms of more than one row, the rest (one
+    row, N mod 4 = 1) in MLAS's one-row kernels."""
     n, m = q.shape[-2], k.shape[-2]
-    s = mlas.sgemm(q[..., :rows, :], jnp.swapaxes(k, -1, -2), trans_b=True)
     keep = _keep(n, m, causal)
-    p = ovs.softmax(s, scale, None if keep is None else keep[:rows])
-    return mlas.sgemm(p, v)
+    out = []
+    for lo, hi in ((0, rows), (rows, n)):
+        if hi > lo:
+            s = mlas.sgemm(q[..., lo:hi, :], jnp.swapaxes(k, -1, -2), trans_b=True)
+            p = ovs.softmax(s, scale, None if keep is None else keep[lo:hi])
+            out.append(mlas.sgemm(p, v))
+    return jnp.concatenate(out, axis=-2) if len(out) > 1 else out[0]
 
 
 _M_BLOCK = 4  # MHAKernel<KT_MLAS, float>: query rows per sgemm call
@@ -277,15 +284,15 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
     s = _scale(scale, d)
-    if n != m:
+    if n != m or n == 1:  # one query row runs mha_single_token, on the cache
         if u8 and precision != "bf16":
             raise NotImplementedError(
-                "openvino-sdpa: N < M in f32 on a u8 cache: its quantization and dot "
-                "product for FP32 queries are not modelled"
+                "openvino-sdpa: decoding (N < M, or N = 1) in f32 on a u8 cache: its "
+                "quantization and dot product for FP32 queries are not modelled"
             )
         if u8 and d % ovs.LANES:
             raise NotImplementedError(
-                f"openvino-sdpa: N < M on a u8 cache with d = {d}: the u8 dot product's "
+                f"openvino-sdpa: decoding on a u8 cache with d = {d}: the u8 dot product's "
                 "scalar tail (d mod 16) is not modelled"
             )
         lead = q.shape[:-2]
@@ -294,12 +301,8 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
         return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
-    if n % _M_BLOCK == 1:
-        raise NotImplementedError(
-            "openvino-sdpa: f32 with N mod 4 == 1: the last row's Q Kᵀ runs MLAS's "
-            "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
-        )
-    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=n)
+    rows = n - 1 if n % _M_BLOCK == 1 else n  # the last block of one row: M = 1 kernels
+    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=rows)
 
 
 def sdpa_model(
