@@ -215,17 +215,26 @@ def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart
                 )
             return _m1_transpose_b(a, b)
         return _m1(a, b, c)
-    step = stride_k(n, k)
-    out = c
-    for lo in range(0, k, step):
-        acc = ops.matmul(
-            a[..., lo : lo + step], b[..., lo : lo + step, :], FP32, accumulation="sequential"
-        )
-        if out is None:
-            out = ops.mul(acc, _full(acc, alpha), FP32)
-        else:
-            out = ops.fma(acc, _full(acc, alpha), out, FP32)
-    assert out is not None  # K >= 1
+    step = min(stride_k(n, k), k)
+    slices = -(-k // step)
+    # Every slice's chain at once (one scan of ``step`` over a batch of slices, not one
+    # program per slice): the last, short slice padded with zeros in front, as adding
+    # 0 · 0 to the zero it starts from leaves it +0, the start of a chain anyway.
+    front = slices * step - k
+    last = (slices - 1) * step
+    a = jnp.concatenate(
+        [a[..., :last], jnp.zeros((*a.shape[:-1], front), a.dtype), a[..., last:]], -1
+    )
+    b = jnp.concatenate(
+        [b[..., :last, :], jnp.zeros((*b.shape[:-2], front, n), b.dtype), b[..., last:, :]], -2
+    )
+    a_s = jnp.moveaxis(a.reshape(*a.shape[:-1], slices, step), -2, 0)  # (S, ..., M, step)
+    b_s = jnp.moveaxis(b.reshape(*b.shape[:-2], slices, step, n), -3, 0)  # (S, ..., step, N)
+    acc = ops.matmul(a_s, b_s, FP32, accumulation="sequential")  # (S, ..., M, N)
+    alphas = _full(acc[0], alpha)
+    out = ops.mul(acc[0], alphas, FP32) if c is None else ops.fma(acc[0], alphas, c, FP32)
+    for i in range(1, slices):
+        out = ops.fma(acc[i], alphas, out, FP32)
     return out
 
 
