@@ -47,6 +47,9 @@ token, the default group size): scale = fl(fl(max - min) / 255) (0.0001 where 0)
 zp = fl(-min / scale), u = clamp(rint(fma(x, fl(1 / scale), zp)), 0, 255).  The
 decoding kernel reads it back as fl(u - zp): its dot product runs on those and
 multiplies the result by the key's scale; its P V weight is fl(p · scale of V).
+With FP32 queries the kernel instead reads K and V back as fl(fl(u - zp) ·
+scale) (``dequantize_u8``) and runs its FP32 path on those (found by trying the
+candidates against the real kernel: this one gave every output).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ __all__ = [
     "OPENVINO_EXP",
     "bf16_matmul",
     "bf16_scalar",
+    "dequantize_u8",
     "dot_product",
     "exp_ps",
     "lane_sum",
@@ -204,6 +208,15 @@ def quantize_u8(x):
     inverse = ops.div(jnp.ones_like(scale), scale, FP32)
     t = ops.fma(x, jnp.broadcast_to(inverse, x.shape), jnp.broadcast_to(zp, x.shape), FP32)
     return jnp.clip(jnp.round(t), 0, 255), scale, zp  # jnp.round: to nearest even
+
+
+def dequantize_u8(x):
+    """FP32 values ``x`` (..., M, S) through the u8 cache and back as the FP32
+    decoding kernel reads them: fl(fl(u - zp) · scale) (module docstring)."""
+    u, scale, zp = quantize_u8(x)
+    return ops.mul(
+        ops.sub(u, jnp.broadcast_to(zp, u.shape), FP32), jnp.broadcast_to(scale, u.shape), FP32
+    )
 
 
 OPENVINO_EXP = ExpModel("openvino_exp_ps_avx512", lambda x, fmt: ops.cast(exp_ps(x), fmt))

@@ -27,8 +27,9 @@ Which code runs (``nodes/scaled_attn.cpp``):
   ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 is
   modelled with every cache (BF16 and F32 the same: under BF16 inference the
   cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
-  scale and zero point per token), F32 with an F32 or BF16 cache (the same:
-  under F32 inference the cache holds FP32 values): S = its AVX-512
+  scale and zero point per token), F32 with every cache (F32 and BF16 the same:
+  under F32 inference the cache holds FP32 values; u8: K and V read back as
+  :func:`fa_jax.openvino_sdpa.dequantize_u8`, then the FP32 path): S = its AVX-512
   ``dot_product`` (each query precision its own order; on u8 keys read as
   fl(u - zp), times the key's scale), the softmax in FP32 (P not rounded; on a
   u8 cache times the value's scale), O = an FMA chain over the keys (on a u8
@@ -36,8 +37,8 @@ Which code runs (``nodes/scaled_attn.cpp``):
   scale, O)) per thread's contiguous share of (head, key) work, the threads'
   partial sums added in thread order from zero (``attn_reduce``; one thread: no
   reduction); BF16: rounded to BF16 (the last d_v mod 16 columns as
-  ``ov::bfloat16`` rounds).  F32 on a u8 cache, and a u8 cache with d mod 16 !=
-  0, are not modelled (the model raises).
+  ``ov::bfloat16`` rounds).  BF16 on a u8 cache with d mod 16 != 0 is not
+  modelled (the model raises).
 
 ``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1 / fl32(sqrt(d)))
 (``1.0f / std::sqrt(float(d))``: d = 24, 72, 96, 112 differ from fl32(1/sqrt(d))); a
@@ -249,6 +250,9 @@ def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
     h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
     work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
     shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
+    if u8 and not bf16:  # FP32 queries read the u8 cache back as fl(fl(u - zp) · scale)
+        k, v = ovs.dequantize_u8(k), ovs.dequantize_u8(v)
+        u8 = False
     tail = d_v % _VALUE_BLOCK if u8 else 0
     if u8:
         k_u, k_scale, k_zp = ovs.quantize_u8(k)
@@ -285,12 +289,7 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
     s = _scale(scale, d)
     if n != m or n == 1:  # one query row runs mha_single_token, on the cache
-        if u8 and precision != "bf16":
-            raise NotImplementedError(
-                "openvino-sdpa: decoding (N < M, or N = 1) in f32 on a u8 cache: its "
-                "quantization and dot product for FP32 queries are not modelled"
-            )
-        if u8 and d % ovs.LANES:
+        if u8 and precision == "bf16" and d % ovs.LANES:
             raise NotImplementedError(
                 f"openvino-sdpa: decoding on a u8 cache with d = {d}: the u8 dot product's "
                 "scalar tail (d mod 16) is not modelled"
@@ -316,8 +315,7 @@ def sdpa_model(
 ) -> KernelModel:
     """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
     (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and
-    decoding (N < M) with ``threads``: BF16 on each ``kv_cache``, F32 on an f32 or
-    bf16 one."""
+    decoding (N < M, or N = 1) on each ``kv_cache`` with ``threads``."""
     del n, d
     f = _fmt(fmt)
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
