@@ -34,7 +34,11 @@ onto C (beta = 1; from the first group for beta = 0), then a pair (p + p) and
 a last single product for the K mod 4 rest
 (measured with :func:`fa_jax.kernels.reveal.reveal_matmul_order` on ONNX
 Runtime's MatMul).  ``MlasSgemmKernelM1TransposeBAvx`` (one row, B transposed,
-alpha = 1) is not modelled: :func:`sgemm` raises.
+alpha = 1, beta = 0): products rounded, product i into AVX lane i mod 8 in index
+order (the K mod 8 rest too), then (((l0 + l1) + l2) + l3) + (((l4 + l5) + l6) +
+l7) (revealed with :func:`fa_jax.kernels.reveal.reveal_order` through OpenVINO's
+F32 SDPA, whose last query row takes it where N mod 4 = 1; K = 16, 20, 64);
+with beta = 1 it is not modelled (:func:`sgemm` raises).
 """
 
 from __future__ import annotations
@@ -173,6 +177,27 @@ def _m1(a, b, c):
     return acc
 
 
+M1T_LANES = 8  # MlasSgemmKernelM1TransposeBAvx: one 8-lane AVX accumulator
+
+
+def _m1_transpose_b(a, b):
+    """``MlasSgemmKernelM1TransposeBAvx`` on each row of A (..., M, K) alone, times B
+    (..., K, N) given transposed, beta = 0: products rounded, product i into lane
+    i mod 8 in index order (the K mod 8 tail too), then (((l0 + l1) + l2) + l3) +
+    (((l4 + l5) + l6) + l7)."""
+    k = a.shape[-1]
+    prod = ops.mul(a[..., :, None, :], jnp.swapaxes(b, -1, -2)[..., None, :, :], FP32)
+    prod = jnp.pad(prod, [(0, 0)] * (prod.ndim - 1) + [(0, -k % M1T_LANES)])  # + 0: exact
+    lanes = ops.sum(
+        prod.reshape(*prod.shape[:-1], -1, M1T_LANES), FP32, axis=-2, accumulation="sequential"
+    )
+    low, high = lanes[..., 0], lanes[..., 4]
+    for j in range(1, 4):
+        low = ops.add(low, lanes[..., j], FP32)
+        high = ops.add(high, lanes[..., 4 + j], FP32)
+    return ops.add(low, high, FP32)
+
+
 def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart: bool = False):
     """fl(alpha · a @ b (+ c)) as MLAS's FP32 GEMM computes it (module docstring):
     ``a`` (..., M, K); ``b`` (..., K, N), given already transposed where the call
@@ -184,22 +209,32 @@ def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart
     alpha = _f32(alpha)
     if (m == 1 or rows_apart) and alpha == 1.0:
         if trans_b:
-            raise NotImplementedError(
-                "mlas.sgemm: one row of A times a transposed B with alpha = 1 runs "
-                "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
-            )
+            if c is not None:
+                raise NotImplementedError(
+                    "mlas.sgemm: MlasSgemmKernelM1TransposeBAvx with beta = 1 is not modelled"
+                )
+            return _m1_transpose_b(a, b)
         return _m1(a, b, c)
-    step = stride_k(n, k)
-    out = c
-    for lo in range(0, k, step):
-        acc = ops.matmul(
-            a[..., lo : lo + step], b[..., lo : lo + step, :], FP32, accumulation="sequential"
-        )
-        if out is None:
-            out = ops.mul(acc, _full(acc, alpha), FP32)
-        else:
-            out = ops.fma(acc, _full(acc, alpha), out, FP32)
-    assert out is not None  # K >= 1
+    step = min(stride_k(n, k), k)
+    slices = -(-k // step)
+    # Every slice's chain at once (one scan of ``step`` over a batch of slices, not one
+    # program per slice): the last, short slice padded with zeros in front, as adding
+    # 0 · 0 to the zero it starts from leaves it +0, the start of a chain anyway.
+    front = slices * step - k
+    last = (slices - 1) * step
+    a = jnp.concatenate(
+        [a[..., :last], jnp.zeros((*a.shape[:-1], front), a.dtype), a[..., last:]], -1
+    )
+    b = jnp.concatenate(
+        [b[..., :last, :], jnp.zeros((*b.shape[:-2], front, n), b.dtype), b[..., last:, :]], -2
+    )
+    a_s = jnp.moveaxis(a.reshape(*a.shape[:-1], slices, step), -2, 0)  # (S, ..., M, step)
+    b_s = jnp.moveaxis(b.reshape(*b.shape[:-2], slices, step, n), -3, 0)  # (S, ..., step, N)
+    acc = ops.matmul(a_s, b_s, FP32, accumulation="sequential")  # (S, ..., M, N)
+    alphas = _full(acc[0], alpha)
+    out = ops.mul(acc[0], alphas, FP32) if c is None else ops.fma(acc[0], alphas, c, FP32)
+    for i in range(1, slices):
+        out = ops.fma(acc[i], alphas, out, FP32)
     return out
 
 

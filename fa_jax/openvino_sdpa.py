@@ -28,21 +28,33 @@ padded with a zero).  Denormal inputs and outputs of the instruction, which it
 flushes, are not modelled.
 
 ``dot_product`` (``mha_single_token.cpp``'s ``dot_product``, AVX-512, the decoding
-kernel's Q·K on a BF16 or FP32 cache): blocks of 16 entries of d, four at a time
-into accumulators 0-3, then a remaining pair of blocks into 0 and 1, a last one
-into 0; each lane an FMA chain from zero; then (acc0 + acc1) + (acc2 + acc3) and
-``_mm512_reduce_add_ps``.  d must be a multiple of 16 (the scalar tail is not
-modelled).
+kernel's Q·K on a BF16, FP32 or u8 cache): blocks of 16 entries of d, four at a
+time into accumulators 0-3, each lane an FMA chain from zero.  With BF16 queries
+a remaining pair of blocks goes into 0 and 1, a last one into 0, then (acc0 +
+acc1) + (acc2 + acc3); with FP32 queries every remaining block goes into 0, then
+((acc0 + acc1) + acc2) + acc3 (revealed on the real kernel with
+:func:`fa_jax.kernels.reveal.reveal_order`, d = 20 to 112).  Then
+``_mm512_reduce_add_ps``.  The last d mod 16 entries: the products rounded and
+summed in order from the first, that sum added to the vector part's.
+
+``bf16_scalar``: a BF16 output's last d mod 16 columns are stored one by one
+through ``ov::bfloat16(float)``, whose rounding is (bits + ((bits >> 1) &
+0x8000)) >> 16: from the half up where the kept last bit is odd, truncated where
+it is even (the columns before go through ``vcvtneps2bf16``, to nearest even).
 
 ``quantize_u8`` (``attn_quant.cpp``'s ``quant_u8``, the u8 KV cache, one group per
 token, the default group size): scale = fl(fl(max - min) / 255) (0.0001 where 0),
 zp = fl(-min / scale), u = clamp(rint(fma(x, fl(1 / scale), zp)), 0, 255).  The
 decoding kernel reads it back as fl(u - zp): its dot product runs on those and
 multiplies the result by the key's scale; its P V weight is fl(p · scale of V).
+With FP32 queries the kernel instead reads K and V back as fl(fl(u - zp) ·
+scale) (``dequantize_u8``) and runs its FP32 path on those (found by trying the
+candidates against the real kernel: this one gave every output).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -53,6 +65,8 @@ from fa_jax.formats import BF16, FP32
 __all__ = [
     "OPENVINO_EXP",
     "bf16_matmul",
+    "bf16_scalar",
+    "dequantize_u8",
     "dot_product",
     "exp_ps",
     "lane_sum",
@@ -134,10 +148,10 @@ def bf16_matmul(a, b):
     return ops.matmul(a[..., odd_first], b[..., odd_first, :], FP32, accumulation="sequential")
 
 
-def _accumulator_of_blocks(d: int) -> list[int]:
-    blocks, out = d // LANES, []
-    while len(out) + 4 <= blocks:
-        out += [0, 1, 2, 3]
+def _accumulator_of_blocks(blocks: int, fp32: bool) -> list[int]:
+    out = [0, 1, 2, 3] * (blocks // 4)
+    if fp32:  # the blocks after the last four all into accumulator 0
+        return out + [0] * (blocks % 4)
     if len(out) + 2 <= blocks:
         out += [0, 1]
     if len(out) + 1 <= blocks:
@@ -145,26 +159,42 @@ def _accumulator_of_blocks(d: int) -> list[int]:
     return out
 
 
-def dot_product(q, k):
+def dot_product(q, k, *, fp32: bool = False):
     """q (..., N, d) · k (..., M, d) -> (..., N, M) as the decoding kernel's
-    ``dot_product`` computes each entry, FP32 (module docstring)."""
+    ``dot_product`` computes each entry, FP32 (module docstring); ``fp32``: the
+    order it takes for FP32 queries."""
     d = q.shape[-1]
-    if d % LANES:
-        raise NotImplementedError(
-            f"openvino_sdpa.dot_product: d = {d}: the scalar tail (d mod 16) is not modelled"
-        )
-    prod = q[..., :, None, :] * k[..., None, :, :]  # (..., N, M, d), exact in float64
-    blocks = prod.reshape(*prod.shape[:-1], d // LANES, LANES)
-    owner = _accumulator_of_blocks(d)
-    acc = []
-    for j in range(4):
-        mine = [b for b, a in enumerate(owner) if a == j]
-        if mine:
-            acc.append(ops.sum(blocks[..., mine, :], FP32, axis=-2, accumulation="sequential"))
+    body = d - d % LANES
+    out = None
+    if body:
+        prod = q[..., :, None, :body] * k[..., None, :, :body]  # (..., N, M, body), exact
+        blocks = prod.reshape(*prod.shape[:-1], body // LANES, LANES)
+        owner = _accumulator_of_blocks(body // LANES, fp32)
+        acc = []
+        for j in range(4):
+            mine = [b for b, a in enumerate(owner) if a == j]
+            if mine:
+                acc.append(ops.sum(blocks[..., mine, :], FP32, axis=-2, accumulation="sequential"))
+            else:
+                acc.append(jnp.zeros((*blocks.shape[:-2], LANES), blocks.dtype))
+        if fp32:
+            total = ops.add(ops.add(ops.add(acc[0], acc[1], FP32), acc[2], FP32), acc[3], FP32)
         else:
-            acc.append(jnp.zeros((*blocks.shape[:-2], LANES), blocks.dtype))
-    total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
-    return lane_sum(total)
+            total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
+        out = lane_sum(total)
+    if body < d:  # the scalar tail: its own sum of rounded products, then added
+        tail = ops.mul(q[..., :, None, body:], k[..., None, :, body:], FP32)
+        tail = ops.sum(tail, FP32, axis=-1, accumulation="sequential")
+        out = tail if out is None else ops.add(out, tail, FP32)
+    return out
+
+
+def bf16_scalar(x):
+    """``ov::bfloat16(float)`` of the FP32 values ``x``, the scalar stores of BF16
+    outputs: (bits + ((bits >> 1) & 0x8000)) >> 16 (module docstring)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    rounded = (bits + ((bits & np.uint32(0x10000)) >> 1)) & np.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(x.dtype)
 
 
 def quantize_u8(x):
@@ -178,6 +208,15 @@ def quantize_u8(x):
     inverse = ops.div(jnp.ones_like(scale), scale, FP32)
     t = ops.fma(x, jnp.broadcast_to(inverse, x.shape), jnp.broadcast_to(zp, x.shape), FP32)
     return jnp.clip(jnp.round(t), 0, 255), scale, zp  # jnp.round: to nearest even
+
+
+def dequantize_u8(x):
+    """FP32 values ``x`` (..., M, S) through the u8 cache and back as the FP32
+    decoding kernel reads them: fl(fl(u - zp) · scale) (module docstring)."""
+    u, scale, zp = quantize_u8(x)
+    return ops.mul(
+        ops.sub(u, jnp.broadcast_to(zp, u.shape), FP32), jnp.broadcast_to(scale, u.shape), FP32
+    )
 
 
 OPENVINO_EXP = ExpModel("openvino_exp_ps_avx512", lambda x, fmt: ops.cast(exp_ps(x), fmt))

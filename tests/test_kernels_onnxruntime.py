@@ -91,7 +91,7 @@ def test_errors():
     with pytest.raises(ValueError, match="l2_cache_size"):
         O.mha_model(O.FP32, 3, 8, l2_cache_size=0)
     with float64_enabled(), pytest.raises(NotImplementedError, match="TransposeB"):
-        mlas.sgemm(np.ones((1, 4)), np.ones((4, 3)), trans_b=True)
+        mlas.sgemm(np.ones((1, 4)), np.ones((4, 3)), c=np.zeros((1, 3)), trans_b=True)
 
 
 @pytest.mark.slow

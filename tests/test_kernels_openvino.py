@@ -72,12 +72,9 @@ def test_options_checked():
 
 
 def test_model_refuses_what_it_does_not_model():
-    q, k, v = _inputs(1, 1, 1, 20, 16)
-    with pytest.raises(NotImplementedError, match="mha_single_token in FP32"):
-        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32", kv_cache="f32")
-    q, k, v = _inputs(1, 1, 5, 5, 8)
-    with pytest.raises(NotImplementedError, match="M1TransposeB"):
-        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="f32")
+    q, k, v = _inputs(1, 1, 1, 20, 40)
+    with pytest.raises(NotImplementedError, match="scalar tail"):
+        kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", kv_cache="u8")
 
 
 def test_exp_ps_reference_points():
@@ -94,6 +91,12 @@ def test_exp_ps_reference_points():
     ("precision", "n", "d", "causal", "fmt"),
     [
         ("bf16", 11, 16, True, "fp32"),  # fp32 inputs rounded to bf16 by the plugin
+        # N mod 4 = 1: the last row in MLAS's one-row kernels (Q Kᵀ: 8 AVX lanes)
+        ("f32", 5, 16, False, "fp32"),
+        pytest.param("f32", 9, 20, True, "fp32", marks=pytest.mark.extended),
+        # N = 1: the decoding kernel on the cache (u8 by default)
+        pytest.param("bf16", 1, 64, False, "fp32", marks=pytest.mark.extended),
+        pytest.param("f32", 13, 100, False, "fp32", marks=pytest.mark.extended),
         pytest.param("bf16", 17, 80, False, "bf16", marks=pytest.mark.extended),
         pytest.param("f32", 19, 64, True, "fp32", marks=pytest.mark.extended),
     ],
@@ -159,6 +162,65 @@ def test_decode_exact(h, n, m, d, kv_cache, threads):
     real = kernels.real("openvino-sdpa", q, k, v, **call)
     model = kernels.emulate("openvino-sdpa", q, k, v, **call)
     assert _identical(real, model) == 1.0
+
+
+@needs_bf16_cpu  # the plugin's BF16 paths beside its FP32 ones on the same host
+@pytest.mark.parametrize(
+    ("precision", "h", "n", "m", "d", "kv_cache", "threads"),
+    [
+        # FP32 queries: four accumulators over blocks of 16, the rest into the first,
+        # ((0 + 1) + 2) + 3, and a scalar tail of rounded products (d = 100: 6 blocks + 4)
+        # (on a u8 cache it reads K and V back as fl(fl(u - zp) · scale) first)
+        ("f32", 2, 2, 9, 100, "u8", 2),
+        pytest.param("f32", 2, 2, 9, 100, "f32", 2, marks=pytest.mark.extended),
+        pytest.param("f32", 3, 3, 515, 80, "u8", 2, marks=pytest.mark.extended),
+        # BF16 queries, d mod 16 != 0: the same tail; the last d mod 16 columns stored
+        # as ov::bfloat16 rounds them
+        pytest.param("bf16", 3, 1, 9, 40, "bf16", 2, marks=pytest.mark.extended),
+        # under F32 inference a bf16 cache holds FP32
+        pytest.param("f32", 2, 1, 37, 48, "bf16", 1, marks=pytest.mark.extended),
+        pytest.param("bf16", 2, 2, 23, 8, "f32", 1, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 1, 1031, 80, "f32", 2, marks=pytest.mark.extended),
+        pytest.param("f32", 8, 1, 2048, 112, "f32", 1, marks=pytest.mark.extended),
+        pytest.param("f32", 4, 3, 515, 20, "bf16", 2, marks=pytest.mark.extended),
+        pytest.param("bf16", 4, 1, 1031, 100, "bf16", 2, marks=pytest.mark.extended),
+    ],
+)
+def test_decode_exact_fp32_and_tails(precision, h, n, m, d, kv_cache, threads):
+    """F32 decoding and the dot product's scalar tail, against the real kernel."""
+    q, k, v = _inputs(7, h, n, m, d)
+    call = {"fmt": "fp32", "precision": precision, "kv_cache": kv_cache, "threads": threads}
+    real = kernels.real("openvino-sdpa", q, k, v, **call)
+    model = kernels.emulate("openvino-sdpa", q, k, v, **call)
+    assert _identical(real, model) == 1.0
+
+
+def test_dot_product_orders():
+    """d = 100: six blocks of 16 and a tail of 4.  Lane 0 holds 2^24 (block 0), -2^24
+    (block 1), 1 (blocks 4 and 5): for FP32 queries blocks 4 and 5 both join
+    accumulator 0 and vanish into 2^24, so the lanes give 0; for BF16 ones block 5
+    goes to accumulator 1, where -2^24 + 1 is exact, so they give 1.  The tail's
+    four ones are added after: 4 and 5."""
+    q = np.zeros((1, 1, 100))
+    q[..., [0, 16, 64, 80]] = [2.0**24, -(2.0**24), 1.0, 1.0]
+    q[..., 96:] = 1.0
+    k = np.ones((1, 1, 100))
+    with float64_enabled():
+        got = [
+            np.asarray(jax.jit(ovs.dot_product, static_argnames="fp32")(q, k, fp32=fp32)).item()
+            for fp32 in (True, False)
+        ]
+    assert got == [4.0, 5.0]
+
+
+def test_bf16_scalar_store():
+    """ov::bfloat16's rounding: an odd last BF16 bit rounds up from the half, an even
+    one truncates (0x3f808000 -> 0x3f80, 0x3f818000 -> 0x3f82, 0x3f80ffff -> 0x3f80)."""
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0xBF817FFF], np.uint32)
+    with float64_enabled():
+        out = np.asarray(ovs.bf16_scalar(jnp.asarray(bits.view(np.float32), jnp.float64)))
+    got = (out.astype(np.float32).view(np.uint32) >> 16).tolist()
+    assert got == [0x3F80, 0x3F82, 0x3F80, 0xBF81]
 
 
 def test_thread_shares():

@@ -17,24 +17,31 @@ Which code runs (``nodes/scaled_attn.cpp``):
   new K and V themselves (the cache's precision does not reach the output).
   BF16: Q, K, V rounded to BF16 (nearest even), S = oneDNN brgemm (Q Kᵀ,
   ``vdpbf16ps``), OpenVINO's softmax with P rounded to BF16, O = brgemm(P V) in
-  FP32, rounded to BF16.  F32: S = MLAS sgemm (Q Kᵀ, four query rows a call),
-  the same softmax in FP32, O = MLAS sgemm(P V).  Modelled:
+  FP32, rounded to BF16.  F32: S = MLAS sgemm (Q Kᵀ, four query rows a call;
+  a last block of one row, N mod 4 = 1, in MLAS's one-row kernels), the same
+  softmax in FP32, O = MLAS sgemm(P V).  N == 1 runs the decoding kernel below,
+  on the cache the one key has just entered.  Modelled:
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
 - N < M (decoding: non-causal only): a first call stores the first M - N keys
   in the cache, a second one runs the N queries against all M keys with
   ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 is
   modelled with every cache (BF16 and F32 the same: under BF16 inference the
   cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
-  scale and zero point per token): S = its AVX-512 ``dot_product`` (on u8 keys
-  read as fl(u - zp), times the key's scale), the softmax in FP32 (P not
-  rounded; on a u8 cache times the value's scale), O = an FMA chain over the
-  keys (on a u8 cache the last d_v mod 64 columns run a scalar loop:
-  fma(fl(p · fl(u - zp)), scale, O)) per thread's contiguous share of (head,
-  key) work, the threads' partial sums added in thread order from zero
-  (``attn_reduce``; one thread: no reduction), rounded to BF16.  F32 decoding
-  is not modelled (the model raises).
+  scale and zero point per token), F32 with every cache (F32 and BF16 the same:
+  under F32 inference the cache holds FP32 values; u8: K and V read back as
+  :func:`fa_jax.openvino_sdpa.dequantize_u8`, then the FP32 path): S = its AVX-512
+  ``dot_product`` (each query precision its own order; on u8 keys read as
+  fl(u - zp), times the key's scale), the softmax in FP32 (P not rounded; on a
+  u8 cache times the value's scale), O = an FMA chain over the keys (on a u8
+  cache the last d_v mod 64 columns run a scalar loop: fma(fl(p · fl(u - zp)),
+  scale, O)) per thread's contiguous share of (head, key) work, the threads'
+  partial sums added in thread order from zero (``attn_reduce``; one thread: no
+  reduction); BF16: rounded to BF16 (the last d_v mod 16 columns as
+  ``ov::bfloat16`` rounds).  BF16 on a u8 cache with d mod 16 != 0 is not
+  modelled (the model raises).
 
-``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1/sqrt(d)); a
+``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1 / fl32(sqrt(d)))
+(``1.0f / std::sqrt(float(d))``: d = 24, 72, 96, 112 differ from fl32(1/sqrt(d))); a
 scale is given to the graph as the node's scale input (with the one-element
 attention mask the plugin then ignores).
 """
@@ -93,7 +100,9 @@ def _fmt(fmt) -> Format:
 
 
 def _scale(scale, d: int) -> float:
-    return float(np.float32(1.0 / np.sqrt(d) if scale is None else scale))
+    if scale is None:  # 1.0f / std::sqrt(float(d)): two FP32 roundings
+        return float(np.float32(1.0) / np.sqrt(np.float32(d)))
+    return float(np.float32(scale))
 
 
 @functools.cache
@@ -189,12 +198,17 @@ def _bf16_prefill(q, k, v, *, scale: float, causal: bool):
 
 @functools.partial(jax.jit, static_argnames=("scale", "causal", "rows"))
 def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int):
-    """Rows [0, rows) of the MLAS path, whose sgemms take more than one row."""
+    """The MLAS path: rows [0, rows) in sgemms of more than one row, the rest (one
+    row, N mod 4 = 1) in MLAS's one-row kernels."""
     n, m = q.shape[-2], k.shape[-2]
-    s = mlas.sgemm(q[..., :rows, :], jnp.swapaxes(k, -1, -2), trans_b=True)
     keep = _keep(n, m, causal)
-    p = ovs.softmax(s, scale, None if keep is None else keep[:rows])
-    return mlas.sgemm(p, v)
+    out = []
+    for lo, hi in ((0, rows), (rows, n)):
+        if hi > lo:
+            s = mlas.sgemm(q[..., lo:hi, :], jnp.swapaxes(k, -1, -2), trans_b=True)
+            p = ovs.softmax(s, scale, None if keep is None else keep[lo:hi])
+            out.append(mlas.sgemm(p, v))
+    return jnp.concatenate(out, axis=-2) if len(out) > 1 else out[0]
 
 
 _M_BLOCK = 4  # MHAKernel<KT_MLAS, float>: query rows per sgemm call
@@ -227,34 +241,46 @@ def _u8_value_tail(p, v_read, v_scale, shares):
     return ops.sum(terms, FP32, axis=-3, accumulation=SEQUENTIAL)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8"))
-def _bf16_decode(q, k, v, *, scale: float, threads: int, u8: bool):
-    """``mha_single_token`` with BF16 queries, on a BF16 or u8 cache (module
-    docstring); q (H, N, d)."""
-    q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
+@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8", "bf16"))
+def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
+    """``mha_single_token`` with BF16 queries on a BF16 or u8 cache (``bf16``), or
+    with FP32 queries on an FP32 or u8 cache (module docstring); q (H, N, d)."""
+    if bf16:
+        q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
     h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
     work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
     shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
+    if u8 and not bf16:  # FP32 queries read the u8 cache back as fl(fl(u - zp) · scale)
+        k, v = ovs.dequantize_u8(k), ovs.dequantize_u8(v)
+        u8 = False
     tail = d_v % _VALUE_BLOCK if u8 else 0
     if u8:
         k_u, k_scale, k_zp = ovs.quantize_u8(k)
         v_u, v_scale, v_zp = ovs.quantize_u8(v)
         k_read = ops.sub(k_u, jnp.broadcast_to(k_zp, k_u.shape), FP32)
         v = ops.sub(v_u, jnp.broadcast_to(v_zp, v_u.shape), FP32)
-        s = ops.mul(ovs.dot_product(q, k_read), jnp.swapaxes(k_scale, -1, -2), FP32)
+        s = ops.mul(ovs.dot_product(q, k_read, fp32=not bf16), jnp.swapaxes(k_scale, -1, -2), FP32)
         p = ovs.softmax(s, scale)
         w = ops.mul(p, jnp.swapaxes(v_scale, -1, -2), FP32)  # weight · scale of V
     else:
-        p = w = ovs.softmax(ovs.dot_product(q, k), scale)
-    partial = ops.matmul(
-        jnp.where(shares, w, 0.0), v[..., : d_v - tail], FP32, accumulation=SEQUENTIAL
-    )
+        p = w = ovs.softmax(ovs.dot_product(q, k, fp32=not bf16), scale)
+    parts = []
+    if d_v - tail:
+        w_t = jnp.where(shares, w, 0.0)
+        parts.append(ops.matmul(w_t, v[..., : d_v - tail], FP32, accumulation=SEQUENTIAL))
     if tail:
-        rest = _u8_value_tail(p, v[..., d_v - tail :], v_scale, shares)  # pyright: ignore[reportPossiblyUnbound]
-        partial = jnp.concatenate([partial, rest], axis=-1)
+        parts.append(_u8_value_tail(p, v[..., d_v - tail :], v_scale, shares))  # pyright: ignore[reportPossiblyUnbound]
+    partial = jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
     # attn_reduce: from zero, thread by thread (a thread without keys of a head adds 0;
     # one thread: the partial itself).
-    return ops.cast(ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL), BF16)
+    out = ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL)
+    if not bf16:
+        return out
+    # to BF16: vcvtneps2bf16 on blocks of 16 columns, ov::bfloat16 on the rest
+    vector = d_v - d_v % ovs.LANES
+    return jnp.concatenate(
+        [ops.cast(out[..., :vector], BF16), ovs.bf16_scalar(out[..., vector:])], axis=-1
+    )
 
 
 def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool):
@@ -262,24 +288,20 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
     s = _scale(scale, d)
-    if n != m:
-        if precision != "bf16":
+    if n != m or n == 1:  # one query row runs mha_single_token, on the cache
+        if u8 and precision == "bf16" and d % ovs.LANES:
             raise NotImplementedError(
-                "openvino-sdpa: N < M in f32 runs mha_single_token in FP32, whose order "
-                "is not modelled"
+                f"openvino-sdpa: decoding on a u8 cache with d = {d}: the u8 dot product's "
+                "scalar tail (d mod 16) is not modelled"
             )
         lead = q.shape[:-2]
         flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
-        out = _bf16_decode(*flat, scale=s, threads=threads, u8=u8)
+        out = _decode(*flat, scale=s, threads=threads, u8=u8, bf16=precision == "bf16")
         return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
-    if n % _M_BLOCK == 1:
-        raise NotImplementedError(
-            "openvino-sdpa: f32 with N mod 4 == 1: the last row's Q Kᵀ runs MLAS's "
-            "MlasSgemmKernelM1TransposeBAvx, whose order is not modelled"
-        )
-    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=n)
+    rows = n - 1 if n % _M_BLOCK == 1 else n  # the last block of one row: M = 1 kernels
+    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=rows)
 
 
 def sdpa_model(
@@ -292,8 +314,8 @@ def sdpa_model(
     threads: int = 1,
 ) -> KernelModel:
     """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
-    (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and BF16
-    decoding (N < M) on each ``kv_cache`` with ``threads``."""
+    (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and
+    decoding (N < M, or N = 1) on each ``kv_cache`` with ``threads``."""
     del n, d
     f = _fmt(fmt)
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
