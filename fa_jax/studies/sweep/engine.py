@@ -29,16 +29,12 @@ Execution, in brief:
 * metrics are computed per configuration on the unpadded output, by compiled
   programs that give the public metric functions' bits
   (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
-* each program is compiled once and kept on disk
-  (:mod:`.executables`, under :func:`fa_jax.studies.cache.cache_dir`), so a
+* each program is compiled once and kept on disk (:mod:`.executables`), so a
   later run loads it instead of tracing and compiling it again.
 
-Files in ``out_dir``: ``results.csv`` (:data:`~fa_jax.studies.sweep.COLUMNS`;
-``value`` is ``repr(float)``, so it round-trips exactly), rewritten atomically
-after every group, and ``metadata.json`` (:func:`fa_jax.studies.results.run_metadata`).
-Before anything is computed, :func:`~fa_jax.studies.results.check_out_dir`
-refuses an ``out_dir`` that is a file, lies under one, cannot be written or
-holds a ``results.csv`` with other columns.
+Files in ``out_dir`` (checked first, :func:`~fa_jax.studies.results.check_out_dir`):
+``results.csv`` (:data:`~fa_jax.studies.sweep.COLUMNS`; ``value`` is
+``repr(float)``), rewritten atomically after every group, and ``metadata.json``.
 Resume: configurations whose rows are all in an existing ``results.csv`` are
 skipped and kept; partial ones are computed again, so re-running after an
 interruption completes the file without duplicates.  Under
