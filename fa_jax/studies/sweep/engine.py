@@ -5,8 +5,7 @@ policy), ``baseline`` (reference attention under the same policy) and
 ``golden`` (reference attention in FP64, :func:`~fa_jax.presets.golden`), all
 on the same inputs: Q, K, V drawn in float64 (:func:`fa_jax.inputs.make_inputs`,
 softmax scale 1/√d) and rounded to the swept format.  It compares them with the
-metrics of :mod:`fa_jax.metrics`, as Golden et al. 2024 (§4, Figs 3-6) compare
-FlashAttention and baseline attention against an FP64 golden value.
+metrics of :mod:`fa_jax.metrics`, as Golden et al. 2024 (§4, Figs 3-6) do.
 
 Execution, in brief:
 
