@@ -158,6 +158,7 @@ def test_jit_equals_eager_bitwise():
     assert (d_k[:, :2] != 0).any() and (d_v[:, :2] != 0).all()
 
 
+@pytest.mark.extended  # for the default run's time only
 def test_vmap_over_mantissa_width_equals_separate_calls():
     """jax.grad under a policy whose format widths are traced (vmapped) gives, per
     width, the bits of a call with that format; float32 inputs get float32 gradients."""

@@ -106,6 +106,7 @@ def test_q4_0_scale_from_signed_max():
     assert np.max(np.abs(back - x)) <= 0.0625
 
 
+@pytest.mark.extended  # for the default run's time only
 @needs_ggml
 def test_scalar_f16_accumulator_exact():
     """Decode-like rows, F16 K/V (FP16 accumulator, Q rounded to FP16), d = 80 (leftovers

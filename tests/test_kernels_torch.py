@@ -295,6 +295,7 @@ def _small_block_check(capability: str, case: tuple):
     assert share == 1.0, f"{capability} {case}: {share:.5%} identical, {worst} ulp"
 
 
+@pytest.mark.extended  # for the default run's time only
 def test_small_last_query_block_bit_identical():
     """A one-row last query block (33 = 32 + 1) in FP16 with a mask, 70 keys (2
     past the last group of 4): the rows MKL's small-matrix path computes."""

@@ -194,6 +194,7 @@ def test_sweep_equals_direct_calls_bitwise(
     assert got[("flash_vs_golden", "max_abs_diff")] > 0
 
 
+@pytest.mark.extended  # for the default run's time only
 def test_lengths_far_apart_share_flash_programs_and_equal_direct_calls(x64, tmp_path):
     """Flash programs pad lengths up to 8x apart (they skip the key blocks past a
     configuration's length; the reference programs keep 2x buckets), and every
