@@ -85,6 +85,26 @@ def test_xla_model_at_larger_shapes(shape, causal, fmt, seed):
     assert c.identical_share == 1.0, c.summary()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("shape", "causal", "fmt"),
+    [
+        ((2, 2, 2047, 128), True, "fp32"),  # a ragged 32nd chunk in the softmax sum
+        ((1, 1, 3000, 64), True, "fp32"),
+        ((1, 2, 2047, 96), False, "fp32"),
+        ((1, 1, 2047, 64), True, "bf16"),
+    ],
+)
+def test_xla_model_at_long_ragged_rows(shape, causal, fmt):
+    """Bit for bit on rows of 1024 keys and more whose last chunk of the softmax sum
+    is ragged (YNNPACK's remainder, which takes no compensated step of its own)."""
+    q, k, v = _inputs(shape, fa_jax.get_format(fmt), seed=0)
+    real = kernels.real("xla", q, k, v, fmt=fmt, causal=causal)
+    emulated = kernels.emulate("xla", q, k, v, fmt=fmt, causal=causal)
+    c = kernels.compare(real, emulated, _golden(q, k, v, causal), fmt)
+    assert c.identical_share == 1.0, c.summary()
+
+
 def test_pv_probes_count_the_terms_the_revealed_order_predicts():
     """For every query, the P V probes of keys in key 0's block count what the
     revealed order (tile_k chains folded pairwise) predicts, and the first key of
@@ -172,6 +192,20 @@ def test_softmax_sum_follows_ynnpacks_lanes_groups_and_kahan_steps(m):
     groups of four chunks while 256 terms remain, Kahan steps each 1024 terms."""
     rng = np.random.default_rng(m)
     e = np.exp2(rng.uniform(-30, 0, size=(3, m))).astype(np.float32)
+    with x64_enabled():
+        got = np.asarray(jax.jit(lambda x: xla._softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64)))
+    want = np.array([_ynnpack_sum_float_k1(row) for row in e], np.float64)
+    assert np.array_equal(got, want)
+
+
+def test_softmax_sum_ragged_last_chunk_takes_no_compensated_step():
+    """At 2047 terms the ragged last chunk is the 32nd: YNNPACK's clock ticks in its
+    loops over whole chunks only, so that chunk brings no compensated step of its
+    own (one more, with the running error, moves the sum by an ulp on some rows:
+    7 of these 256 when it was taken)."""
+    m = 2047
+    rng = np.random.default_rng(m)
+    e = np.exp(-3 * np.abs(rng.standard_normal((256, m)))).astype(np.float32)
     with x64_enabled():
         got = np.asarray(jax.jit(lambda x: xla._softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64)))
     want = np.array([_ynnpack_sum_float_k1(row) for row in e], np.float64)

@@ -388,8 +388,12 @@ def _softmax_sum(e, acc: Format):
     groups = leaves[..., : 4 * unrolled, :].reshape(*leaves.shape[:-2], unrolled, 4, _LANES)
     items = jnp.concatenate([_chain(groups, acc), leaves[..., 4 * unrolled :, :]], axis=-2)
     # The chunks read once each item is added: a compensated step at each 1024 terms.
+    # YNNPACK's clock ticks in its loops over whole chunks only, so a ragged last
+    # chunk (the kernel's remainder) never triggers one; the end does.
     read = [4 * (u + 1) for u in range(unrolled)] + list(range(4 * unrolled + 1, chunks + 1))
     flush = np.asarray([r % (_KAHAN // _CHUNK) == 0 for r in read])
+    if pad:
+        flush[-1] = False
     zeros = jnp.zeros_like(items[..., 0, :])
 
     def step(carry, item):
