@@ -259,15 +259,26 @@ def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block):
     assert np.array_equal(got, np.asarray(want, np.float64))
 
 
-@pytest.mark.parametrize(("d", "pairs", "tile_k"), [(35, True, 1), (35, False, 4)])
-def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
+@pytest.mark.parametrize(
+    ("d", "pairs", "tile_k", "block"),
+    [
+        (35, True, 1, 35),
+        (35, False, 4, 35),
+        (64, False, 1, 32),
+        pytest.param(128, False, 1, 66, marks=pytest.mark.slow),
+        pytest.param(35, False, 2, 8, marks=pytest.mark.slow),
+    ],
+)
+def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k, block):
     """The model's Q Kᵀ against a plain loop: terms in the order 1, 0, 3, 2, ...
     (an odd last term last) with pairs, tile_k chains folded pairwise, the last
-    d mod tile_k terms a chain of their own added last."""
+    d mod tile_k terms a chain of their own added last; with a block below d (the
+    cut reduction of a dot of few rows), each block summed so from zero and the
+    block sums added in order."""
     rng = np.random.default_rng(d)
     q, k = _bf16_valued(rng, (3, d)), _bf16_valued(rng, (2, d))
     with x64_enabled():
-        qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k"))
+        qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k", "block"))
         got = np.asarray(
             qk(
                 jnp.asarray(q, jnp.float64),
@@ -275,6 +286,7 @@ def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
                 pairs=pairs,
                 acc=FP32,
                 tile_k=tile_k,
+                block=block,
             )
         )
     order = (
@@ -282,8 +294,48 @@ def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
     )
     if pairs and d % 2 == 0:
         order = order[:-1]
-    want = [[_chains((q[i] * k[j])[order], tile_k, d) for j in range(2)] for i in range(3)]
+    want = [[_chains((q[i] * k[j])[order], tile_k, block) for j in range(2)] for i in range(3)]
     assert np.array_equal(got, np.asarray(want, np.float64))
+
+
+def test_qk_candidates_find_a_cut_reduction():
+    """Probe counts simulated for a reduction cut into blocks of 66 of 128 terms (as
+    at the last keys of 16 queries against 1000 keys, d = 128, fp32) fit no single
+    block and exactly that cut."""
+    d = 128
+    pairs = [(0, b) for b in range(1, d)] + [(a, b) for a in range(16) for b in range(a + 1, 16)]
+    terms = np.full((len(pairs), d), 0.25, np.float32)
+    for row, (a, b) in enumerate(pairs):
+        terms[row, a], terms[row, b] = 2.0**23, -(2.0**23)
+    counts = 4 * xla._simulated_dot(terms, 1, 66)
+    assert xla._qk_candidates("float32", d, pairs, counts) == [(False, 1, 66)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "shape", "kv_heads", "m"),
+    [
+        ("fp32", (1, 4, 1, 64), 1, 1000),
+        pytest.param("fp32", (1, 16, 1, 64), 1, 1000, marks=pytest.mark.slow),
+        pytest.param("fp16", (1, 4, 1, 64), 1, 1000, marks=pytest.mark.slow),
+        pytest.param("fp32", (1, 4, 16, 64), 2, 700, marks=pytest.mark.slow),
+    ],
+)
+def test_decoding_in_fp16_and_fp32_raises_naming_the_shape(fmt, shape, kv_heads, m):
+    """Few queries against many keys: XLA's program cuts Q Kᵀ's reduction into
+    blocks (the probes find them) and runs its exp and softmax sum in loop fusions
+    of its own, not modelled in fp16 and fp32, so the model says so rather than
+    approximate."""
+    rng = np.random.default_rng(0)
+    b, d = shape[0], shape[-1]
+    q = np.asarray(rng.standard_normal(shape), np.float32).astype(np.float64)
+    k, v = (
+        np.asarray(rng.standard_normal((b, kv_heads, m, d)), np.float32).astype(np.float64)
+        for _ in range(2)
+    )
+    if fmt == "fp16":
+        q, k, v = (t.astype(np.float16).astype(np.float64) for t in (q, k, v))
+    with pytest.raises(ValueError, match=r"xla: float(16|32) at the grouped shape .* not modelled"):
+        kernels.emulate("xla", q, k, v, fmt=fmt)
 
 
 def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():
@@ -291,13 +343,14 @@ def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():
     other candidate (pairs or not, every tile_k): the probes pin the order."""
     shape = (1, 64, 35)
     orders = xla._qk_order("bfloat16", shape)
-    pairs, tile_k = orders[0]
+    pairs, tile_k, block = orders[0]
+    assert block == 35  # one block: no cut where the dot has many rows
     run = xla._attention("bfloat16", False, None)
     head = range(16)
     tail = range(30, 35)
     probe_pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
     counts = xla._qk_probe_counts(run, shape, probe_pairs, [0])[:, 0]
-    assert xla._qk_candidates("bfloat16", 35, probe_pairs, counts) == [(pairs, tile_k)]
+    assert xla._qk_candidates("bfloat16", 35, probe_pairs, counts) == [(pairs, tile_k, block)]
 
 
 def test_platform_names_versions_and_the_exp():

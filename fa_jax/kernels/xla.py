@@ -316,20 +316,40 @@ def xla_cpu_exp_model() -> ExpModel:
 # -- summation orders ------------------------------------------------------------------
 
 
-def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1):
+def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, block: int | None = None):
     """fl32(Q Kᵀ), each dot ``tile_k`` sequential FMA chains over d (term t in chain
     t mod tile_k) folded pairwise, the last d mod tile_k terms as rounded products
     added in order, added last; with ``pairs`` (bf16 inputs) the terms in the order 1, 0, 3,
-    2, ... (an odd last term comes last), else 0, 1, 2, ..."""
+    2, ... (an odd last term comes last), else 0, 1, 2, ...  With ``block`` the
+    terms before the remainder are cut into blocks of ``block`` (the last shorter),
+    each summed so from zero and the block sums added in order (YNNPACK splits the
+    reduction so where a dot has few rows: decoding shapes)."""
     d = q.shape[-1]
     if pairs:
         order = _permuted(d, True)
         q, k = q[..., order], k[..., order]
     rest = d % tile_k if d > tile_k else 0
     if rest:
-        main = _qk(q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k)
+        main = _qk(
+            q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k, block=block
+        )
         tail = [(q[..., :, None, t], k[..., None, :, t]) for t in range(d - rest, d)]
         return ops.add(main, _rounded_products(tail, acc), acc)
+    if block is not None and block < d:
+        parts = [
+            _qk(
+                q[..., lo : lo + block],
+                k[..., lo : lo + block],
+                pairs=False,
+                acc=acc,
+                tile_k=tile_k,
+            )
+            for lo in range(0, d, block)
+        ]
+        total = parts[0]
+        for part in parts[1:]:
+            total = ops.add(total, part, acc)
+        return total
     tile_k = min(tile_k, d)
     steps = d // tile_k
     # Chain r holds terms r, r + tile_k, ...: (..., tile_k, N, steps) @ (..., tile_k, steps, M).
@@ -764,46 +784,63 @@ def _permuted(d: int, pairs: bool) -> list[int]:
 _QK_TAIL = 64  # the last keys probed one by one: a dot kernel's column remainder
 
 
-def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int]]:
-    """The (pairs, tile_k) orders whose simulated probes give ``counts``."""
+def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int, int]]:
+    """The (pairs, tile_k, block) orders whose simulated probes give ``counts``: one
+    block of d terms first; where none fits, the reduction cut into blocks (the
+    smallest block that fits first)."""
     terms = np.full((len(pairs), d), 0.25, np.float32)
     big = np.float32(_PROBE_BIG * _QK_KEY)
     for row, (a, b) in enumerate(pairs):
         terms[row, a], terms[row, b] = big, -big
+
+    def fits(swap: bool, t: int, block: int) -> bool:
+        return np.array_equal(4 * _simulated_dot(terms[:, _permuted(d, swap)], t, block), counts)
+
+    swaps = (dtype == "bfloat16", dtype != "bfloat16")
+    whole = [(swap, t, d) for swap in swaps for t in _TILES_K if fits(swap, t, d)]
+    if whole:
+        return whole
     return [
-        (swap, t)
-        for swap in (dtype == "bfloat16", dtype != "bfloat16")
+        (swap, t, block)
+        for block in range(1, d)
+        for swap in swaps
         for t in _TILES_K
-        if np.array_equal(4 * _simulated_dot(terms[:, _permuted(d, swap)], t, d), counts)
+        if t <= block and fits(swap, t, block)
     ]
 
 
 @functools.cache
 def _qk_order(
     dtype: str, shape: tuple[int, ...], layout: _Layout | None = None
-) -> tuple[tuple[bool, int], ...]:
-    """The order of each key's Q Kᵀ dots for (B·H, N, d) inputs, one (pairs, tile_k)
-    per key, read from the real program with order-revealing probes
+) -> tuple[tuple[bool, int, int], ...]:
+    """The order of each key's Q Kᵀ dots for (B·H, N, d) inputs, one (pairs, tile_k,
+    block) per key, read from the real program with order-revealing probes
     (:func:`_qk_probe_counts`): for key 0 and each of the last keys, the
     candidate (terms in pairs, odd first, as AVX-512 BF16's dot instruction adds
     them, or in order; tile_k chains folded pairwise) whose simulated probes match
     the real counts of every pair among the first 16 terms and the last ones.
     YNNPACK runs the last columns of a dot (the keys past its last full tile)
     with a kernel of a narrower tile, whose tile_k can differ; the probes find
-    them without knowing the tile.  With ``layout``, the grouped view's M keys, in
-    its plain call."""
+    them without knowing the tile.  Where a dot has few rows (decoding shapes)
+    YNNPACK also cuts the reduction over d into blocks, each summed from zero and
+    the block sums added in order, by a size its schedule picks (at 16 queries and
+    d = 128: 64 terms at key 0, 66 at the last keys); pairs of term 0 with every
+    other find them.  With ``layout``, the grouped view's M keys, in its plain
+    call."""
     _, n, d = shape
     m = n if layout is None else layout.m
     if d < 2 or m < 3 or n < 2:
-        return ((dtype == "bfloat16", 1),) * m
+        return ((dtype == "bfloat16", 1, d),) * m
     # The same dot as the causal (or masked) program's.
     run = _attention(dtype, False, None) if layout is None else _grouped_run(dtype, layout.plain())
     head = range(min(d, 16))
     tail = range(max(0, d - 5), d)
     pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
+    # Term 0 against every other: where the reduction is cut into blocks.
+    pairs = sorted({*pairs, *((0, b) for b in range(1, d))})
     probed = sorted({0, *range(max(2, m - _QK_TAIL), m)})  # key 1 is the zero key
     width = max(1, min(d - 1, m // 2))
-    orders: dict[int, tuple[bool, int]] = {}
+    orders: dict[int, tuple[bool, int, int]] = {}
     for start in range(0, len(probed), width):
         keys = probed[start : start + width]
         counts = _qk_probe_counts(run, shape, pairs, keys, m)
@@ -837,17 +874,38 @@ def _exp_model(
     if policy.exp_model not in (XLA_CPU_EXP, YNNPACK):
         return policy.exp_model
     fused = _in_ynn_fusions(policy.inputs.name, shape, causal, layout)[1]
-    return YNNPACK if fused else XLA_CPU_EXP
+    if fused:
+        return YNNPACK
+    return XLA_CPU_EXP
 
 
-def _runs(orders) -> tuple[tuple[int, int, bool, int], ...]:
-    """Per-key orders as runs (first key, key past the last, pairs, tile_k)."""
-    runs: list[tuple[int, int, bool, int]] = []
-    for j, (pairs, tile_k) in enumerate(orders):
-        if runs and runs[-1][2:] == (pairs, tile_k):
-            runs[-1] = (runs[-1][0], j + 1, pairs, tile_k)
+def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
+    """:func:`_qk_order` as runs (:func:`_runs`); a ValueError for fp16 and fp32 where
+    the program cuts Q Kᵀ's reduction into blocks (XLA's program for dots of few
+    rows: decoding shapes), whose exp and softmax sum are not modelled: there the
+    exp and the sum sit in loop fusions of XLA's, and which exp and which sum run
+    was seen to change with the number of rows."""
+    orders = _qk_order(dtype, shape, layout)
+    d = shape[-1]
+    cut = sorted({block for _, _, block in orders if block < d})
+    if cut and dtype != "bfloat16":
+        raise ValueError(
+            f"xla: {dtype} at the grouped shape {shape} (B·H_kv, G·N, d) against "
+            f"{len(orders)} keys is not modelled: XLA's program cuts the Q Kᵀ reduction "
+            f"into blocks of {cut} terms (a dot of few rows, as in decoding), and its exp "
+            f"and softmax sum there are not those of the modelled program"
+        )
+    return _runs(orders)
+
+
+def _runs(orders) -> tuple[tuple[int, int, bool, int, int], ...]:
+    """Per-key orders as runs (first key, key past the last, pairs, tile_k, block)."""
+    runs: list[tuple[int, int, bool, int, int]] = []
+    for j, order in enumerate(orders):
+        if runs and runs[-1][2:] == tuple(order):
+            runs[-1] = (runs[-1][0], j + 1, *order)
         else:
-            runs.append((j, j + 1, pairs, tile_k))
+            runs.append((j, j + 1, *order))
     return tuple(runs)
 
 
@@ -859,8 +917,8 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
+    qk = _qk_runs(policy.inputs.name, shape)
     pv = _pv_order(policy.inputs.name, shape)
-    qk = _runs(_qk_order(policy.inputs.name, shape))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
     return _model_core(
         q,
@@ -907,8 +965,8 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
+    qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
-    qk = _runs(_qk_order(dtype, shape, layout))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
     out = _model_core(
         q3,
@@ -936,7 +994,7 @@ def _model_core(
     causal: bool,
     policy: Policy,
     round_p: bool,
-    qk: tuple[tuple[int, int, bool, int], ...],
+    qk: tuple[tuple[int, int, bool, int, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
     bias=None,
     keep=None,
@@ -950,8 +1008,8 @@ def _model_core(
     n, m = q.shape[-2], k.shape[-2]
     s = jnp.concatenate(
         [
-            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k)
-            for lo, hi, pairs, tile_k in qk
+            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k, block=block)
+            for lo, hi, pairs, tile_k, block in qk
         ],
         axis=-1,
     )
