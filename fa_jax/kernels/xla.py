@@ -26,7 +26,9 @@ simulation of the candidate order, :func:`_simulated_dot`):
   and leaves the last n mod tile_k terms to a remainder path whose products
   are rounded and added in order.  bf16 Q Kᵀ runs AVX-512 BF16's pair
   instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
-  per key (a dot's last columns run a narrower kernel: :func:`_qk_order`);
+  per key (a dot's last columns run a narrower kernel: :func:`_qk_order`), with
+  the blocks YNNPACK cuts its reduction into where the dot has few rows
+  (decoding shapes; fp16 and fp32 there raise, their exp and sum not modelled);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
@@ -34,8 +36,9 @@ simulation of the candidate order, :func:`_simulated_dot`):
   on 16 lanes, term j in lane j mod 16: chunks of 64 terms (4 per lane, left to
   right), four chunks added together while 256 terms remain, a level-1
   accumulator added to the level-2 one by compensated (Kahan) summation every
-  1024 terms and at the end (Higham 2002, section 4.3); the 16 lane sums then
-  halved (l + l+8, then + 4, + 2, + 1).
+  1024 terms read by the loops over whole chunks (a ragged last chunk, the
+  remainder, takes no step of its own) and at the end (Higham 2002, section
+  4.3); the 16 lane sums then halved (l + l+8, then + 4, + 2, + 1).
 
 Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
 the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
