@@ -789,8 +789,8 @@ _QK_TAIL = 64  # the last keys probed one by one: a dot kernel's column remainde
 
 def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int, int]]:
     """The (pairs, tile_k, block) orders whose simulated probes give ``counts``: one
-    block of d terms first; where none fits, the reduction cut into blocks (the
-    smallest block that fits first)."""
+    block of d terms first; where none fits, the reduction cut into blocks of the
+    smallest size that fits."""
     terms = np.full((len(pairs), d), 0.25, np.float32)
     big = np.float32(_PROBE_BIG * _QK_KEY)
     for row, (a, b) in enumerate(pairs):
@@ -803,13 +803,16 @@ def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[
     whole = [(swap, t, d) for swap in swaps for t in _TILES_K if fits(swap, t, d)]
     if whole:
         return whole
-    return [
-        (swap, t, block)
-        for block in range(1, d)
-        for swap in swaps
-        for t in _TILES_K
-        if t <= block and fits(swap, t, block)
-    ]
+    for block in range(1, d):
+        found = [
+            (swap, t, block)
+            for swap in swaps
+            for t in _TILES_K
+            if t <= block and fits(swap, t, block)
+        ]
+        if found:
+            return found
+    return []
 
 
 @functools.cache
