@@ -437,6 +437,23 @@ def _softmax_sum(e, acc: Format):
     return lanes[..., 0]
 
 
+def _windowed_sum(e, window: int, pad: int, ynn: bool, acc: Format):
+    """The softmax sum where XLA rewrites it as a tree reduction (decoding shapes): a
+    ``reduce-window`` of ``window`` terms (stride ``window``; ``pad`` zeros before the
+    row and as many as fill the last window after it), each window summed left to
+    right from 0 in a loop fusion of XLA's, or by YNNPACK's sum (:func:`_softmax_sum`
+    on the padded window) where the windows sit in a YNNPACK fusion (``ynn``); then
+    a ``reduce`` adding the window sums left to right from 0."""
+    m = e.shape[-1]
+    windows = -(-(pad + m) // window)
+    after = windows * window - pad - m
+    zeros = functools.partial(jnp.zeros, dtype=e.dtype)
+    e = jnp.concatenate([zeros((*e.shape[:-1], pad)), e, zeros((*e.shape[:-1], after))], axis=-1)
+    terms = e.reshape(*e.shape[:-1], windows, window)
+    sums = _softmax_sum(terms, acc) if ynn else _chain(jnp.swapaxes(terms, -1, -2), acc)
+    return _chain(sums[..., None], acc)[..., 0]
+
+
 def _rounded_products(pairs, acc: Format):
     """A dot kernel's remainder (the last n mod tile_k terms): each product rounded,
     then added in order (no FMA), as measured against the real kernel."""
@@ -554,6 +571,44 @@ def _in_ynn_fusions(
             convert |= _converts_product_to_bf16(body)
             exp |= " exponential(" in body
     return convert, exp
+
+
+_WINDOW = re.compile(r"window=\{size=(\S+) stride=(\S+) pad=(\S+)\}")
+
+
+@functools.cache
+def _sum_window(
+    dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> tuple[int, int, bool] | None:
+    """(window, leading pad, in YNNPACK) of the softmax sum where XLA's program
+    computes it as a ``reduce-window`` of additions over the keys (its
+    tree-reduction rewrite, in decoding shapes), read from the HLO: the windows in a
+    loop fusion of XLA's or in a YNNPACK fusion (the third item), their sums then
+    reduced by XLA.  None where the whole sum is YNNPACK's.  fp16 runs eagerly
+    (None)."""
+    if dtype == "float16":
+        return None
+    bodies = _computations(_program_text(dtype, shape, causal, layout))
+    for line in bodies.get("ENTRY", "").splitlines():
+        called = re.search(r"calls=%([^,\s]+)", line)
+        if not called:
+            continue
+        for inner in bodies.get(called.group(1), "").splitlines():
+            found = _WINDOW.search(inner)
+            apply = re.search(r"to_apply=%([^,\s]+)", inner)
+            if " reduce-window(" not in inner or not found or not apply:
+                continue
+            if " add(" not in bodies.get(apply.group(1), ""):
+                continue  # the max's
+            size, stride = found.group(1).split("x")[-1], found.group(2).split("x")[-1]
+            lo, _ = found.group(3).split("x")[-1].split("_")
+            if size != stride:
+                raise ValueError(
+                    f"xla: the softmax sum of {shape} ({dtype}) is a reduce-window of size "
+                    f"{size} and stride {stride}; only equal ones are modelled"
+                )
+            return int(size), int(lo), "__ynn_fusion" in line
+    return None
 
 
 _PROBE_BIG = 2.0**15  # M of a probe, exact in every format
@@ -894,7 +949,7 @@ def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
     orders = _qk_order(dtype, shape, layout)
     d = shape[-1]
     cut = sorted({block for _, _, block in orders if block < d})
-    if cut and dtype != "bfloat16":
+    if cut and dtype == "float16":
         raise ValueError(
             f"xla: {dtype} at the grouped shape {shape} (B·H_kv, G·N, d) against "
             f"{len(orders)} keys is not modelled: XLA's program cuts the Q Kᵀ reduction "
@@ -923,6 +978,7 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
+    window = _sum_window(policy.inputs.name, shape, bool(causal))
     qk = _qk_runs(policy.inputs.name, shape)
     pv = _pv_order(policy.inputs.name, shape)
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
@@ -936,6 +992,7 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
         round_p=round_p,
         qk=qk,
         pv=pv,
+        window=window,
     )
 
 
@@ -971,6 +1028,7 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
+    window = _sum_window(dtype, shape, bool(causal), layout)
     qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
@@ -984,13 +1042,14 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
         round_p=round_p,
         qk=qk,
         pv=pv,
+        window=window,
         bias=bias,
         keep=keep,
     )
     return out.reshape(np.shape(q)[:-1] + np.shape(v)[-1:])
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv"))
+@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv", "window"))
 def _model_core(
     q,
     k,
@@ -1002,6 +1061,7 @@ def _model_core(
     round_p: bool,
     qk: tuple[tuple[int, int, bool, int, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
+    window: tuple[int, int, bool] | None = None,
     bias=None,
     keep=None,
 ):
@@ -1028,7 +1088,10 @@ def _model_core(
         s = jnp.where(keep, s, _LARGE_NEGATIVE)
     shifted = ops.sub(s, jnp.max(s, axis=-1, keepdims=True), policy.exp)
     e = policy.exp_model.fn(shifted, policy.exp)
-    total = _softmax_sum(e, policy.stats)
+    if window is None:
+        total = _softmax_sum(e, policy.stats)
+    else:
+        total = _windowed_sum(e, *window, policy.stats)
     if policy.normalise == "reciprocal":
         p = ops.mul(e, ops.div(1.0, total, policy.stats)[..., None], policy.stats)
     else:
