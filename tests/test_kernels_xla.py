@@ -311,31 +311,73 @@ def test_qk_candidates_find_a_cut_reduction():
     assert xla._qk_candidates("float32", d, pairs, counts) == [(False, 1, 66)]
 
 
-@pytest.mark.parametrize(
-    ("fmt", "shape", "kv_heads", "m"),
-    [
-        ("fp32", (1, 4, 1, 64), 1, 1000),
-        pytest.param("fp32", (1, 16, 1, 64), 1, 1000, marks=pytest.mark.slow),
-        pytest.param("fp16", (1, 4, 1, 64), 1, 1000, marks=pytest.mark.slow),
-        pytest.param("fp32", (1, 4, 16, 64), 2, 700, marks=pytest.mark.slow),
-    ],
-)
-def test_decoding_in_fp16_and_fp32_raises_naming_the_shape(fmt, shape, kv_heads, m):
-    """Few queries against many keys: XLA's program cuts Q Kᵀ's reduction into
-    blocks (the probes find them) and runs its exp and softmax sum in loop fusions
-    of its own, not modelled in fp16 and fp32, so the model says so rather than
-    approximate."""
+def _decoding_inputs(fmt, shape, kv_heads, m):
     rng = np.random.default_rng(0)
     b, d = shape[0], shape[-1]
-    q = np.asarray(rng.standard_normal(shape), np.float32).astype(np.float64)
-    k, v = (
-        np.asarray(rng.standard_normal((b, kv_heads, m, d)), np.float32).astype(np.float64)
-        for _ in range(2)
-    )
-    if fmt == "fp16":
-        q, k, v = (t.astype(np.float16).astype(np.float64) for t in (q, k, v))
-    with pytest.raises(ValueError, match=r"xla: float(16|32) at the grouped shape .* not modelled"):
-        kernels.emulate("xla", q, k, v, fmt=fmt)
+    f = fa_jax.get_format(fmt)
+    with x64_enabled():
+        q = np.asarray(fa_jax.round_to(rng.standard_normal(shape), f))
+        k, v = (
+            np.asarray(fa_jax.round_to(rng.standard_normal((b, kv_heads, m, d)), f))
+            for _ in range(2)
+        )
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    ("shape", "kv_heads", "m"),
+    [
+        # 4 query rows: XLA's own exp, the sum's windows in a loop fusion of XLA's.
+        ((1, 4, 1, 64), 1, 1000),
+        # 32 rows: the windows in a YNNPACK fusion; 16: exp and sum in YNNPACK's.
+        pytest.param((1, 4, 16, 64), 2, 700, marks=pytest.mark.slow),
+        pytest.param((1, 16, 1, 64), 1, 1000, marks=pytest.mark.slow),
+    ],
+)
+def test_fp32_decoding_is_bit_identical(shape, kv_heads, m):
+    """Few queries against many keys in fp32: Q Kᵀ's reduction cut into blocks (read
+    by the probes), the softmax sum as XLA's tree-reduction rewrite where the HLO
+    has it (a reduce-window of 32 keys, then a reduce), the exp the HLO names."""
+    q, k, v = _decoding_inputs("fp32", shape, kv_heads, m)
+    real = kernels.real("xla", q, k, v, fmt="fp32")
+    emulated = kernels.emulate("xla", q, k, v, fmt="fp32")
+    c = kernels.compare(real, emulated, real, "fp32")
+    assert c.identical_share == 1.0, c.summary()
+
+
+def test_windowed_sum_adds_padded_windows_then_their_sums():
+    """XLA's tree-reduction rewrite of the softmax sum against a plain loop: windows
+    of 32 with 12 zeros before 1000 terms, each summed left to right (or by
+    YNNPACK's sum), then the window sums left to right."""
+    rng = np.random.default_rng(3)
+    e = np.exp(-3 * np.abs(rng.standard_normal((4, 1000)))).astype(np.float32)
+    padded = np.zeros((4, 1024), np.float32)
+    padded[:, 12:1012] = e
+    windows = padded.reshape(4, 32, 32)
+    plain = np.zeros((4, 32), np.float32)
+    for t in range(32):
+        plain = plain + windows[:, :, t]
+    ynn = np.array([[_ynnpack_sum_float_k1(w) for w in row] for row in windows])
+    with x64_enabled():
+        for fused, sums in ((False, plain), (True, ynn)):
+            got = np.asarray(
+                jax.jit(lambda x, fused=fused: xla._windowed_sum(x, 32, 12, fused, FP32))(
+                    jnp.asarray(e, jnp.float64)
+                )
+            )
+            want = np.zeros(4, np.float32)
+            for j in range(32):
+                want = want + sums[:, j].astype(np.float32)
+            assert np.array_equal(got, want.astype(np.float64))
+
+
+@pytest.mark.slow
+def test_fp16_decoding_raises_naming_the_shape():
+    """fp16 runs op by op; where its Q Kᵀ reduction is cut (decoding shapes) the rest
+    of that program is not modelled, and the model says so rather than approximate."""
+    q, k, v = _decoding_inputs("fp16", (1, 4, 1, 64), 1, 1000)
+    with pytest.raises(ValueError, match=r"xla: float16 at the grouped shape .* not modelled"):
+        kernels.emulate("xla", q, k, v, fmt="fp16")
 
 
 def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():

@@ -28,7 +28,8 @@ simulation of the candidate order, :func:`_simulated_dot`):
   instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
   per key (a dot's last columns run a narrower kernel: :func:`_qk_order`), with
   the blocks YNNPACK cuts its reduction into where the dot has few rows
-  (decoding shapes; fp16 and fp32 there raise, their exp and sum not modelled);
+  (decoding shapes; fp16 there raises, the rest of its op-by-op program not
+  modelled);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
@@ -38,7 +39,12 @@ simulation of the candidate order, :func:`_simulated_dot`):
   accumulator added to the level-2 one by compensated (Kahan) summation every
   1024 terms read by the loops over whole chunks (a ragged last chunk, the
   remainder, takes no step of its own) and at the end (Higham 2002, section
-  4.3); the 16 lane sums then halved (l + l+8, then + 4, + 2, + 1).
+  4.3); the 16 lane sums then halved (l + l+8, then + 4, + 2, + 1).  Where
+  XLA rewrites the sum as a tree reduction (decoding shapes), the HLO shows a
+  ``reduce-window`` of 32 keys (zeros padded around the row) in a loop fusion
+  of XLA's (each window summed left to right) or a YNNPACK fusion (each window
+  by ``sum_float_k1``), then a ``reduce`` of the window sums, left to right;
+  the model reads which (:func:`_sum_window`).
 
 Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
 the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
@@ -941,11 +947,11 @@ def _exp_model(
 
 
 def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
-    """:func:`_qk_order` as runs (:func:`_runs`); a ValueError for fp16 and fp32 where
-    the program cuts Q Kᵀ's reduction into blocks (XLA's program for dots of few
-    rows: decoding shapes), whose exp and softmax sum are not modelled: there the
-    exp and the sum sit in loop fusions of XLA's, and which exp and which sum run
-    was seen to change with the number of rows."""
+    """:func:`_qk_order` as runs (:func:`_runs`); a ValueError for fp16 where the
+    program cuts Q Kᵀ's reduction into blocks (dots of few rows: decoding shapes).
+    fp16 runs op by op, so the HLO that tells the jitted formats' exp and softmax
+    sum apart there is not the program that runs, and the rest of it is not
+    modelled."""
     orders = _qk_order(dtype, shape, layout)
     d = shape[-1]
     cut = sorted({block for _, _, block in orders if block < d})
@@ -953,8 +959,8 @@ def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
         raise ValueError(
             f"xla: {dtype} at the grouped shape {shape} (B·H_kv, G·N, d) against "
             f"{len(orders)} keys is not modelled: XLA's program cuts the Q Kᵀ reduction "
-            f"into blocks of {cut} terms (a dot of few rows, as in decoding), and its exp "
-            f"and softmax sum there are not those of the modelled program"
+            f"into blocks of {cut} terms (a dot of few rows, as in decoding), and the rest "
+            f"of that op-by-op program is not modelled"
         )
     return _runs(orders)
 
