@@ -85,6 +85,26 @@ def test_xla_model_at_larger_shapes(shape, causal, fmt, seed):
     assert c.identical_share == 1.0, c.summary()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("shape", "causal", "fmt"),
+    [
+        ((2, 2, 2047, 128), True, "fp32"),  # a ragged 32nd chunk in the softmax sum
+        ((1, 1, 3000, 64), True, "fp32"),
+        ((1, 2, 2047, 96), False, "fp32"),
+        ((1, 1, 2047, 64), True, "bf16"),
+    ],
+)
+def test_xla_model_at_long_ragged_rows(shape, causal, fmt):
+    """Bit for bit on rows of 1024 keys and more whose last chunk of the softmax sum
+    is ragged (YNNPACK's remainder, which takes no compensated step of its own)."""
+    q, k, v = _inputs(shape, fa_jax.get_format(fmt), seed=0)
+    real = kernels.real("xla", q, k, v, fmt=fmt, causal=causal)
+    emulated = kernels.emulate("xla", q, k, v, fmt=fmt, causal=causal)
+    c = kernels.compare(real, emulated, _golden(q, k, v, causal), fmt)
+    assert c.identical_share == 1.0, c.summary()
+
+
 def test_pv_probes_count_the_terms_the_revealed_order_predicts():
     """For every query, the P V probes of keys in key 0's block count what the
     revealed order (tile_k chains folded pairwise) predicts, and the first key of
@@ -178,6 +198,20 @@ def test_softmax_sum_follows_ynnpacks_lanes_groups_and_kahan_steps(m):
     assert np.array_equal(got, want)
 
 
+def test_softmax_sum_ragged_last_chunk_takes_no_compensated_step():
+    """At 2047 terms the ragged last chunk is the 32nd: YNNPACK's clock ticks in its
+    loops over whole chunks only, so that chunk brings no compensated step of its
+    own (one more, with the running error, moves the sum by an ulp on some rows:
+    7 of these 256 when it was taken)."""
+    m = 2047
+    rng = np.random.default_rng(m)
+    e = np.exp(-3 * np.abs(rng.standard_normal((256, m)))).astype(np.float32)
+    with x64_enabled():
+        got = np.asarray(jax.jit(lambda x: xla._softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64)))
+    want = np.array([_ynnpack_sum_float_k1(row) for row in e], np.float64)
+    assert np.array_equal(got, want)
+
+
 def _bf16_valued(rng, shape):
     import ml_dtypes
 
@@ -225,15 +259,26 @@ def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block):
     assert np.array_equal(got, np.asarray(want, np.float64))
 
 
-@pytest.mark.parametrize(("d", "pairs", "tile_k"), [(35, True, 1), (35, False, 4)])
-def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
+@pytest.mark.parametrize(
+    ("d", "pairs", "tile_k", "block"),
+    [
+        (35, True, 1, 35),
+        (35, False, 4, 35),
+        (64, False, 1, 32),
+        pytest.param(128, False, 1, 66, marks=pytest.mark.slow),
+        pytest.param(35, False, 2, 8, marks=pytest.mark.slow),
+    ],
+)
+def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k, block):
     """The model's Q Kᵀ against a plain loop: terms in the order 1, 0, 3, 2, ...
     (an odd last term last) with pairs, tile_k chains folded pairwise, the last
-    d mod tile_k terms a chain of their own added last."""
+    d mod tile_k terms a chain of their own added last; with a block below d (the
+    cut reduction of a dot of few rows), each block summed so from zero and the
+    block sums added in order."""
     rng = np.random.default_rng(d)
     q, k = _bf16_valued(rng, (3, d)), _bf16_valued(rng, (2, d))
     with x64_enabled():
-        qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k"))
+        qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k", "block"))
         got = np.asarray(
             qk(
                 jnp.asarray(q, jnp.float64),
@@ -241,6 +286,7 @@ def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
                 pairs=pairs,
                 acc=FP32,
                 tile_k=tile_k,
+                block=block,
             )
         )
     order = (
@@ -248,8 +294,90 @@ def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k):
     )
     if pairs and d % 2 == 0:
         order = order[:-1]
-    want = [[_chains((q[i] * k[j])[order], tile_k, d) for j in range(2)] for i in range(3)]
+    want = [[_chains((q[i] * k[j])[order], tile_k, block) for j in range(2)] for i in range(3)]
     assert np.array_equal(got, np.asarray(want, np.float64))
+
+
+def test_qk_candidates_find_a_cut_reduction():
+    """Probe counts simulated for a reduction cut into blocks of 66 of 128 terms (as
+    at the last keys of 16 queries against 1000 keys, d = 128, fp32) fit no single
+    block and exactly that cut."""
+    d = 128
+    pairs = [(0, b) for b in range(1, d)] + [(a, b) for a in range(16) for b in range(a + 1, 16)]
+    terms = np.full((len(pairs), d), 0.25, np.float32)
+    for row, (a, b) in enumerate(pairs):
+        terms[row, a], terms[row, b] = 2.0**23, -(2.0**23)
+    counts = 4 * xla._simulated_dot(terms, 1, 66)
+    assert xla._qk_candidates("float32", d, pairs, counts) == [(False, 1, 66)]
+
+
+def _decoding_inputs(fmt, shape, kv_heads, m):
+    rng = np.random.default_rng(0)
+    b, d = shape[0], shape[-1]
+    f = fa_jax.get_format(fmt)
+    with x64_enabled():
+        q = np.asarray(fa_jax.round_to(rng.standard_normal(shape), f))
+        k, v = (
+            np.asarray(fa_jax.round_to(rng.standard_normal((b, kv_heads, m, d)), f))
+            for _ in range(2)
+        )
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    ("shape", "kv_heads", "m"),
+    [
+        # 4 query rows: XLA's own exp, the sum's windows in a loop fusion of XLA's.
+        ((1, 4, 1, 64), 1, 1000),
+        # 32 rows: the windows in a YNNPACK fusion; 16: exp and sum in YNNPACK's.
+        pytest.param((1, 4, 16, 64), 2, 700, marks=pytest.mark.slow),
+        pytest.param((1, 16, 1, 64), 1, 1000, marks=pytest.mark.slow),
+    ],
+)
+def test_fp32_decoding_is_bit_identical(shape, kv_heads, m):
+    """Few queries against many keys in fp32: Q Kᵀ's reduction cut into blocks (read
+    by the probes), the softmax sum as XLA's tree-reduction rewrite where the HLO
+    has it (a reduce-window of 32 keys, then a reduce), the exp the HLO names."""
+    q, k, v = _decoding_inputs("fp32", shape, kv_heads, m)
+    real = kernels.real("xla", q, k, v, fmt="fp32")
+    emulated = kernels.emulate("xla", q, k, v, fmt="fp32")
+    c = kernels.compare(real, emulated, real, "fp32")
+    assert c.identical_share == 1.0, c.summary()
+
+
+def test_windowed_sum_adds_padded_windows_then_their_sums():
+    """XLA's tree-reduction rewrite of the softmax sum against a plain loop: windows
+    of 32 with 12 zeros before 1000 terms, each summed left to right (or by
+    YNNPACK's sum), then the window sums left to right."""
+    rng = np.random.default_rng(3)
+    e = np.exp(-3 * np.abs(rng.standard_normal((4, 1000)))).astype(np.float32)
+    padded = np.zeros((4, 1024), np.float32)
+    padded[:, 12:1012] = e
+    windows = padded.reshape(4, 32, 32)
+    plain = np.zeros((4, 32), np.float32)
+    for t in range(32):
+        plain = plain + windows[:, :, t]
+    ynn = np.array([[_ynnpack_sum_float_k1(w) for w in row] for row in windows])
+    with x64_enabled():
+        for fused, sums in ((False, plain), (True, ynn)):
+            got = np.asarray(
+                jax.jit(lambda x, fused=fused: xla._windowed_sum(x, 32, 12, fused, FP32))(
+                    jnp.asarray(e, jnp.float64)
+                )
+            )
+            want = np.zeros(4, np.float32)
+            for j in range(32):
+                want = want + sums[:, j].astype(np.float32)
+            assert np.array_equal(got, want.astype(np.float64))
+
+
+@pytest.mark.slow
+def test_fp16_decoding_raises_naming_the_shape():
+    """fp16 runs op by op; where its Q Kᵀ reduction is cut (decoding shapes) the rest
+    of that program is not modelled, and the model says so rather than approximate."""
+    q, k, v = _decoding_inputs("fp16", (1, 4, 1, 64), 1, 1000)
+    with pytest.raises(ValueError, match=r"xla: float16 at the grouped shape .* not modelled"):
+        kernels.emulate("xla", q, k, v, fmt="fp16")
 
 
 def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():
@@ -257,13 +385,14 @@ def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():
     other candidate (pairs or not, every tile_k): the probes pin the order."""
     shape = (1, 64, 35)
     orders = xla._qk_order("bfloat16", shape)
-    pairs, tile_k = orders[0]
+    pairs, tile_k, block = orders[0]
+    assert block == 35  # one block: no cut where the dot has many rows
     run = xla._attention("bfloat16", False, None)
     head = range(16)
     tail = range(30, 35)
     probe_pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
     counts = xla._qk_probe_counts(run, shape, probe_pairs, [0])[:, 0]
-    assert xla._qk_candidates("bfloat16", 35, probe_pairs, counts) == [(pairs, tile_k)]
+    assert xla._qk_candidates("bfloat16", 35, probe_pairs, counts) == [(pairs, tile_k, block)]
 
 
 def test_platform_names_versions_and_the_exp():

@@ -26,7 +26,10 @@ simulation of the candidate order, :func:`_simulated_dot`):
   and leaves the last n mod tile_k terms to a remainder path whose products
   are rounded and added in order.  bf16 Q Kᵀ runs AVX-512 BF16's pair
   instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
-  per key (a dot's last columns run a narrower kernel: :func:`_qk_order`);
+  per key (a dot's last columns run a narrower kernel: :func:`_qk_order`), with
+  the blocks YNNPACK cuts its reduction into where the dot has few rows
+  (decoding shapes; fp16 there raises, the rest of its op-by-op program not
+  modelled);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
@@ -34,8 +37,14 @@ simulation of the candidate order, :func:`_simulated_dot`):
   on 16 lanes, term j in lane j mod 16: chunks of 64 terms (4 per lane, left to
   right), four chunks added together while 256 terms remain, a level-1
   accumulator added to the level-2 one by compensated (Kahan) summation every
-  1024 terms and at the end (Higham 2002, section 4.3); the 16 lane sums then
-  halved (l + l+8, then + 4, + 2, + 1).
+  1024 terms read by the loops over whole chunks (a ragged last chunk, the
+  remainder, takes no step of its own) and at the end (Higham 2002, section
+  4.3); the 16 lane sums then halved (l + l+8, then + 4, + 2, + 1).  Where
+  XLA rewrites the sum as a tree reduction (decoding shapes), the HLO shows a
+  ``reduce-window`` of 32 keys (zeros padded around the row) in a loop fusion
+  of XLA's (each window summed left to right) or a YNNPACK fusion (each window
+  by ``sum_float_k1``), then a ``reduce`` of the window sums, left to right;
+  the model reads which (:func:`_sum_window`).
 
 Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
 the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
@@ -316,20 +325,40 @@ def xla_cpu_exp_model() -> ExpModel:
 # -- summation orders ------------------------------------------------------------------
 
 
-def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1):
+def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, block: int | None = None):
     """fl32(Q Kᵀ), each dot ``tile_k`` sequential FMA chains over d (term t in chain
     t mod tile_k) folded pairwise, the last d mod tile_k terms as rounded products
     added in order, added last; with ``pairs`` (bf16 inputs) the terms in the order 1, 0, 3,
-    2, ... (an odd last term comes last), else 0, 1, 2, ..."""
+    2, ... (an odd last term comes last), else 0, 1, 2, ...  With ``block`` the
+    terms before the remainder are cut into blocks of ``block`` (the last shorter),
+    each summed so from zero and the block sums added in order (YNNPACK splits the
+    reduction so where a dot has few rows: decoding shapes)."""
     d = q.shape[-1]
     if pairs:
         order = _permuted(d, True)
         q, k = q[..., order], k[..., order]
     rest = d % tile_k if d > tile_k else 0
     if rest:
-        main = _qk(q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k)
+        main = _qk(
+            q[..., : d - rest], k[..., : d - rest], pairs=False, acc=acc, tile_k=tile_k, block=block
+        )
         tail = [(q[..., :, None, t], k[..., None, :, t]) for t in range(d - rest, d)]
         return ops.add(main, _rounded_products(tail, acc), acc)
+    if block is not None and block < d:
+        parts = [
+            _qk(
+                q[..., lo : lo + block],
+                k[..., lo : lo + block],
+                pairs=False,
+                acc=acc,
+                tile_k=tile_k,
+            )
+            for lo in range(0, d, block)
+        ]
+        total = parts[0]
+        for part in parts[1:]:
+            total = ops.add(total, part, acc)
+        return total
     tile_k = min(tile_k, d)
     steps = d // tile_k
     # Chain r holds terms r, r + tile_k, ...: (..., tile_k, N, steps) @ (..., tile_k, steps, M).
@@ -388,8 +417,12 @@ def _softmax_sum(e, acc: Format):
     groups = leaves[..., : 4 * unrolled, :].reshape(*leaves.shape[:-2], unrolled, 4, _LANES)
     items = jnp.concatenate([_chain(groups, acc), leaves[..., 4 * unrolled :, :]], axis=-2)
     # The chunks read once each item is added: a compensated step at each 1024 terms.
+    # YNNPACK's clock ticks in its loops over whole chunks only, so a ragged last
+    # chunk (the kernel's remainder) never triggers one; the end does.
     read = [4 * (u + 1) for u in range(unrolled)] + list(range(4 * unrolled + 1, chunks + 1))
     flush = np.asarray([r % (_KAHAN // _CHUNK) == 0 for r in read])
+    if pad:
+        flush[-1] = False
     zeros = jnp.zeros_like(items[..., 0, :])
 
     def step(carry, item):
@@ -408,6 +441,23 @@ def _softmax_sum(e, acc: Format):
         half = lanes.shape[-1] // 2
         lanes = ops.add(lanes[..., :half], lanes[..., half:], acc)
     return lanes[..., 0]
+
+
+def _windowed_sum(e, window: int, pad: int, ynn: bool, acc: Format):
+    """The softmax sum where XLA rewrites it as a tree reduction (decoding shapes): a
+    ``reduce-window`` of ``window`` terms (stride ``window``; ``pad`` zeros before the
+    row and as many as fill the last window after it), each window summed left to
+    right from 0 in a loop fusion of XLA's, or by YNNPACK's sum (:func:`_softmax_sum`
+    on the padded window) where the windows sit in a YNNPACK fusion (``ynn``); then
+    a ``reduce`` adding the window sums left to right from 0."""
+    m = e.shape[-1]
+    windows = -(-(pad + m) // window)
+    after = windows * window - pad - m
+    zeros = functools.partial(jnp.zeros, dtype=e.dtype)
+    e = jnp.concatenate([zeros((*e.shape[:-1], pad)), e, zeros((*e.shape[:-1], after))], axis=-1)
+    terms = e.reshape(*e.shape[:-1], windows, window)
+    sums = _softmax_sum(terms, acc) if ynn else _chain(jnp.swapaxes(terms, -1, -2), acc)
+    return _chain(sums[..., None], acc)[..., 0]
 
 
 def _rounded_products(pairs, acc: Format):
@@ -527,6 +577,44 @@ def _in_ynn_fusions(
             convert |= _converts_product_to_bf16(body)
             exp |= " exponential(" in body
     return convert, exp
+
+
+_WINDOW = re.compile(r"window=\{size=(\S+) stride=(\S+) pad=(\S+)\}")
+
+
+@functools.cache
+def _sum_window(
+    dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> tuple[int, int, bool] | None:
+    """(window, leading pad, in YNNPACK) of the softmax sum where XLA's program
+    computes it as a ``reduce-window`` of additions over the keys (its
+    tree-reduction rewrite, in decoding shapes), read from the HLO: the windows in a
+    loop fusion of XLA's or in a YNNPACK fusion (the third item), their sums then
+    reduced by XLA.  None where the whole sum is YNNPACK's.  fp16 runs eagerly
+    (None)."""
+    if dtype == "float16":
+        return None
+    bodies = _computations(_program_text(dtype, shape, causal, layout))
+    for line in bodies.get("ENTRY", "").splitlines():
+        called = re.search(r"calls=%([^,\s]+)", line)
+        if not called:
+            continue
+        for inner in bodies.get(called.group(1), "").splitlines():
+            found = _WINDOW.search(inner)
+            apply = re.search(r"to_apply=%([^,\s]+)", inner)
+            if " reduce-window(" not in inner or not found or not apply:
+                continue
+            if " add(" not in bodies.get(apply.group(1), ""):
+                continue  # the max's
+            size, stride = found.group(1).split("x")[-1], found.group(2).split("x")[-1]
+            lo, _ = found.group(3).split("x")[-1].split("_")
+            if size != stride:
+                raise ValueError(
+                    f"xla: the softmax sum of {shape} ({dtype}) is a reduce-window of size "
+                    f"{size} and stride {stride}; only equal ones are modelled"
+                )
+            return int(size), int(lo), "__ynn_fusion" in line
+    return None
 
 
 _PROBE_BIG = 2.0**15  # M of a probe, exact in every format
@@ -760,46 +848,66 @@ def _permuted(d: int, pairs: bool) -> list[int]:
 _QK_TAIL = 64  # the last keys probed one by one: a dot kernel's column remainder
 
 
-def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int]]:
-    """The (pairs, tile_k) orders whose simulated probes give ``counts``."""
+def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int, int]]:
+    """The (pairs, tile_k, block) orders whose simulated probes give ``counts``: one
+    block of d terms first; where none fits, the reduction cut into blocks of the
+    smallest size that fits."""
     terms = np.full((len(pairs), d), 0.25, np.float32)
     big = np.float32(_PROBE_BIG * _QK_KEY)
     for row, (a, b) in enumerate(pairs):
         terms[row, a], terms[row, b] = big, -big
-    return [
-        (swap, t)
-        for swap in (dtype == "bfloat16", dtype != "bfloat16")
-        for t in _TILES_K
-        if np.array_equal(4 * _simulated_dot(terms[:, _permuted(d, swap)], t, d), counts)
-    ]
+
+    def fits(swap: bool, t: int, block: int) -> bool:
+        return np.array_equal(4 * _simulated_dot(terms[:, _permuted(d, swap)], t, block), counts)
+
+    swaps = (dtype == "bfloat16", dtype != "bfloat16")
+    whole = [(swap, t, d) for swap in swaps for t in _TILES_K if fits(swap, t, d)]
+    if whole:
+        return whole
+    for block in range(1, d):
+        found = [
+            (swap, t, block)
+            for swap in swaps
+            for t in _TILES_K
+            if t <= block and fits(swap, t, block)
+        ]
+        if found:
+            return found
+    return []
 
 
 @functools.cache
 def _qk_order(
     dtype: str, shape: tuple[int, ...], layout: _Layout | None = None
-) -> tuple[tuple[bool, int], ...]:
-    """The order of each key's Q Kᵀ dots for (B·H, N, d) inputs, one (pairs, tile_k)
-    per key, read from the real program with order-revealing probes
+) -> tuple[tuple[bool, int, int], ...]:
+    """The order of each key's Q Kᵀ dots for (B·H, N, d) inputs, one (pairs, tile_k,
+    block) per key, read from the real program with order-revealing probes
     (:func:`_qk_probe_counts`): for key 0 and each of the last keys, the
     candidate (terms in pairs, odd first, as AVX-512 BF16's dot instruction adds
     them, or in order; tile_k chains folded pairwise) whose simulated probes match
     the real counts of every pair among the first 16 terms and the last ones.
     YNNPACK runs the last columns of a dot (the keys past its last full tile)
     with a kernel of a narrower tile, whose tile_k can differ; the probes find
-    them without knowing the tile.  With ``layout``, the grouped view's M keys, in
-    its plain call."""
+    them without knowing the tile.  Where a dot has few rows (decoding shapes)
+    YNNPACK also cuts the reduction over d into blocks, each summed from zero and
+    the block sums added in order, by a size its schedule picks (at 16 queries and
+    d = 128: 64 terms at key 0, 66 at the last keys); pairs of term 0 with every
+    other find them.  With ``layout``, the grouped view's M keys, in its plain
+    call."""
     _, n, d = shape
     m = n if layout is None else layout.m
     if d < 2 or m < 3 or n < 2:
-        return ((dtype == "bfloat16", 1),) * m
+        return ((dtype == "bfloat16", 1, d),) * m
     # The same dot as the causal (or masked) program's.
     run = _attention(dtype, False, None) if layout is None else _grouped_run(dtype, layout.plain())
     head = range(min(d, 16))
     tail = range(max(0, d - 5), d)
     pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
+    # Term 0 against every other: where the reduction is cut into blocks.
+    pairs = sorted({*pairs, *((0, b) for b in range(1, d))})
     probed = sorted({0, *range(max(2, m - _QK_TAIL), m)})  # key 1 is the zero key
     width = max(1, min(d - 1, m // 2))
-    orders: dict[int, tuple[bool, int]] = {}
+    orders: dict[int, tuple[bool, int, int]] = {}
     for start in range(0, len(probed), width):
         keys = probed[start : start + width]
         counts = _qk_probe_counts(run, shape, pairs, keys, m)
@@ -833,17 +941,38 @@ def _exp_model(
     if policy.exp_model not in (XLA_CPU_EXP, YNNPACK):
         return policy.exp_model
     fused = _in_ynn_fusions(policy.inputs.name, shape, causal, layout)[1]
-    return YNNPACK if fused else XLA_CPU_EXP
+    if fused:
+        return YNNPACK
+    return XLA_CPU_EXP
 
 
-def _runs(orders) -> tuple[tuple[int, int, bool, int], ...]:
-    """Per-key orders as runs (first key, key past the last, pairs, tile_k)."""
-    runs: list[tuple[int, int, bool, int]] = []
-    for j, (pairs, tile_k) in enumerate(orders):
-        if runs and runs[-1][2:] == (pairs, tile_k):
-            runs[-1] = (runs[-1][0], j + 1, pairs, tile_k)
+def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
+    """:func:`_qk_order` as runs (:func:`_runs`); a ValueError for fp16 where the
+    program cuts Q Kᵀ's reduction into blocks (dots of few rows: decoding shapes).
+    fp16 runs op by op, so the HLO that tells the jitted formats' exp and softmax
+    sum apart there is not the program that runs, and the rest of it is not
+    modelled."""
+    orders = _qk_order(dtype, shape, layout)
+    d = shape[-1]
+    cut = sorted({block for _, _, block in orders if block < d})
+    if cut and dtype == "float16":
+        raise ValueError(
+            f"xla: {dtype} at the grouped shape {shape} (B·H_kv, G·N, d) against "
+            f"{len(orders)} keys is not modelled: XLA's program cuts the Q Kᵀ reduction "
+            f"into blocks of {cut} terms (a dot of few rows, as in decoding), and the rest "
+            f"of that op-by-op program is not modelled"
+        )
+    return _runs(orders)
+
+
+def _runs(orders) -> tuple[tuple[int, int, bool, int, int], ...]:
+    """Per-key orders as runs (first key, key past the last, pairs, tile_k, block)."""
+    runs: list[tuple[int, int, bool, int, int]] = []
+    for j, order in enumerate(orders):
+        if runs and runs[-1][2:] == tuple(order):
+            runs[-1] = (runs[-1][0], j + 1, *order)
         else:
-            runs.append((j, j + 1, pairs, tile_k))
+            runs.append((j, j + 1, *order))
     return tuple(runs)
 
 
@@ -855,8 +984,9 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     round_p = _p_rounded(policy.inputs.name, shape, bool(causal))
+    window = _sum_window(policy.inputs.name, shape, bool(causal))
+    qk = _qk_runs(policy.inputs.name, shape)
     pv = _pv_order(policy.inputs.name, shape)
-    qk = _runs(_qk_order(policy.inputs.name, shape))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal)))
     return _model_core(
         q,
@@ -868,6 +998,7 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
         round_p=round_p,
         qk=qk,
         pv=pv,
+        window=window,
     )
 
 
@@ -903,8 +1034,9 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
+    window = _sum_window(dtype, shape, bool(causal), layout)
+    qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
-    qk = _runs(_qk_order(dtype, shape, layout))
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
     out = _model_core(
         q3,
@@ -916,13 +1048,14 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
         round_p=round_p,
         qk=qk,
         pv=pv,
+        window=window,
         bias=bias,
         keep=keep,
     )
     return out.reshape(np.shape(q)[:-1] + np.shape(v)[-1:])
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv"))
+@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv", "window"))
 def _model_core(
     q,
     k,
@@ -932,8 +1065,9 @@ def _model_core(
     causal: bool,
     policy: Policy,
     round_p: bool,
-    qk: tuple[tuple[int, int, bool, int], ...],
+    qk: tuple[tuple[int, int, bool, int, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
+    window: tuple[int, int, bool] | None = None,
     bias=None,
     keep=None,
 ):
@@ -946,8 +1080,8 @@ def _model_core(
     n, m = q.shape[-2], k.shape[-2]
     s = jnp.concatenate(
         [
-            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k)
-            for lo, hi, pairs, tile_k in qk
+            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k, block=block)
+            for lo, hi, pairs, tile_k, block in qk
         ],
         axis=-1,
     )
@@ -960,7 +1094,10 @@ def _model_core(
         s = jnp.where(keep, s, _LARGE_NEGATIVE)
     shifted = ops.sub(s, jnp.max(s, axis=-1, keepdims=True), policy.exp)
     e = policy.exp_model.fn(shifted, policy.exp)
-    total = _softmax_sum(e, policy.stats)
+    if window is None:
+        total = _softmax_sum(e, policy.stats)
+    else:
+        total = _windowed_sum(e, *window, policy.stats)
     if policy.normalise == "reciprocal":
         p = ops.mul(e, ops.div(1.0, total, policy.stats)[..., None], policy.stats)
     else:
