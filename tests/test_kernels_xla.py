@@ -531,3 +531,13 @@ def test_only_ps_conversion_counts_as_p_rounded():
   ROOT %convert.71 = f32[1,2,64,64]{3,2,1,0} convert(%convert.72)"""
     assert not xla._converts_product_to_bf16(inputs_only)
     assert xla._converts_product_to_bf16(with_p)
+
+
+def test_fp32_decoding_with_a_ragged_whole_ynnpack_sum_is_refused():
+    """Several query rows over more than 1024 keys ending in a ragged 64-key chunk,
+    the softmax sum one YNNPACK reduction: not modelled (measured 26-96%), so the
+    model raises before its probes rather than answer."""
+    q = np.zeros((1, 2, 3, 64))
+    k = np.zeros((1, 2, 3080, 64))
+    with pytest.raises(ValueError, match="3 query rows over 3080 keys"):
+        kernels.emulate("xla", q, k, k, fmt="fp32")
