@@ -31,14 +31,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("kernel")
     parser.add_argument("format")
-    parser.add_argument("shape", nargs=4, type=int, help="B H N D")
+    for dim in ("B", "H", "N", "D"):
+        parser.add_argument(dim, type=int)
     parser.add_argument("--causal", action="store_true")
     args = parser.parse_args()
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="fa_jax_bench_"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     fmt = get_format(args.format)
-    b, h, n, d = args.shape
+    b, h, n, d = args.B, args.H, args.N, args.D
     shape = Shape(batch=b, heads=h, n=n, d=d)
     profile = CallProfile()
     with timed_calls(profile.call):
