@@ -26,9 +26,9 @@ Which code runs (``nodes/scaled_attn.cpp``):
   cache's state (the plugin converts them as its concat does new keys: bit for
   bit what a prefill call of M - N queries leaves, in O(M) rather than O(M²)),
   a call runs the N queries against all M keys with ``mha_single_token`` on the
-  cache, in ``kv_cache`` precision.  BF16 is
-  modelled with every cache (BF16 and F32 the same: under BF16 inference the
-  cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
+  cache, in ``kv_cache`` precision.  BF16 is modelled with every cache (BF16
+  and F32 the same: under BF16 inference the cache holds BF16 values; u8:
+  :func:`fa_jax.openvino_sdpa.quantize_u8`, one
   scale and zero point per token), F32 with every cache (F32 and BF16 the same:
   under F32 inference the cache holds FP32 values; u8: K and V read back as
   :func:`fa_jax.openvino_sdpa.dequantize_u8`, then the FP32 path): S = its AVX-512
@@ -192,8 +192,8 @@ def _fill_state(request, k, v, precision: str) -> None:
     """The cache set directly (``VariableState.state``, O(M)): the plugin converts the
     state as its concat converts new keys (u8: ``attn_quant_u8``, one scale and zero
     point per token; else its cache precision).  Under BF16 inference the keys and
-    values are rounded to BF16 first (nearest even), as the graph rounds its inputs;
-    the state's own f32 to bf16 conversion (``ov::bfloat16``) would round otherwise."""
+    values are rounded to BF16 first (nearest even), as the graph rounds its inputs
+    before the cache: a u8 state quantizes the values it is given."""
     import openvino as ov
 
     for state in request.query_state():
