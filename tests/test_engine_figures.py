@@ -10,6 +10,7 @@ import pytest
 from host import cpu_flags, isa
 
 from fa_jax.studies.engine_figures import (
+    FULL,
     GGML_KV,
     OPENVINO_KV,
     OPENVINO_MAX_KEYS,
@@ -166,6 +167,7 @@ def test_openvino_cases_per_precision_and_cache():
         f"openvino-sdpa {p} cache {kv}" for p in OPENVINO_PRECISIONS for kv in OPENVINO_KV
     }
     assert not any(c.runs_at("decode", 2 * OPENVINO_MAX_KEYS) for c in cases)
+    assert OPENVINO_MAX_KEYS >= max(FULL.decode_keys)  # the cache set as state: O(M)
     prefill = {c.label for c in cases if c.runs_at("prefill", 2048)}
     assert prefill == {f"openvino-sdpa {p}" for p in OPENVINO_PRECISIONS}
     assert all(c.fmt == "fp32" and dict(c.options)["threads"] == 1 for c in cases)

@@ -195,6 +195,58 @@ def test_decode_exact_fp32_and_tails(precision, h, n, m, d, kv_cache, threads):
     assert _identical(real, model) == 1.0
 
 
+def _fills_agree(seed, h, n, m, d, precision, kv_cache, threads):
+    """Decoding with the cache set as state and with it filled by a prefill call:
+    the same bits (keys scaled per token, so the u8 scales differ)."""
+    q, k, v = _inputs(seed, h, n, m, d)
+    k = k * np.random.default_rng(seed).uniform(0.1, 10.0, (h, m, 1)).astype(np.float32)
+    call = {"fmt": "fp32", "precision": precision, "kv_cache": kv_cache, "threads": threads}
+    state = O.real_sdpa(q, k, v, fill="state", **call)
+    prefill = O.real_sdpa(q, k, v, fill="prefill", **call)
+    assert state.shape == (h, n, d)
+    assert np.array_equal(state.view(np.uint64), prefill.view(np.uint64))
+    return q, k, v, state
+
+
+@needs_bf16_cpu  # BF16 inference as the plugin runs it with AVX-512 BF16
+@pytest.mark.parametrize("precision", O.PRECISIONS)
+def test_decode_cache_state_is_the_prefill_fill(precision):
+    """Every cache and thread count, one or two queries after 36, 298 and 2047 keys."""
+    for kv_cache in O.KV_CACHES:
+        for threads in (1, 2):
+            for h, n, m, d in ((2, 1, 37, 64), (3, 2, 300, 80), (2, 1, 2048, 128)):
+                _fills_agree(threads, h, n, m, d, precision, kv_cache, threads)
+    with pytest.raises(ValueError, match="fill"):
+        O.real_sdpa(*_inputs(0, 1, 1, 4, 8), fmt="fp32", fill="zeros")
+
+
+@needs_bf16_cpu
+def test_decode_cache_state_rounds_to_bf16_first(monkeypatch):
+    """A u8 state quantizes what it is given: FP32 keys and values set unrounded under
+    BF16 inference give other bits than the prefill fill (BF16 first: the same)."""
+    import openvino as ov
+
+    def unrounded(request, k, v, precision):
+        for state in request.query_state():
+            x = {"past_k": k, "past_v": v}[state.name]
+            state.state = ov.Tensor(np.ascontiguousarray(x))
+
+    q, k, v, state = _fills_agree(8, 2, 1, 300, 64, "bf16", "u8", 1)
+    monkeypatch.setitem(O._FILLS, "state", unrounded)
+    assert not np.array_equal(O.real_sdpa(q, k, v, fmt="fp32", kv_cache="u8"), state)
+
+
+@pytest.mark.slow
+@needs_bf16_cpu
+@pytest.mark.parametrize("precision", O.PRECISIONS)
+@pytest.mark.parametrize("kv_cache", O.KV_CACHES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_cache_state_is_the_prefill_fill_slow(precision, kv_cache, threads):
+    """d with tails (d mod 16, d mod 64), three queries, a longer cache."""
+    for h, n, m, d in ((2, 3, 515, 100), (4, 1, 1031, 48), (1, 1, 8192, 128)):
+        _fills_agree(m, h, n, m, d, precision, kv_cache, threads)
+
+
 def test_dot_product_orders():
     """d = 100: six blocks of 16 and a tail of 4.  Lane 0 holds 2^24 (block 0), -2^24
     (block 1), 1 (blocks 4 and 5): for FP32 queries blocks 4 and 5 both join

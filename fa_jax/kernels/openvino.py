@@ -22,11 +22,13 @@ Which code runs (``nodes/scaled_attn.cpp``):
   softmax in FP32, O = MLAS sgemm(P V).  N == 1 runs the decoding kernel below,
   on the cache the one key has just entered.  Modelled:
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
-- N < M (decoding: non-causal only): a first call stores the first M - N keys
-  in the cache, a second one runs the N queries against all M keys with
-  ``mha_single_token`` on the cache, in ``kv_cache`` precision.  BF16 is
-  modelled with every cache (BF16 and F32 the same: under BF16 inference the
-  cache holds BF16 values; u8: :func:`fa_jax.openvino_sdpa.quantize_u8`, one
+- N < M (decoding: non-causal only): the first M - N keys are set as the
+  cache's state (the plugin converts them as its concat does new keys: bit for
+  bit what a prefill call of M - N queries leaves, in O(M) rather than O(M²)),
+  a call runs the N queries against all M keys with ``mha_single_token`` on the
+  cache, in ``kv_cache`` precision.  BF16 is modelled with every cache (BF16
+  and F32 the same: under BF16 inference the cache holds BF16 values; u8:
+  :func:`fa_jax.openvino_sdpa.quantize_u8`, one
   scale and zero point per token), F32 with every cache (F32 and BF16 the same:
   under F32 inference the cache holds FP32 values; u8: K and V read back as
   :func:`fa_jax.openvino_sdpa.dequantize_u8`, then the FP32 path): S = its AVX-512
@@ -53,6 +55,7 @@ import platform as _platform
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from fa_jax import mlas, ops
@@ -156,9 +159,13 @@ def real_sdpa(
     precision: str = "bf16",
     kv_cache: str = "u8",
     threads: int = 1,
+    fill: str = "state",
 ) -> np.ndarray:
-    """OpenVINO's fused SDPA output (..., N, d_v) on the CPU, as float64 (module docstring)."""
+    """OpenVINO's fused SDPA output (..., N, d_v) on the CPU, as float64 (module docstring);
+    ``fill``: how the first M - N keys enter the cache, ``"state"`` (set directly) or
+    ``"prefill"`` (a call of M - N queries), the two bit for bit the same."""
     _fmt(fmt)
+    fill = one_of(fill, tuple(_FILLS), "openvino-sdpa: fill")
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
     kv_cache = one_of(kv_cache, KV_CACHES, "openvino-sdpa: kv_cache")
     threads = positive_int(threads, "openvino-sdpa: threads")
@@ -175,11 +182,37 @@ def real_sdpa(
     compiled = _compiled(h, d, d_v, bool(causal), given, precision, kv_cache, threads)
     request = compiled.create_infer_request()
     beam = np.zeros(1, np.int32)
-    if m > n:  # the first M - N keys into the cache; the queries of this call are unused
-        past = {"q": np.zeros((1, h, m - n, d), np.float32), "beam_idx": beam}
-        request.infer({**past, "k": k4[:, :, : m - n], "v": v4[:, :, : m - n]})
+    if m > n:  # the first M - N keys into the cache
+        _FILLS[fill](request, k4[:, :, : m - n], v4[:, :, : m - n], precision)
     out = request.infer({"q": q4, "k": k4[:, :, m - n :], "v": v4[:, :, m - n :], "beam_idx": beam})
     return np.asarray(out[0], np.float64).reshape(*lead, n, d_v)
+
+
+def _fill_state(request, k, v, precision: str) -> None:
+    """The cache set directly (``VariableState.state``, O(M)): the plugin converts the
+    state as its concat converts new keys (u8: ``attn_quant_u8``, one scale and zero
+    point per token; else its cache precision).  Under BF16 inference the keys and
+    values are rounded to BF16 first (nearest even), as the graph rounds its inputs
+    before the cache: a u8 state quantizes the values it is given."""
+    import openvino as ov
+
+    for state in request.query_state():
+        x = {"past_k": k, "past_v": v}[state.name]
+        if precision == "bf16":
+            x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+        state.state = ov.Tensor(np.ascontiguousarray(x, np.float32))
+
+
+def _fill_prefill(request, k, v, precision: str) -> None:
+    """The cache filled by a prefill call of M - N zero queries, whose output is
+    unused (the multi-token kernel: O(M²))."""
+    del precision
+    h, m, d = k.shape[1:]
+    q = np.zeros((1, h, m, d), np.float32)
+    request.infer({"q": q, "k": k, "v": v, "beam_idx": np.zeros(1, np.int32)})
+
+
+_FILLS = {"state": _fill_state, "prefill": _fill_prefill}
 
 
 def _keep(n: int, m: int, causal: bool):

@@ -14,9 +14,8 @@ of :mod:`fa_jax.kernels` (:func:`fa_jax.kernels.real`):
   with ``precision`` (the inference precision hint) ``bf16`` and ``f32``, one
   thread: at decode shapes with each KV cache (``u8``, ``bf16``, ``f32``: the
   cache holds the first M - 1 keys, so its precision is part of the error; up
-  to :data:`OPENVINO_MAX_KEYS` keys, since the real kernel fills that cache by a
-  prefill of M - 1 queries), at prefill shapes once per precision (an empty
-  cache: its precision does not reach the output);
+  to :data:`OPENVINO_MAX_KEYS` keys), at prefill shapes once per precision (an
+  empty cache: its precision does not reach the output);
 * fa_jax's presets (``policies``, default ``paper_uniform`` and ``fa2_kernel``)
   in BF16 and FP16, FlashAttention-2's tiled loop with 128 x 128 tiles
   (:func:`fa_jax.studies.validation` runs them the same way);
@@ -92,9 +91,9 @@ __all__ = [
 GGML_KV = ("f32", "f16", "bf16", "q8_0", "q4_0")
 OPENVINO_PRECISIONS = ("bf16", "f32")
 OPENVINO_KV = ("u8", "bf16", "f32")
-# The real kernel fills its cache with the first M - 1 keys by a prefill call of M - 1
-# queries, O(M²): 76 s a call at M = 32k here, so OpenVINO's decode rows stop at 4k keys.
-OPENVINO_MAX_KEYS = 4096
+# The real kernel's cache takes the first M - 1 keys as its state, O(M): OpenVINO's decode
+# rows run the full grid's keys.
+OPENVINO_MAX_KEYS = 32768
 THREAD_KV = ("f32", "f16")  # the KV types whose one-row path is split-KV
 PRESET_FORMATS = ("bf16", "fp16")
 
