@@ -617,8 +617,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "attention",
-        "s = ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)",
-        "s = ops.matmul(q, k_t, policy.scores, accumulation=policy.accumulation)",
+        "return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)",
+        "return ops.matmul(q, k_t, policy.scores, accumulation=policy.accumulation)",
         "Q K^T accumulated in scores instead of qk_acc",
         ATT_SIM,
     ),

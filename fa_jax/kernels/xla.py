@@ -1,10 +1,9 @@
 """XLA's attention on the CPU: ``jax.nn.dot_product_attention(..., implementation="xla")``.
 
-The real kernel runs natively in bf16, fp16 and fp32 (fp16 eagerly: XLA's CPU
-backend refuses the F16_F16_F32 dot under jit, and eagerly jax falls back to the
-default precision, op by op).  What it computes (jax/_src/nn/functions.py,
-``_dot_product_attention_core``) and how XLA's CPU backend runs it (read from
-the optimised HLO, the rest inferred by experiment)::
+The real kernel runs natively in bf16, fp16 and fp32 (fp16 eagerly, op by op:
+XLA's CPU backend refuses the F16_F16_F32 dot under jit).  What it computes
+(``_dot_product_attention_core`` in jax/_src/nn/functions.py), as XLA's CPU
+backend runs it (the optimised HLO, the rest found by experiment)::
 
     S = fl32(Q Kᵀ)              products exact for bf16/fp16, FMAs for fp32
     S = fl32(S · fl32(scale))   the scale rounded to float32
@@ -14,10 +13,9 @@ the optimised HLO, the rest inferred by experiment)::
     P = fl_in(P)                kept or dropped: see below
     O = fl_in(fl32(P V))        V widened to float32, an FP32 dot
 
-XLA hands the dots, the reductions and the element-wise steps between them to
-YNNPACK fusions.  Their summation orders, found with order-revealing inputs
-(FPRev-style probes: ±M pairs among small terms, each probe checked against a
-simulation of the candidate order, :func:`_simulated_dot`):
+XLA hands the dots, reductions and element-wise steps to YNNPACK fusions, whose
+orders were found with FPRev-style probes (±M pairs among small terms, checked
+against a simulation of each candidate order, :func:`_simulated_dot`):
 
 * the dots: YNNPACK picks a dot kernel by the shape (google/XNNPACK,
   ``ynnpack/kernels/dot/generator/x86_fp32_k2.py``, ``x86_fp32_k4.py``).  A
@@ -46,21 +44,17 @@ simulation of the candidate order, :func:`_simulated_dot`):
   by ``sum_float_k1``), then a ``reduce`` of the window sums, left to right;
   the model reads which (:func:`_sum_window`).
 
-Whether P is rounded to bf16 before P V depends on XLA's fusion decision: when
-the softmax and the conversion land in the YNNPACK fusion of the Q Kᵀ dot, the
-float32 -> bf16 -> float32 pair is dropped (XLA allows excess precision) and
-P V multiplies the FP32 probabilities.  The model asks XLA's compiler for the
-program the real call would run and reads it.
+P's rounding to bf16 before P V is dropped where XLA fuses the softmax and the
+conversion into the Q Kᵀ dot's YNNPACK fusion (excess precision); the model
+reads that from the program the real call would run.
 
-Two float32 exps run, and the model reads which from the program.  Where the
-exp lands in a YNNPACK fusion (bf16 and fp32 under jit, from 64 keys or so)
-XLA hands it to YNNPACK as ``ynn_unary_exp``, which runs YNNPACK's vector exp
-(``simd::exp`` in google/XNNPACK's ``ynnpack/base/simd/target_independent.inc``),
-modelled bit for bit by :func:`fa_jax.exponential.ynnpack_exp`.  Elsewhere (the
-eager fp16 path, small shapes) XLA's own float32 exp runs: a Cephes polynomial
-with a two-constant Cody-Waite reduction and FMAs, results below FLT_MIN flushed
-to zero, modelled bit for bit by :func:`xla_cpu_exp`.  The two differ by one
-ulp on a few percent of inputs.
+Two float32 exps run, read from the program: in a YNNPACK fusion (bf16 and
+fp32 under jit, from 64 keys or so) YNNPACK's vector exp (``simd::exp``,
+``ynnpack/base/simd/target_independent.inc``;
+:func:`fa_jax.exponential.ynnpack_exp`); elsewhere (eager fp16, small shapes)
+XLA's own Cephes polynomial with FMAs, results below FLT_MIN flushed to zero
+(:func:`xla_cpu_exp`).  Both bit for bit; they differ by an ulp on a few
+percent of inputs.
 
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the bias is added to the scaled FP32 scores, dropped
