@@ -35,9 +35,8 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   on 16 lanes, term j in lane j mod 16: chunks of 64 terms (4 per lane, left to
   right), four chunks added together while 256 terms remain, a level-1
   accumulator added to the level-2 one by compensated (Kahan) summation every
-  1024 terms read by the loops over whole chunks (a ragged last chunk, the
-  remainder, takes no step of its own) and at the end (Higham 2002, section
-  4.3); the 16 lane sums then halved (l + l+8, then + 4, + 2, + 1).  Where
+  1024 terms read by the loops over whole chunks (not the ragged last one) and
+  at the end (Higham 2002, §4.3); the 16 lane sums then halved.  Where
   XLA rewrites the sum as a tree reduction (decoding shapes), the HLO shows a
   ``reduce-window`` of 32 keys (zeros padded around the row) in a loop fusion
   of XLA's (each window summed left to right) or a YNNPACK fusion (each window
@@ -57,9 +56,8 @@ XLA's own Cephes polynomial with FMAs, results below FLT_MIN flushed to zero
 percent of inputs.
 
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
-4-D call (:class:`_Layout`): the bias is added to the scaled FP32 scores, dropped
-pairs get jax's large negative (not -inf: a row keeping no key averages V), and
-the dots run on the grouped (B·H_kv, G·N, d) view, which the model probes.
+4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
+which the model probes (:func:`_featured_forward`).
 """
 
 from __future__ import annotations
