@@ -328,7 +328,7 @@ def _decoding_inputs(fmt, shape, kv_heads, m):
     ("shape", "kv_heads", "m"),
     [
         # 4 query rows: XLA's own exp, the sum's windows in a loop fusion of XLA's.
-        ((1, 4, 1, 64), 1, 1000),
+        pytest.param((1, 4, 1, 64), 1, 1000, marks=pytest.mark.extended),
         # 32 rows: the windows in a YNNPACK fusion; 16: exp and sum in YNNPACK's.
         pytest.param((1, 4, 16, 64), 2, 700, marks=pytest.mark.slow),
         pytest.param((1, 16, 1, 64), 1, 1000, marks=pytest.mark.slow),
