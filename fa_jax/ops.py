@@ -243,13 +243,16 @@ def cast(x, fmt) -> jax.Array:
     return round_to(x, get_format(fmt))
 
 
-def _round_to_odd_then(s, e, fmt: Format):
+def _round_to_odd_then(s, e, fmt: Format, *, normalised: bool = False):
     """Correctly round the value ``s + e`` (a float64 pair) to ``fmt``: renormalise so
-    that s = fl(s + e) and e is the exact remainder, move an inexact s to its odd
+    that s = fl(s + e) and e is the exact remainder (unless the pair is
+    ``normalised`` so already, as TwoSum's is), move an inexact s to its odd
     neighbour toward e (round-to-odd), then round to nearest."""
     inexact = jnp.isfinite(s) & (e != 0)  # e == 0: s is exact (and keeps a -0 sign)
-    s_n, e_n = _two_sum(s, jnp.where(inexact, e, 0.0))
-    s, e = jnp.where(inexact, s_n, s), jnp.where(inexact, e_n, 0.0)
+    if not normalised:
+        s_n, e_n = _two_sum(s, jnp.where(inexact, e, 0.0))
+        s = jnp.where(inexact, s_n, s)
+    e = jnp.where(inexact, e_n if not normalised else e, 0.0)
     bits = jax.lax.bitcast_convert_type(s, jnp.uint64)
     inexact_even = (e != 0) & ((bits & np.uint64(1)) == 0)
     grow = (e > 0) == (s > 0)  # moving toward e grows |s|
@@ -274,7 +277,7 @@ def add(a, b, fmt) -> jax.Array:
     fmt = get_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
     s, e = _two_sum(a, b)
-    return _round_to_odd_then(s, e, fmt)
+    return _round_to_odd_then(s, e, fmt, normalised=True)
 
 
 def sub(a, b, fmt) -> jax.Array:
