@@ -2,9 +2,13 @@
 
 ``round_to(x, fmt)`` returns, in ``x``'s own dtype (the *carrier*), the value of
 ``fmt`` that ``x`` rounds to.  It works on the carrier's bits with integer
-operations only, so XLA can neither elide it (excess precision) nor flush the
+operations, so XLA can neither elide it (excess precision) nor flush the
 target's subnormals (``lax.reduce_precision`` and CPU float arithmetic do
-both).
+both).  One case is cheaper and gives the same bits: rounding to nearest to an
+IEEE layout whose subnormals are carrier normals (bf16, fp16 and fp32 in
+float64; fp16 in float32) is ``reduce_precision`` from the smallest normal up,
+and ``x 2**(m - emin)`` rounded to an integer, scaled back, below it (exact
+float arithmetic on normal numbers).
 
 How it works.  For a non-negative float, the integer formed by its exponent and
 fraction bits (its *magnitude code*) grows monotonically with its value, and
@@ -243,7 +247,50 @@ _round_traced = jax.jit(_round_ste, static_argnums=(0,))
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _round_compiled(static, widths, x, rbits):
+    if _hardware_nearest(static, widths, x.dtype):
+        return _round_nearest_ste(widths, x)
     return _round_ste(static, x, *(np.int32(w) for w in widths), rbits)
+
+
+_IEEE_NEAREST = _Static("nearest_even", True, "ieee", "inf")
+
+
+def _hardware_nearest(static: _Static, widths, dtype) -> bool:
+    """Whether XLA's ``reduce_precision`` rounds to the format exactly above its
+    smallest normal: an IEEE layout (bias 2**(e-1) - 1, infinities, subnormals,
+    overflow to inf) rounded to nearest, narrower than the carrier, whose
+    subnormals are carrier normals (so the scaled rounding below them is exact
+    float arithmetic that no flush to zero touches)."""
+    e, m, bias = widths
+    c = _CARRIERS[np.dtype(dtype)]
+    return (
+        static == _IEEE_NEAREST
+        and bias == (1 << (e - 1)) - 1
+        and 0 < m < c.man
+        and (1 - bias) - m >= c.emin
+    )
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _round_nearest_ste(widths, x):
+    """The nearest rounding of :func:`_hardware_nearest`'s formats (module
+    docstring); NaN becomes the quiet NaN of its sign, as in :func:`_round_bits`."""
+    e, m, bias = widths
+    emin = 1 - bias
+    c = _CARRIERS[np.dtype(x.dtype)]
+    normal = jax.lax.reduce_precision(x, exponent_bits=e, mantissa_bits=m)
+    up = np.asarray(2.0 ** (m - emin), x.dtype)
+    down = np.asarray(2.0 ** (emin - m), x.dtype)
+    tiny = jax.lax.round(x * up, jax.lax.RoundingMethod.TO_NEAREST_EVEN) * down
+    out = jnp.where(jnp.abs(x) < np.asarray(2.0**emin, x.dtype), tiny, normal)
+    bits = jax.lax.bitcast_convert_type(x, c.uint)
+    nan = jax.lax.bitcast_convert_type((bits & c.sign_mask) | c.qnan_bits, x.dtype)
+    return jnp.where(jnp.isnan(x), nan, out)
+
+
+@_round_nearest_ste.defjvp
+def _round_nearest_jvp(widths, primals, tangents):
+    return _round_nearest_ste(widths, *primals), tangents[0]
 
 
 @_round_ste.defjvp

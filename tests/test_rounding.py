@@ -361,3 +361,80 @@ def test_stochastic_resolves_probabilities_to_2_to_the_minus_12(fmt, lo):
         float(lo),
         list(zip(j.tolist(), np.asarray(ups).tolist(), expected.tolist())),
     )
+
+
+# Formats and carriers whose nearest rounding runs on reduce_precision (rounding.py).
+IEEE_NEAREST = [
+    *((f, np.float32) for f in (FP16, custom(5, 2), custom(6, 1))),
+    *((f, np.float64) for f in (BF16, FP16, FP32, custom(8, 10), custom(5, 2), custom(6, 1))),
+]
+
+
+def _edges(fmt, dtype) -> np.ndarray:
+    """Dense hard cases for ``fmt`` on a ``dtype`` carrier: random values from below
+    the smallest subnormal to past max, every neighbour pair's midpoint with the
+    carrier values either side, the normal/subnormal boundary and the overflow edge,
+    carrier subnormals, signed zeros, infinities and NaNs with payloads and signs."""
+    rng = np.random.default_rng(1)
+    n = 4000
+    exps = rng.integers(fmt.emin - fmt.man_bits - 3, fmt.emax + 2, n)
+    x = np.ldexp(1 + rng.random(n), exps).astype(dtype)
+    e = np.maximum(np.floor(np.log2(x.astype(np.float64))), fmt.emin).astype(int)
+    q = np.ldexp(1.0, e - fmt.man_bits)
+    lo = np.floor(x / q) * q  # a value of fmt (or max + one ulp), exactly
+    mids = (lo + q / 2).astype(dtype)
+    tiny = np.ldexp(1.0, fmt.emin)
+    top = fmt.max + np.ldexp(1.0, fmt.emax - fmt.man_bits) / 2
+    base = np.concatenate([x, mids, [tiny, tiny - np.ldexp(1.0, fmt.emin - fmt.man_bits - 1)]])
+    base = np.concatenate(
+        [base, [top, fmt.max, np.finfo(dtype).tiny, np.finfo(dtype).smallest_subnormal]]
+    )
+    inf = np.asarray(np.inf, dtype)
+    with np.errstate(over="ignore"):
+        base = base.astype(dtype)
+        near = np.concatenate([base, np.nextafter(base, inf), np.nextafter(base, -inf)])
+    words = np.asarray([0x7FF0000000000001, 0x7FF8000000000123, 0xFFF4000000000000], np.uint64)
+    if dtype == np.float32:
+        words = np.asarray([0x7F800001, 0x7FC00123, 0xFFA00000], np.uint32)
+    specials = np.concatenate([np.asarray([0.0, np.inf, np.nan], dtype), words.view(dtype)])
+    both = np.concatenate([near, specials])
+    return np.concatenate([both, -both])
+
+
+@pytest.mark.parametrize(
+    "fmt, dtype", IEEE_NEAREST, ids=[f"{f.name}-{np.dtype(d).name}" for f, d in IEEE_NEAREST]
+)
+def test_reduce_precision_path_equals_the_integer_path(fmt, dtype):
+    """round_to to nearest for an IEEE layout whose subnormals are carrier normals runs
+    on ``lax.reduce_precision`` and a scaled rounding below the smallest normal; it
+    must give the integer path's bits on every hard case (NaN payloads dropped, sign
+    kept), and the path must be taken where this claims it is."""
+    from fa_jax import rounding
+
+    c = rounding._CARRIERS[np.dtype(dtype)]
+    widths = (fmt.exp_bits, fmt.man_bits, fmt.bias)
+    static = rounding._Static("nearest_even", fmt.subnormals, fmt.specials, fmt.overflow)
+    assert rounding._hardware_nearest(static, widths, dtype)
+    with x64_enabled():
+        x = jnp.asarray(_edges(fmt, dtype))
+        want = jax.jit(rounding._round_ste, static_argnums=0)(static, x, *widths, None)
+        got = round_jit(x, fmt)
+        eager = round_to(x, fmt)
+    bits = np.dtype(c.uint)
+    assert np.array_equal(np.asarray(got).view(bits), np.asarray(want).view(bits))
+    assert np.array_equal(np.asarray(eager).view(bits), np.asarray(want).view(bits))
+
+
+@pytest.mark.parametrize(
+    "fmt, dtype",
+    [(BF16, np.float32), (FP32, np.float32), (custom(4, 0), np.float64), (E4M3FN, np.float64)],
+    ids=["bf16-subnormals-in-float32", "fp32-in-float32", "no-mantissa", "e4m3fn"],
+)
+def test_reduce_precision_path_is_not_taken_where_it_would_be_wrong(fmt, dtype):
+    """bf16's subnormals are float32 subnormals (flushed by the CPU's arithmetic);
+    a zero-bit mantissa ties to the even exponent in reduce_precision but to the
+    larger value in ml_dtypes; formats without infinities overflow otherwise."""
+    from fa_jax import rounding
+
+    static = rounding._Static("nearest_even", fmt.subnormals, fmt.specials, fmt.overflow)
+    assert not rounding._hardware_nearest(static, (fmt.exp_bits, fmt.man_bits, fmt.bias), dtype)
