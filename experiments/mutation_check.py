@@ -49,6 +49,8 @@ F64_CASTS = f"{_R}::test_float64_carrier_matches_numpy_correctly_rounded_casts"
 DIRECTED = f"{_R}::test_directed_modes_bracket_and_are_adjacent"
 STOCHASTIC = f"{_R}::test_stochastic_resolves_probabilities_to_2_to_the_minus_12"
 NO_X64 = f"{_R}::test_float64_input_without_x64_rounds_once"
+RP_PATH = f"{_R}::test_reduce_precision_path_equals_the_integer_path"
+RP_NOT_TAKEN = f"{_R}::test_reduce_precision_path_is_not_taken_where_it_would_be_wrong"
 ORACLE = "tests/test_rounding_oracle.py"
 _O = "tests/test_ops.py"
 BINARY = f"{_O}::test_binary_ops_round_the_exact_result_once"
@@ -325,7 +327,54 @@ MUTANTS: tuple[Mutant, ...] = (
         "float64 narrowing without x64: round to odd dropped",
         NO_X64,
     ),
+    _m(
+        "rounding",
+        "jax.lax.RoundingMethod.TO_NEAREST_EVEN",
+        "jax.lax.RoundingMethod.AWAY_FROM_ZERO",
+        "reduce_precision path: subnormal ties away from zero",
+        RP_PATH,
+        F64_CASTS,
+    ),
+    _m(
+        "rounding",
+        "jnp.abs(x) < np.asarray(2.0**emin, x.dtype)",
+        "jnp.abs(x) < np.asarray(2.0 ** (emin - 1), x.dtype)",
+        "reduce_precision path: the top binade of subnormals left to reduce_precision",
+        RP_PATH,
+        F64_CASTS,
+    ),
+    _m(
+        "rounding",
+        "(bits & c.sign_mask) | c.qnan_bits",
+        "c.qnan_bits",
+        "reduce_precision path: NaN loses its sign",
+        RP_PATH,
+    ),
+    _m(
+        "rounding",
+        "        and (1 - bias) - m >= c.emin\n",
+        "",
+        "reduce_precision path taken where the format's subnormals are carrier subnormals",
+        RP_NOT_TAKEN,
+        CODES,
+    ),
+    _m(
+        "rounding",
+        "        and 0 < m < c.man\n",
+        "        and m < c.man\n",
+        "reduce_precision path taken for a format without mantissa bits",
+        RP_NOT_TAKEN,
+        ORACLE,
+    ),
     # -- ops.py -------------------------------------------------------------------
+    _m(
+        "ops",
+        "e = jnp.where(inexact, e_n if not normalised else e, 0.0)",
+        "e = jnp.where(inexact, e_n if not normalised else 0.0, 0.0)",
+        "a TwoSum pair's error dropped before rounding to odd (add double-rounds)",
+        ADD_MID,
+        BINARY,
+    ),
     _m(
         "ops",
         "return round_to(jnp.where(_is_fp64(fmt), s, s_odd), fmt)",
