@@ -22,6 +22,9 @@ Conventions shared by every function:
   exact differences of float32 values, pass float64 arrays with x64 enabled.
 * NaN in either input propagates to the result (``ulp_distance`` returns its
   sentinel instead).
+* Sums run in one stated order, :func:`_tree_sum` (pairwise, Higham 2002
+  §4.1), not XLA's reduce, whose order follows the thread count: a metric has
+  the same bits on any core count.
 * Everything is ``jax.jit`` / ``jax.vmap`` compatible; shapes are static.
 """
 
@@ -105,6 +108,35 @@ def _abs_diff(a, b, fn: str) -> jax.Array:
     return jnp.abs(a - b)
 
 
+def _tree_sum(x) -> jax.Array:
+    """The sum of 1-D ``x`` by pairwise summation in a fixed order: zeros appended
+    up to a power of two, then ``x[:h] + x[h:]`` elementwise until one element
+    is left (Higham 2002, §4.1; error bound ``log2(n) u`` per term)."""
+    n = x.shape[-1]
+    x = jnp.pad(x, (0, (1 << max(0, (n - 1).bit_length())) - n))
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = x[:h] + x[h:]
+    return x[0]
+
+
+def _mean(x) -> jax.Array:
+    """``(sum_i x_i) / N``, the sum by :func:`_tree_sum`, one correctly rounded
+    division (NaN for no elements, as jnp.mean).  XLA turns a division by a
+    constant, or by a scalar that vmap broadcasts, into a product with its
+    rounded reciprocal, which a later subtraction could also fuse into an FMA:
+    so the divisor is computed from the sum (N, or N + 1 where the sum is NaN
+    and the quotient NaN anyway), which XLA cannot fold."""
+    total = _tree_sum(x)
+    n = x.shape[-1]
+    return total / jnp.where(jnp.isnan(total), n + 1, n).astype(total.dtype)
+
+
+def _std(x) -> jax.Array:
+    """Population standard deviation of 1-D ``x``, two-pass: ``sqrt(mean((x - mean)^2))``."""
+    return jnp.sqrt(_mean(jnp.square(x - _mean(x))))
+
+
 # -- absolute-difference statistics -------------------------------------------
 
 
@@ -133,7 +165,7 @@ def mean_abs_diff(a, b) -> jax.Array:
     Returns:
       ``[]`` in the computation dtype.
     """
-    return jnp.mean(_abs_diff(a, b, "mean_abs_diff"))
+    return _mean(_abs_diff(a, b, "mean_abs_diff"))
 
 
 def std_abs_diff(a, b) -> jax.Array:
@@ -149,7 +181,7 @@ def std_abs_diff(a, b) -> jax.Array:
     Returns:
       ``[]`` in the computation dtype.
     """
-    return jnp.std(_abs_diff(a, b, "std_abs_diff"), ddof=0)
+    return _std(_abs_diff(a, b, "std_abs_diff"))
 
 
 def rmse(a, b) -> jax.Array:
@@ -174,7 +206,10 @@ def _rmse(d, s) -> jax.Array:
     each, as they always ran eagerly (fused into one program, the square could
     contract into the sum), the scalar ones in one program (exact either way)."""
     scaled, safe = _rmse_scale(s)
-    return _rmse_finish(s, scaled, safe, jnp.mean(jnp.square(d / safe)))
+    # Broadcast behind a barrier: XLA turns a division by a broadcast scalar into
+    # a multiplication by its rounded reciprocal.
+    divisor = jax.lax.optimization_barrier(jnp.broadcast_to(safe, d.shape))
+    return _rmse_finish(s, scaled, safe, _mean(jnp.square(d / divisor)))
 
 
 @jax.jit
@@ -205,8 +240,8 @@ def abs_diff_summary(a, b) -> dict[str, jax.Array]:
     s = jnp.max(d)
     return {
         "max_abs_diff": s,
-        "mean_abs_diff": jnp.mean(d),
-        "std_abs_diff": jnp.std(d, ddof=0),
+        "mean_abs_diff": _mean(d),
+        "std_abs_diff": _std(d),
         "rmse": _rmse(d, s),
     }
 
@@ -431,7 +466,7 @@ def _wasserstein_sorted(a, b):
     left = z[:-1]
     ca = jnp.searchsorted(a, left, side="right")
     cb = jnp.searchsorted(b, left, side="right")
-    return jnp.sum(_cdf_gap(ca, cb, a.size, b.size, dt) * gaps)
+    return _tree_sum(_cdf_gap(ca, cb, a.size, b.size, dt) * gaps)
 
 
 def _cdf_gap(ca, cb, na: int, nb: int, dt) -> jax.Array:

@@ -408,3 +408,41 @@ def test_wasserstein_errors_and_nan():
     with pytest.raises(ValueError, match="non-empty"):
         M.wasserstein_1d(jnp.zeros(0), jnp.zeros(3))
     assert jnp.isnan(M.wasserstein_1d(jnp.array([1.0, jnp.nan]), jnp.array([0.0])))
+
+
+# -- the order of the sums -----------------------------------------------------------
+
+
+def np_tree_sum(x: np.ndarray) -> np.ndarray:
+    """Pairwise summation in the metrics' stated order: zeros to a power of two, then
+    halves added elementwise (numpy, one IEEE rounding per add)."""
+    x = np.concatenate([x, np.zeros((1 << max(0, (x.size - 1).bit_length())) - x.size, x.dtype)])
+    while x.size > 1:
+        x = x[: x.size // 2] + x[x.size // 2 :]
+    return x[0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 4096, 65537])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sums_follow_the_stated_tree_bit_for_bit(n, dtype, x64):
+    """mean, std and rmse are the pairwise tree's bits divided by N (so no thread
+    count changes them), eagerly, under jit and under vmap; rmse divides by its
+    scale elementwise."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((2, n)).astype(dtype)
+    b = (a + rng.standard_normal((2, n)) * 1e-3).astype(dtype)
+    d = np.abs(a - b)
+    mean = [np_tree_sum(r) / dtype(n) for r in d]
+    std = [np.sqrt(np_tree_sum(np.square(r - m)) / dtype(n)) for r, m in zip(d, mean)]
+    s = d.max(axis=1)
+    rms = [m * np.sqrt(np_tree_sum(np.square(r / m)) / dtype(n)) for r, m in zip(d, s)]
+    want = {"mean_abs_diff": mean, "std_abs_diff": std, "rmse": rms}
+    bits = f"u{np.dtype(dtype).itemsize}"
+    for name, values in want.items():
+        f = getattr(M, name)
+        values = np.asarray(values, dtype)
+        eager = np.asarray([f(x, y) for x, y in zip(a, b)], dtype)
+        jitted = np.asarray([jax.jit(f)(x, y) for x, y in zip(a, b)], dtype)
+        vmapped = np.asarray(jax.vmap(f)(a, b), dtype)
+        for got in (eager, jitted, vmapped):
+            np.testing.assert_array_equal(got.view(bits), values.view(bits), name)
