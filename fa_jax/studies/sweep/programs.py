@@ -184,22 +184,10 @@ def _abs_diff_max(a, b):
     return d, jnp.max(d)
 
 
-@jax.jit
-def _mean(d):
-    return jnp.mean(d)
-
-
-@jax.jit
-def _std(d, correction):
-    """``jnp.std(d)``: its ``ddof`` (``correction``) is a traced argument of the
-    program an eager call compiles, and must be one here too (a constant folds
-    into other arithmetic)."""
-    return jnp.std(d, correction=correction)
-
-
-@jax.jit
-def _scaled_square(d, safe):
-    return jnp.square(d / safe)  # two correctly rounded operations: nothing to contract
+# The metrics' own reductions, each its own program (as an eager call runs it).
+_mean = jax.jit(metrics._mean)
+_std = jax.jit(metrics._std)
+_rmse = jax.jit(metrics._rmse)
 
 
 METRIC_LABEL = "metrics"  # the profile's name of the metric programs
@@ -209,22 +197,16 @@ def metric_values(a, b, executables: Executables):
     """The four metrics of float64 ``a`` against ``b`` (:data:`METRICS`), bit for
     bit the public metric functions' values (:func:`~fa_jax.metrics.abs_diff_summary`,
     as a user's eager calls give them), from programs that ``executables``
-    compiles once per length and keeps on disk like the sweep's others.  Each
-    reduction (the mean of ``|a - b|``, its std, the mean of rmse's scaled
-    squares) is its own program, the one an eager ``jnp.mean`` / ``jnp.std``
-    call compiles: fused into one program with the operations around it, a
-    reduction's last bit can change (rmse's square can contract into its sum),
-    and the CSV must equal direct calls.  Only the exact elementwise steps are
-    fused (``|a - b|`` with its max; ``(d / s)²``); rmse's scalar steps are
-    :mod:`fa_jax.metrics`' own programs."""
+    compiles once per length and keeps on disk like the sweep's others:
+    ``|a - b|`` with its max (exact, elementwise), then each reduction of
+    :mod:`fa_jax.metrics` (its pairwise sums in a stated order, so the CSV's
+    bits do not depend on the thread count) as its own program."""
     a, b = (np.ascontiguousarray(x, np.float64).reshape(-1) for x in (a, b))
 
     def run(program, *args):
         return executables.call(program, args, {}, label=METRIC_LABEL)
 
     d, s = run(_abs_diff_max, a, b)
-    mean, std = run(_mean, d), run(_std, d, np.int32(0))
-    scaled, safe = run(metrics._rmse_scale, s)
-    rmse = run(metrics._rmse_finish, s, scaled, safe, run(_mean, run(_scaled_square, d, safe)))
+    mean, std, rmse = run(_mean, d), run(_std, d), run(_rmse, d, s)
     values = {"max_abs_diff": s, "mean_abs_diff": mean, "std_abs_diff": std, "rmse": rmse}
     return [values[m] for m in METRICS]
