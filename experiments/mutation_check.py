@@ -52,6 +52,7 @@ NO_X64 = f"{_R}::test_float64_input_without_x64_rounds_once"
 RP_PATH = f"{_R}::test_reduce_precision_path_equals_the_integer_path"
 RP_NOT_TAKEN = f"{_R}::test_reduce_precision_path_is_not_taken_where_it_would_be_wrong"
 ORACLE = "tests/test_rounding_oracle.py"
+METRIC_TREE = "tests/test_metrics.py::test_sums_follow_the_stated_tree_bit_for_bit"
 _O = "tests/test_ops.py"
 BINARY = f"{_O}::test_binary_ops_round_the_exact_result_once"
 ADD_MID = f"{_O}::test_add_resolves_float64_midpoints"
@@ -1194,6 +1195,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "shifted = ops.sub(ops.mul(x, c, policy.exp), shift, policy.exp)",
         "exp2 exponent x c - m c rounded twice (no FMA)",
         EXP2_REFERENCE,
+    ),
+    # -- metrics.py: the stated order of the sums -----------------------------------------
+    _m(
+        "metrics",
+        "x = x[:h] + x[h:]",
+        "x = x[0::2] + x[1::2]",
+        "metrics' pairwise sum pairs neighbours instead of halves",
+        METRIC_TREE,
+    ),
+    _m(
+        "metrics",
+        "return total / jnp.where(jnp.isnan(total), n + 1, n).astype(total.dtype)",
+        "return total * (1 / jnp.asarray(n, total.dtype))",
+        "metrics' mean multiplies by a rounded 1/N",
+        METRIC_TREE,
     ),
     # -- studies/sweep: the compiled-program cache key ------------------------------------
     _m(
