@@ -238,3 +238,31 @@ def test_absent_engines_are_skipped_with_their_reason(tmp_path, monkeypatch, cap
     assert {r["case"] for r in res["rows"]} == {"fa2_kernel bf16", "fa2_kernel fp16"}
     assert res["thread_rows"] == []
     assert not (tmp_path / "engines" / "threads.csv").exists()
+
+
+def test_a_killed_run_resumes_to_the_same_files(tmp_path, monkeypatch):
+    """A run whose CSVs lost their last unit's rows (as a kill leaves them) runs only
+    that unit again and writes the same bytes as the uninterrupted run."""
+    from fa_jax.studies import engine_figures
+
+    grid = EngineGrid(decode_keys=(512,), prefill_lens=(), seeds=(0, 1), d=32, heads=1, presets=())
+    engines(tmp_path, quick=True, grid=grid, quiet=True)
+    folder = tmp_path / "engines"
+    whole = {name: (folder / name).read_bytes() for name in ("results.csv", "threads.csv")}
+    rerun = {}
+    for name in whole:  # seed 1's rows cut short: half of them kept
+        lines = whole[name].decode().splitlines(keepends=True)
+        seed = lines[0].split(",").index("seed")
+        first = [line for line in lines[1:] if line.split(",")[seed] == "0"]
+        second = [line for line in lines[1:] if line.split(",")[seed] == "1"]
+        (folder / name).write_text("".join([lines[0], *first, *second[: len(second) // 2]]))
+        rerun[name] = len(second)
+    calls = []
+    run_case = engine_figures._run_case
+    monkeypatch.setattr(
+        engine_figures, "_run_case", lambda c, *a: calls.append(c) or run_case(c, *a)
+    )
+    engines(tmp_path, quick=True, grid=grid, quiet=True)
+    for name, data in whole.items():
+        assert (folder / name).read_bytes() == data, name
+    assert len(calls) == rerun["results.csv"] == len({c.label for c in calls})

@@ -44,7 +44,10 @@ outputs and the largest ulp distance (:func:`fa_jax.kernels.compare`).
 
 An engine not installed here is left out with its reason printed.  Files in
 ``out_dir/engines/``: ``results.csv`` (per case, shape and seed), ``threads.csv``,
-``identity.csv``, ``metadata.json`` and ``engines.png``.  Grids (quick / full):
+``identity.csv``, ``metadata.json`` and ``engines.png``.  A run into a folder
+that holds a killed run's CSVs resumes it: each (shape, seed) whose every row
+is in ``results.csv``, and each (M, seed) complete in ``threads.csv``, is read
+back, not run again (``identity`` always runs).  Grids (quick / full):
 decode M = 1024, 4096 / 1024 … 32768; prefill N = 512 / 512, 1024, 2048; 2 / 4
 seeds; d = 128, 4 heads.
 """
@@ -66,7 +69,14 @@ from fa_jax.presets import PRESETS
 from fa_jax.studies import DEFAULT_POLICIES
 from fa_jax.studies.interrupt import check_interrupt
 from fa_jax.studies.progress import track
-from fa_jax.studies.results import check_out_dir, pyplot, run_metadata, write_csv, write_json
+from fa_jax.studies.results import (
+    check_out_dir,
+    pyplot,
+    read_complete,
+    run_metadata,
+    write_csv,
+    write_json,
+)
 from fa_jax.studies.table import print_table
 from fa_jax.studies.validation import (
     Features,
@@ -345,10 +355,46 @@ def _run_case(case: _Case, q, k, v) -> np.ndarray:
     return kernels.real(case.engine, q, k, v, fmt=case.fmt, **dict(case.options))
 
 
-def _measure(grid: EngineGrid, cases, quiet: bool, write) -> list[dict]:
+def _typed(rows, columns) -> list[dict]:
+    """Rows read back from a CSV with their values as written: ints, bools, floats
+    (a float's text is its shortest round-trip repr, so nothing changes)."""
+
+    def value(column: str, text: str):
+        if column in _TEXT_COLUMNS:
+            return text
+        if column in _BOOL_COLUMNS:
+            return text == "True"
+        return int(text) if column in _INT_COLUMNS else float(text)
+
+    return [{c: value(c, r[c]) for c in columns} for r in rows]
+
+
+_TEXT_COLUMNS = frozenset({"case", "engine", "fmt", "shape", "kv_type"})
+_INT_COLUMNS = frozenset({"n_q", "m", "seed", "threads", "elements", "differing", "max_ulp"})
+_BOOL_COLUMNS = frozenset({"repeat_identical"})
+
+
+def _resumed(path, columns, key, part, expected) -> tuple[list[dict], set[tuple]]:
+    """The rows of ``path``'s complete units (:func:`~fa_jax.studies.results.read_complete`,
+    ``expected(unit)`` the parts of a unit of this grid, None for others), typed,
+    and the units done (as str tuples)."""
+    rows, done = read_complete(path, columns, key, part, expected)
+    return _typed(rows, columns), done
+
+
+def _measure(grid: EngineGrid, cases, quiet: bool, write, path) -> list[dict]:
     formats = sorted({c.fmt for c in cases} | {"fp32"})
-    results: list[dict] = []
     units = [(s, seed) for s in grid.shapes() for seed in grid.seeds]
+    labels = {
+        tuple(map(str, (*shape, seed))): [
+            (c.label,) for c in cases if c.runs_at(shape[0], shape[2])
+        ]
+        for shape, seed in units
+    }
+    results, done = _resumed(
+        path, RESULT_COLUMNS, ("shape", "n_q", "m", "seed"), ("case",), labels.get
+    )
+    units = [u for u in units if tuple(map(str, (*u[0], u[1]))) not in done]
     for (shape, n_q, m), seed in track(units, desc="engines", unit="shape", quiet=quiet):
         inputs = {f: _inputs(f, grid, n_q, m, seed) for f in formats}
         goldens = {f: _golden(q, k, v, False) for f, (q, k, v) in inputs.items()}
@@ -369,10 +415,13 @@ def _measure(grid: EngineGrid, cases, quiet: bool, write) -> list[dict]:
     return results
 
 
-def _measure_threads(grid: EngineGrid, quiet: bool, write) -> list[dict]:
-    rows: list[dict] = []
+def _measure_threads(grid: EngineGrid, quiet: bool, write, path) -> list[dict]:
     keys = [m for m in grid.decode_keys if m >= 512]
     units = [(m, seed) for m in keys for seed in grid.seeds]
+    parts = [(kv, t) for kv in THREAD_KV for t in grid.threads]
+    expected = {(str(m), str(seed)): parts for m, seed in units}
+    rows, done = _resumed(path, THREAD_COLUMNS, ("m", "seed"), ("kv_type", "threads"), expected.get)
+    units = [(m, seed) for m, seed in units if (str(m), str(seed)) not in done]
     for m, seed in track(units, desc="threads", unit="shape", quiet=quiet):
         q, k, v = _inputs("fp32", grid, 1, m, seed)
         golden = _golden(q, k, v, False)
@@ -627,12 +676,19 @@ def engines(
     meta = run_metadata(grid.to_json(), skipped=skipped)
     with float64_enabled():
         results = _measure(
-            grid, cases, quiet, lambda rows: write_csv(files["results"], RESULT_COLUMNS, rows)
+            grid,
+            cases,
+            quiet,
+            lambda rows: write_csv(files["results"], RESULT_COLUMNS, rows),
+            files["results"],
         )
         thread_rows = []
         if "ggml" not in skipped:
             thread_rows = _measure_threads(
-                grid, quiet, lambda rows: write_csv(files["threads"], THREAD_COLUMNS, rows)
+                grid,
+                quiet,
+                lambda rows: write_csv(files["threads"], THREAD_COLUMNS, rows),
+                files["threads"],
             )
         identity = _measure_identity(grid, quiet)
         write_csv(files["identity"], IDENTITY_COLUMNS, identity)

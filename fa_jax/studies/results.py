@@ -194,21 +194,27 @@ def read_complete(
     columns: Sequence[str],
     key: Sequence[str],
     part: Sequence[str],
-    expected: Collection[tuple],
+    expected: Collection[tuple] | Callable[[tuple], Collection[tuple] | None],
 ) -> tuple[list[dict[str, str]], set[tuple]]:
     """Resume reading of a tidy CSV: ``(rows, done)``.
 
     A configuration is the tuple of its ``key`` columns' values; a row within it is
     named by its ``part`` columns.  ``done`` holds the configurations whose parts are
-    exactly ``expected`` (as str tuples); ``rows`` are their rows, in file order.
-    Rows of incomplete configurations are dropped, to be computed again.
+    exactly ``expected`` (as str tuples), or ``expected(config)`` where the parts
+    differ by configuration (None: not a configuration of this run); ``rows`` are
+    their rows, in file order.  Rows of incomplete configurations are dropped, to
+    be computed again.
     """
     rows = read_csv(path, columns)
-    want = {tuple(str(v) for v in p) for p in expected}
+
+    def wanted(config: tuple) -> set | None:
+        parts = expected(config) if callable(expected) else expected
+        return None if parts is None else {tuple(str(v) for v in p) for p in parts}
+
     parts: dict[tuple, set] = {}
     for r in rows:
         parts.setdefault(tuple(r[c] for c in key), set()).add(tuple(r[c] for c in part))
-    done = {k for k, got in parts.items() if got == want}
+    done = {k for k, got in parts.items() if got == wanted(k)}
     return [r for r in rows if tuple(r[c] for c in key) in done], done
 
 
