@@ -99,7 +99,7 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray, ...]:
         )
     with tempfile.TemporaryDirectory() as tmp:
         arrays = {f"{t}{i}": x for i, qkv in enumerate(inputs) for t, x in zip("qkv", qkv)}
-        np.savez(os.path.join(tmp, "inputs.npz"), **arrays)
+        np.savez(os.path.join(tmp, "inputs.npz"), **arrays)  # pyright: ignore[reportArgumentType]
         spec = [[kernel, _DTYPES[fmt], causal] for kernel, fmt, _, causal, _ in cases]
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower()}
         subprocess.run([sys.executable, "-c", _CHILD, tmp, json.dumps(spec)], env=env, check=True)
