@@ -371,13 +371,59 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
             assert np.array_equal(got, want.astype(np.float64))
 
 
-@pytest.mark.slow
-def test_fp16_decoding_raises_naming_the_shape():
-    """fp16 runs op by op; where its Q Kᵀ reduction is cut (decoding shapes) the rest
-    of that program is not modelled, and the model says so rather than approximate."""
-    q, k, v = _decoding_inputs("fp16", (1, 4, 1, 64), 1, 1000)
-    with pytest.raises(ValueError, match=r"xla: float16 at the grouped shape .* not modelled"):
-        kernels.emulate("xla", q, k, v, fmt="fp16")
+@pytest.mark.parametrize(
+    ("shape", "kv_heads", "m", "features"),
+    [
+        # 4 rows: Q Kᵀ cut into blocks, the eager sum a reduce-window in XLA's loop.
+        ((1, 4, 1, 64), 1, 1000, {}),
+        # 16 rows: the sum one YNNPACK reduction; odd d; several queries per head.
+        pytest.param((1, 16, 1, 64), 1, 1000, {}, marks=pytest.mark.extended),
+        pytest.param((1, 2, 3, 96), 1, 1000, {}, marks=pytest.mark.extended),
+        pytest.param((1, 4, 1, 80), 1, 1001, {}, marks=pytest.mark.extended),
+        pytest.param((2, 4, 5, 64), 4, 333, {}, marks=pytest.mark.extended),
+        # GQA 4 and 8, ragged key counts past 1024 (YNNPACK's compensated steps).
+        pytest.param((1, 8, 16, 128), 2, 2048, {}, marks=pytest.mark.extended),
+        pytest.param((1, 8, 2, 64), 1, 4097, {}, marks=pytest.mark.extended),
+        # 24 rows: Q Kᵀ's columns split, keys from 2048 cut into blocks of their own.
+        pytest.param((1, 2, 12, 64), 1, 3000, {}, marks=pytest.mark.extended),
+        pytest.param((1, 4, 3, 81), 4, 2000, {}, marks=pytest.mark.extended),
+        # Beyond 2^14 keys: P V probed with a mask (a uniform P is too small in fp16).
+        pytest.param((1, 1, 1, 64), 1, 32768, {}, marks=pytest.mark.extended),
+        pytest.param((1, 4, 3, 64), 2, 1000, {"bias": True}, marks=pytest.mark.extended),
+    ],
+)
+def test_fp16_decoding_is_bit_identical(shape, kv_heads, m, features):
+    """Few queries against many keys in fp16, which runs op by op: Q Kᵀ's reduction
+    cut into blocks (the probes), the exp and the softmax sum each a program of
+    its own (XLA's tree-reduction rewrite or YNNPACK's sum, read from that
+    program's HLO), P V's tile_k and blocks probed; with a bias and a mask too."""
+    q, k, v = _decoding_inputs("fp16", shape, kv_heads, m)
+    extra = {}
+    if features.get("bias"):
+        rng = np.random.default_rng(1)
+        b, h, n = shape[:3]
+        with x64_enabled():
+            bias = rng.standard_normal((b, h, n, m))
+            extra["bias"] = np.asarray(fa_jax.round_to(bias, fa_jax.get_format("fp16")))
+        extra["mask"] = rng.random((b, h, n, m)) < 0.8
+    real = kernels.real("xla", q, k, v, fmt="fp16", **extra)
+    emulated = kernels.emulate("xla", q, k, v, fmt="fp16", **extra)
+    c = kernels.compare(real, emulated, real, "fp16")
+    assert c.identical_share == 1.0, c.summary()
+
+
+@pytest.mark.extended
+def test_fp16_sparse_pv_probes_read_what_the_uniform_ones_read():
+    """At 2^14 keys, where fp16's outputs still count a uniform P's small terms, the
+    masked probes that keep 1024 keys (beyond 2^14 the only ones) read the same
+    counts, scaled to their P, as the uniform ones, for every query."""
+    m = 2**14
+    layout = xla._Layout(1, 1, 4, 1, m)
+    shape = (1, 4, 64)
+    tests = [1, 2, 3, 4, 7, 8, 9, 4095, 4096, 8191, 8192, 8193, m - 10]
+    uniform = xla._pv_probe_counts(xla._grouped_run("float16", layout), shape, tests, m)
+    sparse = xla._pv_sparse_probe_counts(xla._masked_grouped_run(layout), shape, tests, m)
+    assert np.array_equal(uniform, sparse)
 
 
 def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():

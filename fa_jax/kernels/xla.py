@@ -26,8 +26,7 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
   per key (a dot's last columns run a narrower kernel: :func:`_qk_order`), with
   the blocks YNNPACK cuts its reduction into where the dot has few rows
-  (decoding shapes; fp16 there raises, the rest of its op-by-op program not
-  modelled);
+  (decoding shapes);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
@@ -41,7 +40,8 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   ``reduce-window`` of 32 keys (zeros padded around the row) in a loop fusion
   of XLA's (each window summed left to right) or a YNNPACK fusion (each window
   by ``sum_float_k1``), then a ``reduce`` of the window sums, left to right;
-  the model reads which (:func:`_sum_window`).
+  the model reads which (:func:`_sum_window`; for fp16 from the sum's own
+  eager program, :func:`_eager_programs`).
 
 P's rounding to bf16 before P V is dropped where XLA fuses the softmax and the
 conversion into the Q Kᵀ dot's YNNPACK fusion (excess precision); the model
@@ -62,9 +62,11 @@ which the model probes (:func:`_featured_forward`).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import importlib.metadata
+import itertools
 import math
 import platform as _platform
 import re
@@ -555,10 +557,11 @@ def _in_ynn_fusions(
 ) -> tuple[bool, bool]:
     """Whether, in the program XLA compiles for (B·H, N, d) inputs (or ``layout``'s
     call), P's bf16 conversion (a convert of the product e · (1/l)) and the exp sit
-    in YNNPACK fusions (module docstring); neither for fp16, which runs eagerly.
+    in YNNPACK fusions (module docstring).  fp16 runs eagerly: no conversion in a
+    fusion, and the exp as its own program has it (:func:`_eager_exp_in_ynn`).
     The conversions of Q, K and V to bf16 do not count."""
     if dtype == "float16":
-        return False, False
+        return False, _eager_exp_in_ynn(shape, causal, layout)
     text = _program_text(dtype, shape, causal, layout)
     bodies = _computations(text or "")
     convert = exp = False
@@ -582,11 +585,20 @@ def _sum_window(
     computes it as a ``reduce-window`` of additions over the keys (its
     tree-reduction rewrite, in decoding shapes), read from the HLO: the windows in a
     loop fusion of XLA's or in a YNNPACK fusion (the third item), their sums then
-    reduced by XLA.  None where the whole sum is YNNPACK's.  fp16 runs eagerly
-    (None)."""
+    reduced by XLA.  None where the whole sum is YNNPACK's.  fp16 runs eagerly: the
+    HLO read is that of its sum's own program (:func:`_eager_programs`)."""
     if dtype == "float16":
-        return None
-    bodies = _computations(_program_text(dtype, shape, causal, layout))
+        text = _eager_programs(shape, causal, layout)["reduce_sum"]
+    else:
+        text = _program_text(dtype, shape, causal, layout)
+    return _window_in(text, shape, dtype)
+
+
+def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int, bool] | None:
+    """:func:`_sum_window`'s reading of an optimised HLO module ``text``: the first
+    ``reduce-window`` of additions called from the entry, as (size, leading pad, in a
+    YNNPACK fusion); None where there is none."""
+    bodies = _computations(text)
     for line in bodies.get("ENTRY", "").splitlines():
         called = re.search(r"calls=%([^,\s]+)", line)
         if not called:
@@ -609,10 +621,78 @@ def _sum_window(
     return None
 
 
+def _eager_shapes(shape: tuple[int, ...], causal: bool, layout) -> dict[str, tuple[int, ...]]:
+    """The shapes of the float32 arrays fp16's eager softmax steps take (``exp``,
+    ``reduce_sum``: jax's ``_softmax`` in jax/_src/nn/functions.py, under the vmap of
+    ``_dot_product_attention_xla``), read from the jaxpr of the real call: the 3-D
+    one on (B·H, N, d) inputs, or ``layout``'s 4-D one (``shape`` its grouped view)."""
+    f32 = np.float32
+    if layout is None:
+        x = jax.ShapeDtypeStruct(shape, f32)
+        args, extra = [x, x, x], {}
+        run = _attention_fn("float16", causal, None)
+    else:
+        b, kv, g, n, m, d = (*dataclasses.astuple(layout)[:5], shape[-1])
+        args = [
+            jax.ShapeDtypeStruct((b, kv * g, n, d), f32),
+            jax.ShapeDtypeStruct((b, kv, m, d), f32),
+            jax.ShapeDtypeStruct((b, kv, m, d), f32),
+        ]
+        extra = {}
+        if layout.bias is not None:
+            extra["bias"] = jax.ShapeDtypeStruct(layout.bias, f32)
+        if layout.mask is not None:
+            extra["mask"] = jax.ShapeDtypeStruct(layout.mask, np.bool_)
+        if layout.lengths:
+            extra["lengths"] = jax.ShapeDtypeStruct((b,), np.int32)
+        run = _call_fn("float16", causal, None, layout)
+    found: dict[str, tuple[int, ...]] = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("exp", "reduce_sum"):
+                found[eqn.primitive.name] = tuple(eqn.invars[0].aval.shape)
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", param)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jax.make_jaxpr(run)(*args, **extra).jaxpr)
+    if set(found) != {"exp", "reduce_sum"}:
+        raise ValueError(
+            f"xla: expected an exp and a reduce_sum in jax's float16 attention of {shape}, "
+            f"found {sorted(found)}"
+        )
+    return found
+
+
+@functools.cache
+def _eager_programs(shape: tuple[int, ...], causal: bool, layout=None) -> dict[str, str]:
+    """The optimised HLO of fp16's eager exp and softmax sum (``exp``,
+    ``reduce_sum``): run op by op, each is a program of its own, compiled for the
+    shape it takes (:func:`_eager_shapes`), as jax's eager ``jnp.exp`` and
+    ``jnp.sum(..., keepdims=True)`` over the keys."""
+    shapes = _eager_shapes(shape, causal, layout)
+
+    def text(fn, x):
+        return jax.jit(fn).lower(jax.ShapeDtypeStruct(x, np.float32)).compile().as_text() or ""
+
+    return {
+        "exp": text(jnp.exp, shapes["exp"]),
+        "reduce_sum": text(lambda x: jnp.sum(x, axis=-1, keepdims=True), shapes["reduce_sum"]),
+    }
+
+
+def _eager_exp_in_ynn(shape: tuple[int, ...], causal: bool, layout=None) -> bool:
+    """Whether fp16's eager exp runs in a YNNPACK fusion (:func:`_eager_programs`)."""
+    entry = _computations(_eager_programs(shape, causal, layout)["exp"]).get("ENTRY", "")
+    return "__ynn_fusion" in entry
+
+
 _PROBE_BIG = 2.0**15  # M of a probe, exact in every format
 _PROBE_SMALL = 2.0**-10  # the small terms: 2^-25 M, absorbed by ±M in float32
 _PROBE_TERMS = 8  # small terms counted after the -M of a probe column
-_PROBE_MAX_FP16_KEYS = 2**14  # beyond, fp16 outputs cannot count the small terms
+_PROBE_MAX_FP16_KEYS = 2**14  # beyond, fp16 outputs cannot count a uniform P's small terms
 
 
 def _pv_probe_counts(
@@ -639,6 +719,56 @@ def _pv_probe_counts(
             v[:, j + 1 : j + 1 + _PROBE_TERMS, col] = _PROBE_SMALL
         out = np.asarray(run(zeros, kv_zeros, v), dtype=np.float64)
         counts[start : start + len(chunk)] = np.round(out[0, :, : len(chunk)].T * m / _PROBE_SMALL)
+    return counts
+
+
+_SPARSE_KEYS = 1024  # the keys a sparse P V probe keeps: P = 2^-10 on each
+
+
+@functools.cache
+def _masked_grouped_run(layout: _Layout):
+    """fp16's plain program of ``layout`` on the grouped view, with a mask: q (B·H_kv,
+    G·N, d), k and v (B·H_kv, M, d) and the pairs kept (B·H_kv, G·N, M).  Run op by
+    op, its dots, exp and sums are the programs of the call without a mask (each op
+    compiled for its own shapes); the mask only adds jax's ``where``."""
+    b, kv, g, n, m = layout.batch, layout.kv_heads, layout.groups, layout.n, layout.m
+    masked = dataclasses.replace(layout.plain(), mask=(b, kv * g, n, m))
+    call = _call_fn("float16", False, None, masked)
+
+    def run(q, k, v, keep):
+        q4 = q.reshape(b, kv * g, n, q.shape[-1])
+        k4, v4 = (t.reshape(b, kv, m, t.shape[-1]) for t in (k, v))
+        return call(q4, k4, v4, mask=keep.reshape(b, kv * g, n, m)).reshape(q.shape)
+
+    return run
+
+
+def _pv_sparse_probe_counts(run, shape: tuple[int, ...], tests: list[int], m: int) -> np.ndarray:
+    """:func:`_pv_probe_counts` for fp16 beyond 2^14 keys, where a uniform P is too
+    small for fp16's outputs to count the small terms: ``run``
+    (:func:`_masked_grouped_run`) keeps only 1024 keys, the probe's and the first
+    others (V zero there), so P is 2^-10 on them and 0 elsewhere; the dot's order
+    is the same, its other products zero.  Returns (len(tests), N)."""
+    bh, n, d = shape
+    zeros = np.zeros(shape, np.float32)
+    kv_zeros = np.zeros((bh, m, d), np.float32)
+    counts = np.zeros((len(tests), n), int)
+    width = min(d, (_SPARSE_KEYS - 1) // (1 + _PROBE_TERMS))
+    for start in range(0, len(tests), width):
+        chunk = tests[start : start + width]
+        v = np.zeros((bh, m, d), np.float32)
+        active = np.zeros(m, bool)
+        active[0] = True
+        for col, j in enumerate(chunk):
+            v[:, 0, col] = _PROBE_BIG
+            v[:, j, col] = -_PROBE_BIG
+            v[:, j + 1 : j + 1 + _PROBE_TERMS, col] = _PROBE_SMALL
+            active[j : j + 1 + _PROBE_TERMS] = True
+        active[np.flatnonzero(~active)[: _SPARSE_KEYS - int(active.sum())]] = True
+        keep = np.broadcast_to(active, (bh, n, m))
+        out = np.asarray(run(zeros, kv_zeros, v, keep), dtype=np.float64)
+        scaled = out[0, :, : len(chunk)].T * _SPARSE_KEYS / _PROBE_SMALL
+        counts[start : start + len(chunk)] = np.round(scaled)
     return counts
 
 
@@ -715,18 +845,26 @@ def _pv_order(
     match the real counts of keys 1 .. 8 against key 0; the block, a search over
     multiples of tile_k for the first key whose probe, with the one tile_k before
     it, no longer matches one block's prediction (a key alone can be the last of a
-    block).  One block of N keys where N < 4 and, for fp16, beyond 2^14 keys (not
-    probed).  With ``layout``, the grouped view's (B·H_kv, G·N, d) queries against
-    its M keys, in its plain call."""
-    _, n, d = shape
+    block).  One block of N keys where N < 4.  With ``layout``, the grouped view's
+    (B·H_kv, G·N, d) queries against its M keys, in its plain call.  fp16 beyond
+    2^14 keys is probed with a mask (:func:`_pv_sparse_probe_counts`), the 3-D
+    call as the 4-D one it is (jax adds the batch axis)."""
+    bh, n, d = shape
     m = n if layout is None else layout.m
-    if m < 4 or (dtype == "float16" and m > _PROBE_MAX_FP16_KEYS):
+    if m < 4:
         return ((0, n, 1, m),)
-    # The same dot as the causal (or masked) program's.
-    run = _attention(dtype, False, None) if layout is None else _grouped_run(dtype, layout.plain())
+    if dtype == "float16" and m > _PROBE_MAX_FP16_KEYS:
+        grouped = _Layout(1, bh, 1, n, n) if layout is None else layout
+        probe = functools.partial(_pv_sparse_probe_counts, _masked_grouped_run(grouped))
+        p = 1.0 / _SPARSE_KEYS
+    else:
+        # The same dot as the causal (or masked) program's.
+        plain = layout is None
+        run = _attention(dtype, False, None) if plain else _grouped_run(dtype, layout.plain())
+        probe = functools.partial(_pv_probe_counts, run)
+        p = _probe_p(dtype, shape, False, layout)
     first = list(range(1, min(m - 1, 9)))
-    p = _probe_p(dtype, shape, False, layout)
-    counts = _pv_probe_counts(run, shape, first, m)
+    counts = probe(shape, first, m)
     predicted = {t: _pv_predicted(m, first, p, t, m) for t in _TILES_K}
     tiles = []
     for query in range(n):
@@ -753,7 +891,7 @@ def _pv_order(
             for j in sorted({int(x) for x in span}):
                 plan.append(((t, lo, hi), j, len(tests)))
                 tests += [min((j - 1) * t, m - 1), min(j * t, m - 1)]
-        got = _pv_probe_counts(run, shape, tests, m)
+        got = probe(shape, tests, m)
         want = {t: _pv_predicted(m, tests, p, t, m) for t, _, _ in groups}
         for query in range(n):
             t, lo, hi = tiles[query], *bounds[query]
@@ -912,7 +1050,70 @@ def _qk_order(
                 )
             orders[key] = found[0]
     first = probed[1] if len(probed) > 1 else m
-    return tuple(orders.get(j, orders[0]) if j < first else orders[j] for j in range(m))
+    if dtype == "float16":
+        orders.update(_qk_interior(run, shape, pairs, m, first, orders[0]))
+    known = sorted(orders)  # each key takes the order of the nearest key probed below it
+    return tuple(orders[known[bisect.bisect_right(known, j) - 1]] for j in range(m))
+
+
+_QK_STRIDE = 64  # the keys sampled between key 0 and the last ones (fp16)
+
+
+def _qk_interior(
+    run, shape: tuple[int, ...], pairs: list, m: int, first: int, order0: tuple[bool, int, int]
+) -> dict[int, tuple[bool, int, int]]:
+    """The orders of fp16's Q Kᵀ keys between key 0 and ``first`` (the last keys,
+    probed one by one), where they differ from key 0's ``order0``: YNNPACK splits a
+    dot of few rows over its columns too, and cuts the reduction of each part by a
+    size of its own (at 24 rows, d = 64 and 3000 keys: blocks of 32 terms for
+    keys 0 to 2047, 34 from 2048).  Every 64th key is read with the pairs of term
+    0 and every other (which pin the cut and tile_k); between two that read
+    differently every key is, and so are those after the last 64th key; one key
+    of each reading that differs from key 0's is then probed with all of
+    ``pairs`` (:func:`_qk_order`).  Keys map to their order where it changes (the
+    keys above take it)."""
+    _, _, d = shape
+    cut = [(0, b) for b in range(1, d)]
+    width = max(1, min(d - 1, m // 2))
+
+    def read(keys: list[int]) -> dict[int, tuple[int, ...]]:
+        got = {}
+        for start in range(0, len(keys), width):
+            group = keys[start : start + width]
+            counts = _qk_probe_counts(run, shape, cut, group, m)
+            got.update({key: tuple(counts[:, col]) for col, key in enumerate(group)})
+        return got
+
+    samples = list(range(_QK_STRIDE, first, _QK_STRIDE))
+    if not samples:
+        return {}
+    seen = read([0, *samples])
+    bounds = [0, *samples]
+    for lo, hi in itertools.pairwise(bounds):
+        if seen[lo] != seen[hi]:
+            seen.update(read([j for j in range(lo + 1, hi) if j != 1]))
+    # The keys up to the last ones, whose orders are not read so.
+    seen.update(read(list(range(samples[-1] + 1, first))))
+    classes = {seen[0]: order0}
+    reps = sorted({sig: key for key, sig in sorted(seen.items(), reverse=True)}.items())
+    reps = [(sig, key) for sig, key in reps if sig not in classes]
+    for start in range(0, len(reps), width):
+        group = reps[start : start + width]
+        counts = _qk_probe_counts(run, shape, pairs, [key for _, key in group], m)
+        for col, (sig, key) in enumerate(group):
+            found = _qk_candidates("float16", d, pairs, counts[:, col])
+            if not found:
+                raise ValueError(
+                    f"xla: the Q Kᵀ probes of {shape} (float16) at key {key} fit no "
+                    f"modelled dot order: counts {counts[:, col].tolist()} for pairs {pairs}"
+                )
+            classes[sig] = found[0]
+    keys = sorted(seen)
+    return {
+        key: classes[seen[key]]
+        for prev, key in zip([None, *keys], keys)
+        if prev is None or classes[seen[key]] != classes[seen[prev]]
+    }
 
 
 def _p_rounded(
@@ -939,22 +1140,8 @@ def _exp_model(
 
 
 def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
-    """:func:`_qk_order` as runs (:func:`_runs`); a ValueError for fp16 where the
-    program cuts Q Kᵀ's reduction into blocks (dots of few rows: decoding shapes).
-    fp16 runs op by op, so the HLO that tells the jitted formats' exp and softmax
-    sum apart there is not the program that runs, and the rest of it is not
-    modelled."""
-    orders = _qk_order(dtype, shape, layout)
-    d = shape[-1]
-    cut = sorted({block for _, _, block in orders if block < d})
-    if cut and dtype == "float16":
-        raise ValueError(
-            f"xla: {dtype} at the grouped shape {shape} (B·H_kv, G·N, d) against "
-            f"{len(orders)} keys is not modelled: XLA's program cuts the Q Kᵀ reduction "
-            f"into blocks of {cut} terms (a dot of few rows, as in decoding), and the rest "
-            f"of that op-by-op program is not modelled"
-        )
-    return _runs(orders)
+    """:func:`_qk_order` as runs (:func:`_runs`)."""
+    return _runs(_qk_order(dtype, shape, layout))
 
 
 def _runs(orders) -> tuple[tuple[int, int, bool, int, int], ...]:
