@@ -1257,15 +1257,15 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- studies/results.py: resume --------------------------------------------------------
     _m(
         "studies/results",
-        "done = {k for k, got in parts.items() if got == want}",
-        "done = {k for k, got in parts.items() if got >= want}",
+        "if want is not None and got == want:",
+        "if want is not None and got >= want:",
         "a configuration with a foreign row counts as complete",
         RESUME_FOREIGN,
     ),
     _m(
         "studies/results",
-        "done = {k for k, got in parts.items() if got == want}",
-        "done = {k for k, got in parts.items() if len(got) == len(want)}",
+        "if want is not None and got == want:",
+        "if want is not None and len(got) == len(want):",
         "complete means as many parts as expected",
         RESULTS_RESUME,
     ),
@@ -1278,8 +1278,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "studies/results",
-        "want = {tuple(str(v) for v in p) for p in expected}",
-        "want = {tuple(p) for p in expected}",
+        "return None if parts is None else {tuple(str(v) for v in p) for p in parts}",
+        "return None if parts is None else {tuple(p) for p in parts}",
         "expected parts compared unconverted with the CSV's strings",
         RESULTS_STRINGS,
     ),

@@ -214,7 +214,11 @@ def read_complete(
     parts: dict[tuple, set] = {}
     for r in rows:
         parts.setdefault(tuple(r[c] for c in key), set()).add(tuple(r[c] for c in part))
-    done = {k for k, got in parts.items() if got == wanted(k)}
+    done = set()
+    for k, got in parts.items():
+        want = wanted(k)
+        if want is not None and got == want:
+            done.add(k)
     return [r for r in rows if tuple(r[c] for c in key) in done], done
 
 
