@@ -26,8 +26,8 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
   per key (a dot's last columns run a narrower kernel: :func:`_qk_order`), with
   the blocks YNNPACK cuts its reduction into where the dot has few rows
-  (decoding shapes; fp16 there raises, the rest of its op-by-op program not
-  modelled);
+  (decoding; fp16 there raises), per task of keys (:func:`_qk_split`; a task
+  under 16 keys runs the reference kernel, products rounded);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
