@@ -579,14 +579,46 @@ def test_only_ps_conversion_counts_as_p_rounded():
     assert xla._converts_product_to_bf16(with_p)
 
 
-def test_fp32_decoding_with_a_ragged_whole_ynnpack_sum_is_refused():
-    """Several query rows over more than 1024 keys ending in a ragged 64-key chunk,
-    the softmax sum one YNNPACK reduction: not modelled (measured 26-96%), so the
-    model raises before its probes rather than answer."""
-    q = np.zeros((1, 2, 3, 64))
-    k = np.zeros((1, 2, 3080, 64))
+@pytest.mark.parametrize(
+    ("shape", "kv_heads", "m"),
+    [
+        # 3072 keys in tasks of 1024, then 8 keys on YNNPACK's reference kernel.
+        ((1, 2, 3, 64), 2, 3080),
+        pytest.param((1, 2, 3, 64), 2, 4104, marks=pytest.mark.extended),
+        pytest.param((1, 2, 3, 64), 2, 4400, marks=pytest.mark.extended),
+        pytest.param((1, 2, 3, 64), 2, 5000, marks=pytest.mark.extended),
+        pytest.param((1, 2, 3, 96), 2, 5000, marks=pytest.mark.extended),
+        pytest.param((1, 2, 3, 64), 2, 4224, marks=pytest.mark.extended),
+        # Tasks of 512 keys at d = 128, the last one key.
+        pytest.param((1, 8, 2, 128), 8, 4097, marks=pytest.mark.extended),
+    ],
+)
+def test_fp32_decoding_over_a_ragged_last_task_is_bit_identical(shape, kv_heads, m):
+    """Few query rows over more than 1024 keys: YNNPACK cuts Q Kᵀ's columns into
+    tasks (:func:`xla._qk_split`); the last, narrower task gets an order of its own
+    (its first key probed), on the reference kernel's rounded products where it is
+    narrower than a column block."""
+    q, k, v = _decoding_inputs("fp32", shape, kv_heads, m)
+    real = kernels.real("xla", q, k, v, fmt="fp32")
+    emulated = kernels.emulate("xla", q, k, v, fmt="fp32")
+    c = kernels.compare(real, emulated, real, "fp32")
+    assert c.identical_share == 1.0, c.summary()
+
+
+def test_qk_split_follows_ynnpack_task_sizes():
+    """choose_split_factors (ynnpack/subgraph/dot.cc): (rows + keys) · d reaches 64 Ki."""
+    assert xla._qk_split(3, 5000, 64) == 1024
+    assert xla._qk_split(2, 4097, 128) == 512
+    assert xla._qk_split(3, 500, 64) >= 500  # one task
+
+
+def test_fp32_decoding_with_more_rows_over_ragged_keys_is_refused():
+    """5 query rows at d = 80 over 1500 keys: measured 16% identical (Q Kᵀ and P V
+    differ at every key), so the model raises before its probes rather than answer."""
+    q = np.zeros((2, 2, 5, 80))
+    k = np.zeros((2, 2, 1500, 80))
     layout = xla._layout(q.shape, k.shape, {})
-    if xla._sum_window("float32", (2, 3, 64), False, layout) is not None:
-        pytest.skip("XLA on this host computes this softmax sum as a reduce-window (modelled)")
-    with pytest.raises(ValueError, match="3 query rows over 3080 keys"):
+    if xla._sum_window("float32", (4, 5, 80), False, layout) is not None:
+        pytest.skip("XLA on this host computes this softmax sum as a reduce-window")
+    with pytest.raises(ValueError, match="5 query rows and d = 80 over 1500 keys"):
         kernels.emulate("xla", q, k, k, fmt="fp32")

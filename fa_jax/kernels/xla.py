@@ -24,9 +24,8 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   and leaves the last n mod tile_k terms to a remainder path whose products
   are rounded and added in order.  bf16 Q Kᵀ runs AVX-512 BF16's pair
   instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
-  per key (a dot's last columns run a narrower kernel: :func:`_qk_order`), with
-  the blocks YNNPACK cuts its reduction into where the dot has few rows
-  (decoding shapes);
+  per key and task of keys, with the blocks YNNPACK cuts its reduction into
+  where the dot has few rows (:func:`_qk_order`, :func:`_qk_split`);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
@@ -326,8 +325,12 @@ def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, block: int | None = 
     2, ... (an odd last term comes last), else 0, 1, 2, ...  With ``block`` the
     terms before the remainder are cut into blocks of ``block`` (the last shorter),
     each summed so from zero and the block sums added in order (YNNPACK splits the
-    reduction so where a dot has few rows: decoding shapes)."""
+    reduction so where a dot has few rows: decoding shapes).  ``tile_k`` 0: every
+    product rounded, added in order (YNNPACK's reference kernel,
+    ``dot_fp32_1xNx1_1x1x1``: :func:`_qk_split`)."""
     d = q.shape[-1]
+    if tile_k == 0:
+        return _rounded_products([(q[..., :, None, t], k[..., None, :, t]) for t in range(d)], acc)
     if pairs:
         order = _permuted(d, True)
         q, k = q[..., order], k[..., order]
@@ -978,6 +981,57 @@ def _permuted(d: int, pairs: bool) -> list[int]:
 _QK_TAIL = 64  # the last keys probed one by one: a dot kernel's column remainder
 
 
+def _qk_split(rows: int, m: int, d: int) -> int:
+    """The keys of each task YNNPACK cuts a dot of ``rows`` rows, ``m`` columns
+    (keys) and ``d`` terms into (``choose_split_factors``, ynnpack/subgraph/dot.cc:
+    a tile grown from 16 rows by one column block, doubled, until its cost (rows +
+    columns) · min(d, 1024) reaches 64 Ki or its area 64 Ki; the block's width, a
+    power of two, does not change the result).  Each task runs the dot kernel on its
+    own columns, so the last task, narrower where m is no multiple of the width,
+    gets an order of its own (:func:`_qk_order`)."""
+    k = min(d, 1024)
+    least = max(min(rows, 64) * min(m, 64), 256)
+    cols, tile_rows = min(m, 16), min(rows, 16)
+    while True:
+        if cols * tile_rows >= least and (
+            (tile_rows + cols) * k >= 1024 * 64 or tile_rows * cols >= 256 * 256
+        ):
+            break
+        if (4 * cols <= tile_rows or tile_rows >= rows) and cols < m:
+            cols *= 2
+        elif (tile_rows <= 4 * cols or cols >= m) and tile_rows < rows:
+            tile_rows *= 2
+        else:
+            break
+    return min(cols, 65536)
+
+
+_QK_ROUNDING = (2.0**20, -(2.0**20) * (1 + 2.0**-12), 2.0**5)  # q's first three terms
+_QK_ROUNDING_KEY = (1.0, 1 + 2.0**-12, 2.0**4)  # a probe key's
+
+
+def _qk_rounded(run, shape: tuple[int, ...], keys: list[int], m: int) -> np.ndarray:
+    """For each key of ``keys``, whether its Q Kᵀ products are rounded before they
+    are added (in order) rather than fused into the sum: the three products 2^20,
+    -2^20 (1 + 2^-11 + 2^-24) and 2^9 sum to -2^-4 with FMAs; rounded, the second
+    is a tie that goes to -2^20 (1 + 2^-11), and the sum is 0 (Higham 2002, §2.6).
+    The other keys and terms are zero; V reads S as :func:`_qk_probe_counts` does."""
+    bh, _, d = shape
+    zero = _zero_key(m, keys)
+    q = np.zeros(shape, np.float32)
+    k = np.zeros((bh, m, d), np.float32)
+    v = np.zeros((bh, m, d), np.float32)
+    q[..., :3] = _QK_ROUNDING
+    k[:, keys, :3] = _QK_ROUNDING_KEY
+    v[:, zero, 0] = 1.0
+    for col, key in enumerate(keys):
+        v[:, key, col + 1] = 1.0
+    out = np.asarray(run(q, k, v), dtype=np.float64)
+    scale = float(np.float32(1.0 / math.sqrt(d)))
+    s = np.log(out[..., 1 : len(keys) + 1] / out[..., :1]) / scale
+    return (np.abs(s) < 2.0**-5).all(axis=(0, 1))
+
+
 def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int, int]]:
     """The (pairs, tile_k, block) orders whose simulated probes give ``counts``: one
     block of d terms first; where none fits, the reduction cut into blocks of the
@@ -1035,7 +1089,9 @@ def _qk_order(
     pairs = sorted({(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b})
     # Term 0 against every other: where the reduction is cut into blocks.
     pairs = sorted({*pairs, *((0, b) for b in range(1, d))})
-    probed = sorted({0, *range(max(2, m - _QK_TAIL), m)})  # key 1 is the zero key
+    # Key 0, the first of the last task (:func:`_qk_split`), and the last keys.
+    last = (m - 1) // _qk_split(n, m, d) * _qk_split(n, m, d)
+    probed = sorted({0, last, *range(max(2, m - _QK_TAIL), m)} - {1})  # 1: the zero key
     width = max(1, min(d - 1, m // 2))
     orders: dict[int, tuple[bool, int, int]] = {}
     for start in range(0, len(probed), width):
@@ -1049,7 +1105,16 @@ def _qk_order(
                     f"modelled dot order: counts {counts[:, col].tolist()} for pairs {pairs}"
                 )
             orders[key] = found[0]
-    first = probed[1] if len(probed) > 1 else m
+    # One float32 chain over all d terms may be YNNPACK's reference kernel, whose
+    # products are rounded (a task narrower than a column block): told apart here.
+    whole = [key for key in probed if orders[key] == (False, 1, d)]
+    if dtype == "float32" and d >= 3:
+        for start in range(0, len(whole), width):
+            keys = whole[start : start + width]
+            for key, rounded in zip(keys, _qk_rounded(run, shape, keys, m)):
+                if rounded:
+                    orders[key] = (False, 0, d)
+    first = max(2, m - _QK_TAIL)  # the last keys, probed one by one
     if dtype == "float16":
         orders.update(_qk_interior(run, shape, pairs, m, first, orders[0]))
     known = sorted(orders)  # each key takes the order of the nearest key probed below it
@@ -1214,14 +1279,15 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
     window = _sum_window(dtype, shape, bool(causal), layout)
-    if dtype == "float32" and 1 < g * n and n < m and window is None and m > 1024 and m % 64:
-        # A decoding program with several query rows whose softmax sum YNNPACK
-        # computes whole, over more than 1024 keys ending in a ragged 64-key chunk:
-        # measured 26-96% identical (3 rows; 3080, 4104, 4400, 5000 keys), cause not
-        # found.  One row, 1000 keys, and multiples of 64 (4096, 4160, 8192) are exact.
+    ragged = n < m and window is None and m > 1024 and m % 64
+    if dtype == "float32" and ragged and (3 < g * n or d % 32):
+        # Exact (with the task split of :func:`_qk_split`) at 2-3 query rows and d
+        # of 64, 96 and 128; measured 16% identical at 5 rows, d = 80, 1500 keys,
+        # and 38% at 32 rows, d = 64, 2000 keys (Q Kᵀ and P V both differ there).
         raise ValueError(
-            f"xla: fp32 decoding shape with {g * n} query rows over {m} keys (more than "
-            "1024, not a multiple of 64), its softmax sum in one YNNPACK reduction: not modelled"
+            f"xla: fp32 decoding shape with {g * n} query rows and d = {d} over {m} keys "
+            "(more than 1024, not a multiple of 64): modelled for at most 3 rows and d "
+            "a multiple of 32"
         )
     qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
