@@ -369,6 +369,45 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
             for j in range(32):
                 want = want + sums[:, j].astype(np.float32)
             assert np.array_equal(got, want.astype(np.float64))
+        # The window sums reduced in the windows' YNNPACK fusion: YNNPACK's sum again.
+        got = jax.jit(lambda x: xla._windowed_sum(x, 32, 12, True, FP32, ynn_total=True))(
+            jnp.asarray(e, jnp.float64)
+        )
+        want = [_ynnpack_sum_float_k1(row.astype(np.float32)) for row in ynn]
+        assert np.array_equal(np.asarray(got), np.asarray(want, np.float64))
+
+
+def test_window_read_from_a_pad_less_reduce_window_and_its_reduce():
+    """A reduce-window with no ``pad=`` (pad 0) whose window sums are reduced in the
+    same YNNPACK fusion (32 grouped rows over 2048 keys here): the fourth item."""
+    fusion = """%fused_computation.1 (param_0.3: f32[2,16,2048]) -> f32[2,16] {
+  %param_0.3 = f32[2,16,2048]{2,1,0} parameter(0)
+  %constant.1 = f32[] constant(0)
+  %reduce-window.1 = f32[2,16,64]{2,1,0} reduce-window(%param_0.3, %constant.1), \
+window={size=1x1x32 stride=1x1x32}, to_apply=%region_1.2
+  ROOT %reduce_sum.6 = f32[2,16]{1,0} reduce(%reduce-window.1, %constant.1), \
+dimensions={2}, to_apply=%region_1.2.clone
+}
+
+%region_1.2 (a: f32[], b: f32[]) -> f32[] {
+  ROOT %add.0 = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[2,16,2048]) -> f32[2,16] {
+  ROOT %ynn_fusion.1 = f32[2,16]{1,0} fusion(%x), kind=kCustom, \
+calls=%fused_computation.1, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
+}""".replace("\\\n", "")
+    assert xla._window_in(fusion, (2, 16, 64), "float32") == (32, 0, True, True)
+    alone = fusion.replace("reduce(%reduce-window.1,", "reduce(%other,")
+    assert xla._window_in(alone, (2, 16, 64), "float32") == (32, 0, True, False)
+
+
+def test_fp32_with_grouped_heads_and_wide_d_is_refused():
+    """fp32 with several query heads per K/V head and d > 64: measured 14-33%
+    identical (d = 80, 96, 128), so the model raises rather than answer."""
+    q, k = np.zeros((1, 4, 1, 128)), np.zeros((1, 1, 1000, 128))
+    with pytest.raises(ValueError, match="4 query heads per K/V head and d = 128"):
+        kernels.emulate("xla", q, k, k, fmt="fp32")
 
 
 @pytest.mark.parametrize(
@@ -591,6 +630,9 @@ def test_only_ps_conversion_counts_as_p_rounded():
         pytest.param((1, 2, 3, 64), 2, 4224, marks=pytest.mark.extended),
         # Tasks of 512 keys at d = 128, the last one key.
         pytest.param((1, 8, 2, 128), 8, 4097, marks=pytest.mark.extended),
+        # 32 grouped rows: the window sums reduced by YNNPACK in the windows' fusion.
+        pytest.param((1, 4, 16, 64), 2, 2048, marks=pytest.mark.extended),
+        pytest.param((1, 8, 8, 64), 2, 2048, marks=pytest.mark.extended),
     ],
 )
 def test_fp32_decoding_over_a_ragged_last_task_is_bit_identical(shape, kv_heads, m):
@@ -617,8 +659,5 @@ def test_fp32_decoding_with_more_rows_over_ragged_keys_is_refused():
     differ at every key), so the model raises before its probes rather than answer."""
     q = np.zeros((2, 2, 5, 80))
     k = np.zeros((2, 2, 1500, 80))
-    layout = xla._layout(q.shape, k.shape, {})
-    if xla._sum_window("float32", (4, 5, 80), False, layout) is not None:
-        pytest.skip("XLA on this host computes this softmax sum as a reduce-window")
     with pytest.raises(ValueError, match="5 query rows and d = 80 over 1500 keys"):
         kernels.emulate("xla", q, k, k, fmt="fp32")

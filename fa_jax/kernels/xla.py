@@ -440,13 +440,15 @@ def _softmax_sum(e, acc: Format):
     return lanes[..., 0]
 
 
-def _windowed_sum(e, window: int, pad: int, ynn: bool, acc: Format):
+def _windowed_sum(e, window: int, pad: int, ynn: bool, acc: Format, ynn_total: bool = False):
     """The softmax sum where XLA rewrites it as a tree reduction (decoding shapes): a
     ``reduce-window`` of ``window`` terms (stride ``window``; ``pad`` zeros before the
     row and as many as fill the last window after it), each window summed left to
     right from 0 in a loop fusion of XLA's, or by YNNPACK's sum (:func:`_softmax_sum`
     on the padded window) where the windows sit in a YNNPACK fusion (``ynn``); then
-    a ``reduce`` adding the window sums left to right from 0."""
+    a ``reduce`` of the window sums: XLA's, left to right from 0, or YNNPACK's
+    (:func:`_softmax_sum` again) where it sits in the windows' fusion
+    (``ynn_total``)."""
     m = e.shape[-1]
     windows = -(-(pad + m) // window)
     after = windows * window - pad - m
@@ -454,6 +456,8 @@ def _windowed_sum(e, window: int, pad: int, ynn: bool, acc: Format):
     e = jnp.concatenate([zeros((*e.shape[:-1], pad)), e, zeros((*e.shape[:-1], after))], axis=-1)
     terms = e.reshape(*e.shape[:-1], windows, window)
     sums = _softmax_sum(terms, acc) if ynn else _chain(jnp.swapaxes(terms, -1, -2), acc)
+    if ynn_total:
+        return _softmax_sum(sums, acc)
     return _chain(sums[..., None], acc)[..., 0]
 
 
@@ -577,19 +581,20 @@ def _in_ynn_fusions(
     return convert, exp
 
 
-_WINDOW = re.compile(r"window=\{size=(\S+) stride=(\S+) pad=(\S+)\}")
+_WINDOW = re.compile(r"window=\{size=(\S+) stride=(\S+)(?: pad=(\S+))?\}")
 
 
 @functools.cache
 def _sum_window(
     dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
-) -> tuple[int, int, bool] | None:
-    """(window, leading pad, in YNNPACK) of the softmax sum where XLA's program
-    computes it as a ``reduce-window`` of additions over the keys (its
+) -> tuple[int, int, bool, bool] | None:
+    """(window, leading pad, in YNNPACK, total in YNNPACK) of the softmax sum where
+    XLA's program computes it as a ``reduce-window`` of additions over the keys (its
     tree-reduction rewrite, in decoding shapes), read from the HLO: the windows in a
     loop fusion of XLA's or in a YNNPACK fusion (the third item), their sums then
-    reduced by XLA.  None where the whole sum is YNNPACK's.  fp16 runs eagerly: the
-    HLO read is that of its sum's own program (:func:`_eager_programs`)."""
+    reduced by XLA or, in the same YNNPACK fusion, by YNNPACK (the fourth).  None
+    where the whole sum is YNNPACK's.  fp16 runs eagerly: the HLO read is that of
+    its sum's own program (:func:`_eager_programs`)."""
     if dtype == "float16":
         text = _eager_programs(shape, causal, layout)["reduce_sum"]
     else:
@@ -597,10 +602,11 @@ def _sum_window(
     return _window_in(text, shape, dtype)
 
 
-def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int, bool] | None:
+def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int, bool, bool] | None:
     """:func:`_sum_window`'s reading of an optimised HLO module ``text``: the first
-    ``reduce-window`` of additions called from the entry, as (size, leading pad, in a
-    YNNPACK fusion); None where there is none."""
+    ``reduce-window`` of additions called from the entry, as (size, leading pad (0
+    where the HLO gives none), in a YNNPACK fusion, the ``reduce`` of its window
+    sums in that fusion too); None where there is none."""
     bodies = _computations(text)
     for line in bodies.get("ENTRY", "").splitlines():
         called = re.search(r"calls=%([^,\s]+)", line)
@@ -614,13 +620,16 @@ def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int,
             if " add(" not in bodies.get(apply.group(1), ""):
                 continue  # the max's
             size, stride = found.group(1).split("x")[-1], found.group(2).split("x")[-1]
-            lo, _ = found.group(3).split("x")[-1].split("_")
+            lo = found.group(3).split("x")[-1].split("_")[0] if found.group(3) else "0"
             if size != stride:
                 raise ValueError(
                     f"xla: the softmax sum of {shape} ({dtype}) is a reduce-window of size "
                     f"{size} and stride {stride}; only equal ones are modelled"
                 )
-            return int(size), int(lo), "__ynn_fusion" in line
+            ynn = "__ynn_fusion" in line
+            name = inner.split("=")[0].strip().removeprefix("ROOT").strip()
+            total = re.search(rf" reduce\({re.escape(name)}[,)]", bodies[called.group(1)])
+            return int(size), int(lo), ynn, ynn and total is not None
     return None
 
 
@@ -1279,7 +1288,7 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
     window = _sum_window(dtype, shape, bool(causal), layout)
-    ragged = n < m and window is None and m > 1024 and m % 64
+    ragged = n < m and m > 1024 and m % 64
     if dtype == "float32" and ragged and (3 < g * n or d % 32):
         # Exact (with the task split of :func:`_qk_split`) at 2-3 query rows and d
         # of 64, 96 and 128; measured 16% identical at 5 rows, d = 80, 1500 keys,
@@ -1288,6 +1297,14 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
             f"xla: fp32 decoding shape with {g * n} query rows and d = {d} over {m} keys "
             "(more than 1024, not a multiple of 64): modelled for at most 3 rows and d "
             "a multiple of 32"
+        )
+    if dtype == "float32" and g > 1 and d > 64:
+        # Measured 14-33% identical at d = 80, 96 and 128 with 2 to 4 query heads per
+        # K/V head, decoding and prefill alike; d = 64 and one head per K/V head are
+        # exact.  Which step differs is not found.
+        raise ValueError(
+            f"xla: fp32 with {g} query heads per K/V head and d = {d}: modelled for one "
+            "query head per K/V head, or d <= 64"
         )
     qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
@@ -1321,7 +1338,7 @@ def _model_core(
     round_p: bool,
     qk: tuple[tuple[int, int, bool, int, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
-    window: tuple[int, int, bool] | None = None,
+    window: tuple[int, int, bool, bool] | None = None,
     bias=None,
     keep=None,
 ):
@@ -1351,7 +1368,8 @@ def _model_core(
     if window is None:
         total = _softmax_sum(e, policy.stats)
     else:
-        total = _windowed_sum(e, *window, policy.stats)
+        size, pad, ynn, ynn_total = window
+        total = _windowed_sum(e, size, pad, ynn, policy.stats, ynn_total)
     if policy.normalise == "reciprocal":
         p = ops.mul(e, ops.div(1.0, total, policy.stats)[..., None], policy.stats)
     else:
