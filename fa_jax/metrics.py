@@ -24,7 +24,9 @@ Conventions shared by every function:
   sentinel instead).
 * Sums run in one stated order, :func:`_tree_sum` (pairwise, Higham 2002
   §4.1), not XLA's reduce, whose order follows the thread count: a metric has
-  the same bits on any core count.
+  the same bits on any core count.  mean, std and rmse are each one compiled
+  program, which the sweep runs too (fused, a square may contract into the
+  first additions as an FMA: one program gives one answer).
 * Everything is ``jax.jit`` / ``jax.vmap`` compatible; shapes are static.
 """
 
@@ -120,6 +122,7 @@ def _tree_sum(x) -> jax.Array:
     return x[0]
 
 
+@jax.jit
 def _mean(x) -> jax.Array:
     """``(sum_i x_i) / N``, the sum by :func:`_tree_sum`, one correctly rounded
     division (NaN for no elements, as jnp.mean).  XLA turns a division by a
@@ -132,6 +135,7 @@ def _mean(x) -> jax.Array:
     return total / jnp.where(jnp.isnan(total), n + 1, n).astype(total.dtype)
 
 
+@jax.jit
 def _std(x) -> jax.Array:
     """Population standard deviation of 1-D ``x``, two-pass: ``sqrt(mean((x - mean)^2))``."""
     return jnp.sqrt(_mean(jnp.square(x - _mean(x))))
@@ -201,10 +205,9 @@ def rmse(a, b) -> jax.Array:
     return _rmse(d, jnp.max(d))
 
 
+@jax.jit
 def _rmse(d, s) -> jax.Array:
-    """rmse from ``d = |a - b|`` and ``s = max d``: the array operations one call
-    each, as they always ran eagerly (fused into one program, the square could
-    contract into the sum), the scalar ones in one program (exact either way)."""
+    """rmse from ``d = |a - b|`` and ``s = max d``, one program (the sweep's too)."""
     scaled, safe = _rmse_scale(s)
     # Broadcast behind a barrier: XLA turns a division by a broadcast scalar into
     # a multiplication by its rounded reciprocal.

@@ -184,10 +184,8 @@ def _abs_diff_max(a, b):
     return d, jnp.max(d)
 
 
-# The metrics' own reductions, each its own program (as an eager call runs it).
-_mean = jax.jit(metrics._mean)
-_std = jax.jit(metrics._std)
-_rmse = jax.jit(metrics._rmse)
+# The metrics' own reductions, each its own program, the one an eager call runs.
+_mean, _std, _rmse = metrics._mean, metrics._std, metrics._rmse
 
 
 METRIC_LABEL = "metrics"  # the profile's name of the metric programs
