@@ -1038,7 +1038,7 @@ def _qk_rounded(run, shape: tuple[int, ...], keys: list[int], m: int) -> np.ndar
     out = np.asarray(run(q, k, v), dtype=np.float64)
     scale = float(np.float32(1.0 / math.sqrt(d)))
     s = np.log(out[..., 1 : len(keys) + 1] / out[..., :1]) / scale
-    return (np.abs(s) < 2.0**-5).all(axis=(0, 1))
+    return np.asarray((np.abs(s) < 2.0**-5).all(axis=(0, 1)))
 
 
 def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int, int]]:
