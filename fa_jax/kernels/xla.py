@@ -540,7 +540,15 @@ def _program_text(dtype: str, shape: tuple[int, ...], causal: bool, layout) -> s
     if layout is None:
         x = jax.ShapeDtypeStruct(shape, np.float32)
         return _jit_attention(dtype, causal, None).lower(x, x, x).compile().as_text() or ""
-    b, kv, g, n, m, d = (*dataclasses.astuple(layout)[:5], shape[-1])
+    args, extra = _abstract_args(layout, shape[-1])
+    run = jax.jit(_call_fn(dtype, causal, None, layout))
+    return run.lower(*args, **extra).compile().as_text() or ""
+
+
+def _abstract_args(layout, d: int) -> tuple[list, dict]:
+    """The float32 (shape-only) arguments of ``layout``'s 4-D call: q, k, v and its
+    features (bias, mask, key lengths) as keywords."""
+    b, kv, g, n, m = dataclasses.astuple(layout)[:5]
     f32 = np.float32
     args = [
         jax.ShapeDtypeStruct((b, kv * g, n, d), f32),
@@ -554,8 +562,7 @@ def _program_text(dtype: str, shape: tuple[int, ...], causal: bool, layout) -> s
         extra["mask"] = jax.ShapeDtypeStruct(layout.mask, np.bool_)
     if layout.lengths:
         extra["lengths"] = jax.ShapeDtypeStruct((b,), np.int32)
-    run = jax.jit(_call_fn(dtype, causal, None, layout))
-    return run.lower(*args, **extra).compile().as_text() or ""
+    return args, extra
 
 
 @functools.cache
@@ -644,19 +651,7 @@ def _eager_shapes(shape: tuple[int, ...], causal: bool, layout) -> dict[str, tup
         args, extra = [x, x, x], {}
         run = _attention_fn("float16", causal, None)
     else:
-        b, kv, g, n, m, d = (*dataclasses.astuple(layout)[:5], shape[-1])
-        args = [
-            jax.ShapeDtypeStruct((b, kv * g, n, d), f32),
-            jax.ShapeDtypeStruct((b, kv, m, d), f32),
-            jax.ShapeDtypeStruct((b, kv, m, d), f32),
-        ]
-        extra = {}
-        if layout.bias is not None:
-            extra["bias"] = jax.ShapeDtypeStruct(layout.bias, f32)
-        if layout.mask is not None:
-            extra["mask"] = jax.ShapeDtypeStruct(layout.mask, np.bool_)
-        if layout.lengths:
-            extra["lengths"] = jax.ShapeDtypeStruct((b,), np.int32)
+        args, extra = _abstract_args(layout, shape[-1])
         run = _call_fn("float16", causal, None, layout)
     found: dict[str, tuple[int, ...]] = {}
 
