@@ -324,6 +324,15 @@ def _decoding_inputs(fmt, shape, kv_heads, m):
     return q, k, v
 
 
+def _assert_fp32_decoding_exact(shape, kv_heads, m):
+    """The model bit for bit the real kernel on :func:`_decoding_inputs` in fp32."""
+    q, k, v = _decoding_inputs("fp32", shape, kv_heads, m)
+    real = kernels.real("xla", q, k, v, fmt="fp32")
+    emulated = kernels.emulate("xla", q, k, v, fmt="fp32")
+    c = kernels.compare(real, emulated, real, "fp32")
+    assert c.identical_share == 1.0, c.summary()
+
+
 @pytest.mark.parametrize(
     ("shape", "kv_heads", "m"),
     [
@@ -338,11 +347,7 @@ def test_fp32_decoding_is_bit_identical(shape, kv_heads, m):
     """Few queries against many keys in fp32: Q Kᵀ's reduction cut into blocks (read
     by the probes), the softmax sum as XLA's tree-reduction rewrite where the HLO
     has it (a reduce-window of 32 keys, then a reduce), the exp the HLO names."""
-    q, k, v = _decoding_inputs("fp32", shape, kv_heads, m)
-    real = kernels.real("xla", q, k, v, fmt="fp32")
-    emulated = kernels.emulate("xla", q, k, v, fmt="fp32")
-    c = kernels.compare(real, emulated, real, "fp32")
-    assert c.identical_share == 1.0, c.summary()
+    _assert_fp32_decoding_exact(shape, kv_heads, m)
 
 
 def test_windowed_sum_adds_padded_windows_then_their_sums():
@@ -640,11 +645,7 @@ def test_fp32_decoding_over_a_ragged_last_task_is_bit_identical(shape, kv_heads,
     tasks (:func:`xla._qk_split`); the last, narrower task gets an order of its own
     (its first key probed), on the reference kernel's rounded products where it is
     narrower than a column block."""
-    q, k, v = _decoding_inputs("fp32", shape, kv_heads, m)
-    real = kernels.real("xla", q, k, v, fmt="fp32")
-    emulated = kernels.emulate("xla", q, k, v, fmt="fp32")
-    c = kernels.compare(real, emulated, real, "fp32")
-    assert c.identical_share == 1.0, c.summary()
+    _assert_fp32_decoding_exact(shape, kv_heads, m)
 
 
 def test_qk_split_follows_ynnpack_task_sizes():
