@@ -6,7 +6,8 @@ XLA's CPU backend refuses the F16_F16_F32 dot under jit).  What it computes
 backend runs it (the optimised HLO, the rest found by experiment)::
 
     S = fl32(Q Kᵀ)              products exact for bf16/fp16, FMAs for fp32
-    S = fl32(S · fl32(scale))   the scale rounded to float32
+    S = fl32(S · fl32(scale))   the scale rounded to float32; in XLA's own loop
+                                fusions fused (an FMA) into the next + or -
     masked S := fl32(-0.7 · FLT_MAX)                      (not -inf)
     m = max S;  e = exp32(fl32(S - m));  l = sum32(e)
     P = fl32(e · fl32(1 / l))   XLA rewrites the division as a reciprocal
@@ -39,8 +40,8 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   ``reduce-window`` of 32 keys (zeros padded around the row) in a loop fusion
   of XLA's (each window summed left to right) or a YNNPACK fusion (each window
   by ``sum_float_k1``), then a ``reduce`` of the window sums, left to right;
-  the model reads which (:func:`_sum_window`; for fp16 from the sum's own
-  eager program, :func:`_eager_programs`).
+  in an XLA loop fusion (small shapes) the whole row left to right; the model
+  reads which (:func:`_sum_window`; fp16's from its own eager program).
 
 P's rounding to bf16 before P V is dropped where XLA fuses the softmax and the
 conversion into the Q Kᵀ dot's YNNPACK fusion (excess precision); the model
@@ -173,12 +174,12 @@ def _call(dtype: str, causal: bool, scale, layout: _Layout):
 
 
 @functools.cache
-def _grouped_run(dtype: str, layout: _Layout):
-    """The plain program of ``layout`` (no scale, causal, bias or mask) on the grouped
-    view: q (B·H_kv, G·N, d), k and v (B·H_kv, M, d) -> (B·H_kv, G·N, d); what the
-    order-revealing probes run."""
+def _grouped_run(dtype: str, layout: _Layout, causal: bool = False):
+    """The plain program of ``layout`` (no scale, bias or mask; causal or not) on the
+    grouped view: q (B·H_kv, G·N, d), k and v (B·H_kv, M, d) -> (B·H_kv, G·N, d);
+    what the order-revealing probes run."""
     b, kv, g, n, m = layout.batch, layout.kv_heads, layout.groups, layout.n, layout.m
-    call = _call_fn(dtype, False, None, layout.plain())
+    call = _call_fn(dtype, causal, None, layout.plain())
 
     def run(q, k, v):
         q4 = q.reshape(b, kv * g, n, q.shape[-1])
@@ -606,7 +607,80 @@ def _sum_window(
         text = _eager_programs(shape, causal, layout)["reduce_sum"]
     else:
         text = _program_text(dtype, shape, causal, layout)
-    return _window_in(text, shape, dtype)
+    window = _window_in(text, shape, dtype)
+    if window is None and _sum_in_loop_fusion(text):
+        m = shape[-2] if layout is None else layout.m
+        return m, 0, False, False  # one window of every key: left to right
+    return window
+
+
+def _fusions(text: str):
+    """(the fusion's line in the entry, the body it calls) for each fusion an
+    optimised HLO module's entry calls."""
+    bodies = _computations(text)
+    for line in bodies.get("ENTRY", "").splitlines():
+        called = re.search(r"calls=%([^,\s]+)", line)
+        if called:
+            yield line, bodies.get(called.group(1), "")
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*\S+\s+([\w-]+)\(([^)]*)\)", re.M)
+
+
+_MOVES = ("bitcast", "copy", "reshape", "transpose")  # in a fusion, they move no bits
+
+
+def _contracted(text: str) -> str | None:
+    """The step into which one of XLA's own loop fusions (small and decoding shapes)
+    fuses the scale's multiply, S·scale: XLA's CPU backend lets LLVM contract a
+    multiply and an add into an FMA, so fl(S·scale + bias) (``"add"``) or
+    fl(S·scale - m) (``"subtract"``) is one rounding.  ``"select"`` where a select
+    (a mask) stands between the product and the subtraction: LLVM folds it, and
+    fuses, only where it proves the select's condition (:func:`_fused_keys`).
+    None where no product feeds either, or the steps run in YNNPACK fusions, which
+    round each product (measured).  Bitcasts, copies, reshapes and transposes
+    inside a fusion only index: the product feeds the step through them."""
+    for line, body in _fusions(text):
+        if "__ynn_fusion" in line:
+            continue
+        graph = {
+            name: (op, re.findall(r"%([^,\s]+)", args))
+            for name, op, args in _INSTRUCTION.findall(body)
+        }
+        for name, (op, _) in graph.items():
+            if op != "multiply":
+                continue
+            reached, selected = [(name, False)], None
+            while reached:
+                at, through = reached.pop()
+                for user, (user_op, args) in graph.items():
+                    if at not in args:
+                        continue
+                    if user_op in _MOVES or (user_op == "select" and args.index(at) > 0):
+                        reached.append((user, through or user_op == "select"))
+                    elif user_op == "subtract" and through:
+                        selected = "select"
+                    elif user_op in ("add", "subtract"):
+                        return user_op
+            if selected:
+                return selected
+    return None
+
+
+def _sum_in_loop_fusion(text: str) -> bool:
+    """Whether the softmax sum (a ``reduce`` of additions) sits in one of XLA's own
+    loop fusions (small shapes), which reduce left to right from 0 (XLA's
+    elemental emitter: a sequential loop), rather than in a YNNPACK fusion."""
+    adds = {
+        name
+        for name, body in _computations(text).items()
+        if re.search(r"^\s*ROOT\s+\S+\s*=\s*\S+\s+add\(", body, re.M)
+    }
+    for line, body in _fusions(text):
+        for found in re.finditer(r" reduce\([^\n]*to_apply=%([^,\s]+)", body):
+            if found.group(1) in adds:
+                return "__ynn_fusion" not in line
+    return False
 
 
 def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int, bool, bool] | None:
@@ -1208,6 +1282,82 @@ def _exp_model(
     return XLA_CPU_EXP
 
 
+@functools.cache
+def _fma_step(
+    dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
+) -> str | tuple[int, ...] | None:
+    """:func:`_contracted` for the program of (B·H, N, d) inputs (or ``layout``'s
+    call), a select resolved to the keys where it is folded (:func:`_fused_keys`;
+    a causal mask's alone: the others' conditions are data); None for fp16, whose
+    steps run eagerly, each a program of its own."""
+    if dtype == "float16":
+        return None
+    step = _contracted(_program_text(dtype, shape, causal, layout))
+    if step != "select":
+        return step
+    causal_only = layout is None or layout == layout.plain()
+    # bf16's outputs are too coarse to read the shift; its softmax runs the same
+    # float32 loop fusion as fp32's, which the probe reads instead.
+    keys = _fused_keys("float32", shape, layout) if causal and causal_only else ()
+    m = shape[-2] if layout is None else layout.m
+    return "subtract" if len(keys) == m - 1 > 0 else keys or None  # the last: the probe's m
+
+
+_FUSED_SCORE = 2.0**10  # about the largest scaled score of :func:`_fused_keys`' probe
+
+
+def _fused_probe_scores(scale: float) -> tuple[float, float, float, float]:
+    """(S, S', d_rounded, d_fused) of :func:`_fused_keys`' probe: S' = 2^k with S'·scale
+    (exact) near 2^10, and S = S' - t·ulp (t > 0, a float32)
+    whose S·scale has the largest rounding error r; the shift fl(S·scale) - S'·scale
+    (rounded) and S·scale - S'·scale (fused, to within r's own rounding)."""
+    top = 2.0 ** round(math.log2(_FUSED_SCORE / scale))
+    exact = top * scale
+    below = top * 2.0**-24  # float32's spacing just below top
+    best = (0.0, 0.0, 0.0)
+    for t in range(1, 64):
+        x = top - t * below
+        rounded = float(np.float32(x * scale)) - exact
+        if abs(x * scale - exact - rounded) > abs(best[2]):
+            best = (x, rounded, x * scale - exact - rounded)
+    x, rounded, error = best
+    return x, top, rounded, rounded + error
+
+
+def _fused_keys(dtype: str, shape: tuple[int, ...], layout: _Layout | None) -> tuple[int, ...]:
+    """The keys whose S·scale - m the real causal program computes with one rounding
+    (an FMA), read from the last query row: LLVM folds the causal select where it
+    proves a key kept (key 0 of a loop it unrolls: i >= 0), then fuses.
+
+    The probe (:func:`_fused_probe_scores`): the last key's score S'·scale is the
+    row's maximum m, exact; every other key's S·scale is not, so its shift
+    fl(S·scale) - m and the fused S·scale - m differ by the product's rounding
+    error.  V sends each key to a column of its own (the last key to column d - 1),
+    so P_j / P_last = exp(shift_j) tells which shift key j took."""
+    bh, n, d = shape
+    m = n if layout is None else layout.m
+    scale = float(np.float32(1.0 / math.sqrt(d)))
+    x, top, rounded, fused = _fused_probe_scores(scale)
+    run = _jit_attention(dtype, True, None) if layout is None else _grouped_run(dtype, layout, True)
+    found = []
+    width = d - 1
+    for lo in range(0, m - 1, width):
+        keys = np.arange(lo, min(lo + width, m - 1))
+        q = np.zeros(shape, np.float32)
+        q[..., 0], q[..., 1] = x, top
+        k = np.zeros((bh, m, d), np.float32)
+        k[:, :, 0] = 1.0
+        k[:, m - 1] = 0.0
+        k[:, m - 1, 1] = 1.0
+        v = np.zeros((bh, m, d), np.float32)
+        v[:, keys, keys - lo] = 1.0
+        v[:, m - 1, d - 1] = 1.0
+        out = np.asarray(run(q, k, v), dtype=np.float64)[0, -1]
+        shift = np.log(out[: len(keys)] / out[d - 1])
+        found += [int(j) for j, s in zip(keys, shift) if abs(s - fused) < abs(s - rounded)]
+    return tuple(found)
+
+
 def _qk_runs(dtype: str, shape: tuple[int, ...], layout: _Layout | None = None):
     """:func:`_qk_order` as runs (:func:`_runs`)."""
     return _runs(_qk_order(dtype, shape, layout))
@@ -1247,6 +1397,7 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
         qk=qk,
         pv=pv,
         window=window,
+        fma_step=_fma_step(policy.inputs.name, shape, bool(causal)),
     )
 
 
@@ -1293,14 +1444,6 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
             "(more than 1024, not a multiple of 64): modelled for at most 3 rows and d "
             "a multiple of 32"
         )
-    if dtype == "float32" and g > 1 and d > 64:
-        # Measured 14-33% identical at d = 80, 96 and 128 with 2 to 4 query heads per
-        # K/V head, decoding and prefill alike; d = 64 and one head per K/V head are
-        # exact.  Which step differs is not found.
-        raise ValueError(
-            f"xla: fp32 with {g} query heads per K/V head and d = {d}: modelled for one "
-            "query head per K/V head, or d <= 64"
-        )
     qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
@@ -1315,13 +1458,16 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
         qk=qk,
         pv=pv,
         window=window,
+        fma_step=_fma_step(dtype, shape, bool(causal), layout),
         bias=bias,
         keep=keep,
     )
     return out.reshape(np.shape(q)[:-1] + np.shape(v)[-1:])
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv", "window"))
+@functools.partial(
+    jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv", "window", "fma_step")
+)
 def _model_core(
     q,
     k,
@@ -1334,13 +1480,16 @@ def _model_core(
     qk: tuple[tuple[int, int, bool, int, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
     window: tuple[int, int, bool, bool] | None = None,
+    fma_step: str | tuple[int, ...] | None = None,
     bias=None,
     keep=None,
 ):
     """The model's steps; every rounding names the stage of ``policy`` it belongs to,
     so calibration's knobs reach it (the summation orders are XLA's, fixed).
     ``bias`` is added to the scaled scores in the scores' stage, and ``keep`` (the
-    pairs kept) sets the others to jax's large negative, as ``causal`` does."""
+    pairs kept) sets the others to jax's large negative, as ``causal`` does.
+    ``fma_step`` (:func:`_contracted`): the step the scale's product is fused into,
+    S·scale + bias or S·scale - m, one rounding."""
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
@@ -1351,14 +1500,26 @@ def _model_core(
         ],
         axis=-1,
     )
-    s = ops.mul(s, round_to(scale, policy.scores), policy.scores)
-    if bias is not None:
-        s = ops.add(s, bias, policy.scores)
-    if causal:
-        s = jnp.where(jnp.tril(jnp.ones((n, m), bool)), s, _LARGE_NEGATIVE)
+    unscaled, scale = s, round_to(scale, policy.scores)
+    if bias is not None and fma_step == "add":
+        s = ops.fma(unscaled, scale, bias, policy.scores)
+    else:
+        s = ops.mul(unscaled, scale, policy.scores)
+        if bias is not None:
+            s = ops.add(s, bias, policy.scores)
+    kept = jnp.tril(jnp.ones((n, m), bool)) if causal else None
     if keep is not None:
-        s = jnp.where(keep, s, _LARGE_NEGATIVE)
-    shifted = ops.sub(s, jnp.max(s, axis=-1, keepdims=True), policy.exp)
+        kept = keep if kept is None else kept & keep
+    if kept is not None:
+        s = jnp.where(kept, s, _LARGE_NEGATIVE)
+    m_i = jnp.max(s, axis=-1, keepdims=True)
+    shifted = ops.sub(s, m_i, policy.exp)
+    if fma_step is not None and fma_step != "add":
+        fused = ops.fma(unscaled, scale, -m_i, policy.exp)
+        if fma_step != "subtract":  # the keys where the select is folded
+            folded = jnp.zeros(m, bool).at[np.asarray(fma_step)].set(True)
+            kept = folded if kept is None else kept & folded
+        shifted = fused if kept is None else jnp.where(kept, fused, shifted)
     e = policy.exp_model.fn(shifted, policy.exp)
     if window is None:
         total = _softmax_sum(e, policy.stats)
