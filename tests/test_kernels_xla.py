@@ -366,7 +366,7 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
     with x64_enabled():
         for fused, sums in ((False, plain), (True, ynn)):
             got = np.asarray(
-                jax.jit(lambda x, fused=fused: xla._windowed_sum(x, 32, 12, fused, FP32))(
+                jax.jit(lambda x, fused=fused: xla._windowed_sum(x, ((32, 12, fused),), FP32))(
                     jnp.asarray(e, jnp.float64)
                 )
             )
@@ -375,7 +375,7 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
                 want = want + sums[:, j].astype(np.float32)
             assert np.array_equal(got, want.astype(np.float64))
         # The window sums reduced in the windows' YNNPACK fusion: YNNPACK's sum again.
-        got = jax.jit(lambda x: xla._windowed_sum(x, 32, 12, True, FP32, ynn_total=True))(
+        got = jax.jit(lambda x: xla._windowed_sum(x, ((32, 12, True),), FP32, ynn_total=True))(
             jnp.asarray(e, jnp.float64)
         )
         want = [_ynnpack_sum_float_k1(row.astype(np.float32)) for row in ynn]
@@ -384,7 +384,7 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
 
 def test_window_read_from_a_pad_less_reduce_window_and_its_reduce():
     """A reduce-window with no ``pad=`` (pad 0) whose window sums are reduced in the
-    same YNNPACK fusion (32 grouped rows over 2048 keys here): the fourth item."""
+    same YNNPACK fusion (32 grouped rows over 2048 keys here): the second item."""
     fusion = """%fused_computation.1 (param_0.3: f32[2,16,2048]) -> f32[2,16] {
   %param_0.3 = f32[2,16,2048]{2,1,0} parameter(0)
   %constant.1 = f32[] constant(0)
@@ -402,9 +402,33 @@ ENTRY %main (x: f32[2,16,2048]) -> f32[2,16] {
   ROOT %ynn_fusion.1 = f32[2,16]{1,0} fusion(%x), kind=kCustom, \
 calls=%fused_computation.1, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
 }""".replace("\\\n", "")
-    assert xla._window_in(fusion, (2, 16, 64), "float32") == (32, 0, True, True)
+    assert xla._window_in(fusion, (2, 16, 64), "float32") == (((32, 0, True),), True)
     alone = fusion.replace("reduce(%reduce-window.1,", "reduce(%other,")
-    assert xla._window_in(alone, (2, 16, 64), "float32") == (32, 0, True, False)
+    assert xla._window_in(alone, (2, 16, 64), "float32") == (((32, 0, True),), False)
+
+
+def test_windowed_sum_reduces_level_after_level():
+    """Two levels of windows (2000 keys: 63 windows of 32 after 8 zeros, then 2 of
+    32 over those sums, 1 zero after), each left to right, then the last two sums,
+    against a plain float32 loop."""
+    rng = np.random.default_rng(4)
+    e = np.exp(-3 * np.abs(rng.standard_normal((3, 2000)))).astype(np.float32)
+
+    def windows(x, size, pad):
+        n = -(-(pad + x.shape[-1]) // size)
+        padded = np.zeros((x.shape[0], n * size), np.float32)
+        padded[:, pad : pad + x.shape[-1]] = x
+        sums = np.zeros((x.shape[0], n), np.float32)
+        for t in range(size):
+            sums = sums + padded.reshape(x.shape[0], n, size)[:, :, t]
+        return sums
+
+    last = windows(windows(e, 32, 8), 32, 0)
+    want = np.float32(0) + last[:, 0] + last[:, 1]
+    with x64_enabled():
+        levels = ((32, 8, False), (32, 0, False))
+        got = jax.jit(lambda x: xla._windowed_sum(x, levels, FP32))(jnp.asarray(e, jnp.float64))
+    assert np.array_equal(np.asarray(got), want.astype(np.float64))
 
 
 @pytest.mark.parametrize(
@@ -702,6 +726,9 @@ def test_only_ps_conversion_counts_as_p_rounded():
         # 32 grouped rows: the window sums reduced by YNNPACK in the windows' fusion.
         pytest.param((1, 4, 16, 64), 2, 2048, marks=pytest.mark.extended),
         pytest.param((1, 8, 8, 64), 2, 2048, marks=pytest.mark.extended),
+        # Two levels of windows (63 sums of 32 keys, then 2 of 32 sums), refused before.
+        pytest.param((1, 4, 16, 64), 2, 2000, marks=pytest.mark.extended),
+        pytest.param((1, 2, 8, 96), 1, 1500, marks=pytest.mark.extended),
     ],
 )
 def test_fp32_decoding_over_a_ragged_last_task_is_bit_identical(shape, kv_heads, m):
@@ -719,10 +746,18 @@ def test_qk_split_follows_ynnpack_task_sizes():
     assert xla._qk_split(3, 500, 64) >= 500  # one task
 
 
-def test_fp32_decoding_with_more_rows_over_ragged_keys_is_refused():
-    """5 query rows at d = 80 over 1500 keys: measured 16% identical (Q Kᵀ and P V
-    differ at every key), so the model raises before its probes rather than answer."""
+def test_fp32_where_xlas_own_dot_misses_the_probed_order_is_refused():
+    """4 groups of 5 query rows at d = 80 over 1500 keys: XLA runs P V as its own
+    dot (Eigen's contraction), measured 16% identical with the probed order
+    (P itself exact); a check on random inputs finds it, and the model raises."""
     q = np.zeros((2, 2, 5, 80))
     k = np.zeros((2, 2, 1500, 80))
-    with pytest.raises(ValueError, match="5 query rows and d = 80 over 1500 keys"):
+    with pytest.raises(ValueError, match="XLA runs its own dot here"):
         kernels.emulate("xla", q, k, k, fmt="fp32")
+
+
+def test_checked_passes_where_xlas_own_dot_follows_the_probed_order():
+    """One row over 1000 keys (both dots XLA's own, one FMA chain each): checked."""
+    with x64_enabled():
+        assert xla._checked((1, 1, 128), xla._Layout(1, 1, 1, 1, 1000))
+        assert xla._checked((2, 512, 64), xla._Layout(1, 2, 1, 512, 512))  # YNNPACK's

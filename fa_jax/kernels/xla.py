@@ -441,25 +441,31 @@ def _softmax_sum(e, acc: Format):
     return lanes[..., 0]
 
 
-def _windowed_sum(e, window: int, pad: int, ynn: bool, acc: Format, ynn_total: bool = False):
-    """The softmax sum where XLA rewrites it as a tree reduction (decoding shapes): a
-    ``reduce-window`` of ``window`` terms (stride ``window``; ``pad`` zeros before the
-    row and as many as fill the last window after it), each window summed left to
-    right from 0 in a loop fusion of XLA's, or by YNNPACK's sum (:func:`_softmax_sum`
-    on the padded window) where the windows sit in a YNNPACK fusion (``ynn``); then
-    a ``reduce`` of the window sums: XLA's, left to right from 0, or YNNPACK's
-    (:func:`_softmax_sum` again) where it sits in the windows' fusion
-    (``ynn_total``)."""
-    m = e.shape[-1]
-    windows = -(-(pad + m) // window)
-    after = windows * window - pad - m
-    zeros = functools.partial(jnp.zeros, dtype=e.dtype)
-    e = jnp.concatenate([zeros((*e.shape[:-1], pad)), e, zeros((*e.shape[:-1], after))], axis=-1)
-    terms = e.reshape(*e.shape[:-1], windows, window)
-    sums = _softmax_sum(terms, acc) if ynn else _chain(jnp.swapaxes(terms, -1, -2), acc)
+_Levels = tuple[tuple[int, int, bool], ...]  # reduce-windows: (size, leading pad, in YNNPACK)
+
+
+def _windowed_sum(e, levels: _Levels, acc: Format, ynn_total: bool = False):
+    """The softmax sum where XLA rewrites it as a tree reduction (decoding shapes):
+    ``levels`` of ``reduce-window``, each of ``size`` terms (stride ``size``; ``pad``
+    zeros before the row and as many as fill the last window after it), each
+    window summed left to right from 0 in a loop fusion of XLA's, or by YNNPACK's
+    sum (:func:`_softmax_sum` on the padded window) where the windows sit in a
+    YNNPACK fusion; the next level reduces the window sums so; then a ``reduce``
+    of the last sums: XLA's, left to right from 0, or YNNPACK's (:func:`_softmax_sum`
+    again) where it sits in the last windows' fusion (``ynn_total``)."""
+    for size, pad, ynn in levels:
+        m = e.shape[-1]
+        windows = -(-(pad + m) // size)
+        after = windows * size - pad - m
+        zeros = functools.partial(jnp.zeros, dtype=e.dtype)
+        e = jnp.concatenate(
+            [zeros((*e.shape[:-1], pad)), e, zeros((*e.shape[:-1], after))], axis=-1
+        )
+        terms = e.reshape(*e.shape[:-1], windows, size)
+        e = _softmax_sum(terms, acc) if ynn else _chain(jnp.swapaxes(terms, -1, -2), acc)
     if ynn_total:
-        return _softmax_sum(sums, acc)
-    return _chain(sums[..., None], acc)[..., 0]
+        return _softmax_sum(e, acc)
+    return _chain(e[..., None], acc)[..., 0]
 
 
 def _rounded_products(pairs, acc: Format):
@@ -595,14 +601,15 @@ _WINDOW = re.compile(r"window=\{size=(\S+) stride=(\S+)(?: pad=(\S+))?\}")
 @functools.cache
 def _sum_window(
     dtype: str, shape: tuple[int, ...], causal: bool, layout: _Layout | None = None
-) -> tuple[int, int, bool, bool] | None:
-    """(window, leading pad, in YNNPACK, total in YNNPACK) of the softmax sum where
-    XLA's program computes it as a ``reduce-window`` of additions over the keys (its
-    tree-reduction rewrite, in decoding shapes), read from the HLO: the windows in a
-    loop fusion of XLA's or in a YNNPACK fusion (the third item), their sums then
-    reduced by XLA or, in the same YNNPACK fusion, by YNNPACK (the fourth).  None
-    where the whole sum is YNNPACK's.  fp16 runs eagerly: the HLO read is that of
-    its sum's own program (:func:`_eager_programs`)."""
+) -> tuple[_Levels, bool] | None:
+    """The levels of ``reduce-window`` (size, leading pad, in YNNPACK) of the softmax
+    sum where XLA's program computes it as a tree of them over the keys (its
+    tree-reduction rewrite, in decoding shapes), and whether the last level's sums
+    are reduced by YNNPACK (in the same fusion) rather than XLA, read from the HLO
+    (:func:`_window_in`).  Where the sum is one ``reduce`` in an XLA loop fusion
+    (small shapes), one window of every key, left to right.  None where the whole
+    sum is YNNPACK's.  fp16 runs eagerly: the HLO read is that of its sum's own
+    program (:func:`_eager_programs`)."""
     if dtype == "float16":
         text = _eager_programs(shape, causal, layout)["reduce_sum"]
     else:
@@ -610,7 +617,7 @@ def _sum_window(
     window = _window_in(text, shape, dtype)
     if window is None and _sum_in_loop_fusion(text):
         m = shape[-2] if layout is None else layout.m
-        return m, 0, False, False  # one window of every key: left to right
+        return ((m, 0, False),), False
     return window
 
 
@@ -683,17 +690,21 @@ def _sum_in_loop_fusion(text: str) -> bool:
     return False
 
 
-def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int, bool, bool] | None:
+def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[_Levels, bool] | None:
     """:func:`_sum_window`'s reading of an optimised HLO module ``text``: the first
-    ``reduce-window`` of additions called from the entry, as (size, leading pad (0
-    where the HLO gives none), in a YNNPACK fusion, the ``reduce`` of its window
-    sums in that fusion too); None where there is none."""
+    ``reduce-window`` of additions called from the entry, then each one called on
+    the one before's result, as (size, leading pad (0 where the HLO gives none), in
+    a YNNPACK fusion); and whether a ``reduce`` of the last one's window sums sits
+    in its YNNPACK fusion too.  None where there is none."""
     bodies = _computations(text)
+    levels: list[tuple[int, int, bool]] = []
+    source, total = None, False
     for line in bodies.get("ENTRY", "").splitlines():
         called = re.search(r"calls=%([^,\s]+)", line)
-        if not called:
+        if not called or (source and not re.search(rf"[(\s]%{re.escape(source)}[,)]", line)):
             continue
-        for inner in bodies.get(called.group(1), "").splitlines():
+        body = bodies.get(called.group(1), "")
+        for inner in body.splitlines():
             found = _WINDOW.search(inner)
             apply = re.search(r"to_apply=%([^,\s]+)", inner)
             if " reduce-window(" not in inner or not found or not apply:
@@ -709,9 +720,11 @@ def _window_in(text: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int,
                 )
             ynn = "__ynn_fusion" in line
             name = inner.split("=")[0].strip().removeprefix("ROOT").strip()
-            total = re.search(rf" reduce\({re.escape(name)}[,)]", bodies[called.group(1)])
-            return int(size), int(lo), ynn, ynn and total is not None
-    return None
+            total = ynn and re.search(rf" reduce\({re.escape(name)}[,)]", body) is not None
+            levels.append((int(size), int(lo), ynn))
+            source = line.split("=")[0].strip().removeprefix("ROOT").strip().lstrip("%")
+            break
+    return (tuple(levels), total) if levels else None
 
 
 def _eager_shapes(shape: tuple[int, ...], causal: bool, layout) -> dict[str, tuple[int, ...]]:
@@ -1434,18 +1447,14 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
     window = _sum_window(dtype, shape, bool(causal), layout)
-    ragged = n < m and m > 1024 and m % 64
-    if dtype == "float32" and ragged and (3 < g * n or d % 32):
-        # Exact (with the task split of :func:`_qk_split`) at 2-3 query rows and d
-        # of 64, 96 and 128; measured 16% identical at 5 rows, d = 80, 1500 keys,
-        # and 38% at 32 rows, d = 64, 2000 keys (Q Kᵀ and P V both differ there).
-        raise ValueError(
-            f"xla: fp32 decoding shape with {g * n} query rows and d = {d} over {m} keys "
-            "(more than 1024, not a multiple of 64): modelled for at most 3 rows and d "
-            "a multiple of 32"
-        )
     qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
+    if dtype == "float32" and not _checked(shape, layout.plain()):
+        raise ValueError(
+            f"xla: fp32 {g * n} grouped query rows, d = {d}, over {m} keys in {b * kv} "
+            "groups: XLA runs its own dot here (Eigen's contraction), and the orders "
+            "the probes read miss it on random inputs; not modelled"
+        )
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
     out = _model_core(
         q3,
@@ -1465,6 +1474,36 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     return out.reshape(np.shape(q)[:-1] + np.shape(v)[-1:])
 
 
+@functools.cache
+def _checked(shape: tuple[int, ...], layout: _Layout) -> bool:
+    """Whether the model reproduces fp32's plain program of ``layout`` on random
+    inputs where that program runs a dot as XLA's own (a ``dot`` in the entry, not
+    a YNNPACK fusion: Eigen's contraction, which can shard the reduction into
+    blocks summed in its own order, so that the probes read an order that holds
+    for their inputs alone).  True where YNNPACK runs both dots."""
+    entry = _computations(_program_text("float32", shape, False, layout)).get("ENTRY", "")
+    if not re.search(r"= \S+ dot\(", entry):
+        return True
+    rng = np.random.default_rng(0)
+    bh, _, d = shape
+    q = rng.standard_normal(shape).astype(np.float32)
+    k, v = (rng.standard_normal((bh, layout.m, d)).astype(np.float32) for _ in range(2))
+    real = np.asarray(_grouped_run("float32", layout)(q, k, v), np.float64)
+    policy = model(FP32, 1, d).policy
+    emulated = _model_core(
+        *(ops.carrier(t, np.float64) for t in (q, k, v)),
+        1.0 / math.sqrt(d),
+        causal=False,
+        policy=policy.replace(exp_model=_exp_model(policy, shape, False, layout)),
+        round_p=_p_rounded("float32", shape, False, layout),
+        qk=_qk_runs("float32", shape, layout),
+        pv=_pv_order("float32", shape, layout),
+        window=_sum_window("float32", shape, False, layout),
+        fma_step=_fma_step("float32", shape, False, layout),
+    )
+    return bool(np.array_equal(np.asarray(emulated), real))
+
+
 @functools.partial(
     jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv", "window", "fma_step")
 )
@@ -1479,7 +1518,7 @@ def _model_core(
     round_p: bool,
     qk: tuple[tuple[int, int, bool, int, int], ...],
     pv: tuple[tuple[int, int, int, int], ...],
-    window: tuple[int, int, bool, bool] | None = None,
+    window: tuple[_Levels, bool] | None = None,
     fma_step: str | tuple[int, ...] | None = None,
     bias=None,
     keep=None,
@@ -1524,8 +1563,8 @@ def _model_core(
     if window is None:
         total = _softmax_sum(e, policy.stats)
     else:
-        size, pad, ynn, ynn_total = window
-        total = _windowed_sum(e, size, pad, ynn, policy.stats, ynn_total)
+        levels, ynn_total = window
+        total = _windowed_sum(e, levels, policy.stats, ynn_total)
     if policy.normalise == "reciprocal":
         p = ops.mul(e, ops.div(1.0, total, policy.stats)[..., None], policy.stats)
     else:
