@@ -68,6 +68,7 @@ import functools
 import importlib.metadata
 import itertools
 import math
+import os
 import platform as _platform
 import re
 
@@ -515,6 +516,63 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
 
     rest = jnp.moveaxis(blocks[..., 1:, :, :], -3, 0)
     return jax.lax.scan(add, blocks[..., 0, :, :], rest)[0]
+
+
+def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int):
+    """fl32(P V) as Eigen's contraction sharded over the keys (``evalShardedByInnerDim``,
+    unsupported/Eigen/src/Tensor/TensorContractionThreadPool.h): shards of ``shard``
+    keys, each its own :func:`_pv` from zero into a buffer of its own, then the
+    buffers summed in Eigen's order (:func:`_eigen_buffers_sum`)."""
+    m = p.shape[-1]
+    parts = [
+        _pv(p[..., lo : lo + shard], v[..., lo : lo + shard, :], acc, block, tile_k)
+        for lo in range(0, m, shard)
+    ]
+    return _eigen_buffers_sum(parts, acc)
+
+
+def _eigen_buffers_sum(parts: list, acc: Format):
+    """Eigen's sum of the shards' buffers: in ranges of 4, b0 = (b0 + b1) + (b2 + b3)
+    (``addAllToBuffer``), a shorter last range added to its first in order
+    (``addToBuffer``); then the ranges' sums into range 0's, three at a time
+    (d = (d + r1) + (r2 + r3)) while three remain, the rest in order
+    (``aggregateL0Blocks``)."""
+
+    def add(a, b):
+        return ops.add(a, b, acc)
+
+    ranges = []
+    for lo in range(0, len(parts), 4):
+        rng = parts[lo : lo + 4]
+        if len(rng) == 4:
+            ranges.append(add(add(rng[0], rng[1]), add(rng[2], rng[3])))
+        else:
+            total = rng[0]
+            for part in rng[1:]:
+                total = add(total, part)
+            ranges.append(total)
+    total, i = ranges[0], 1
+    while i + 2 < len(ranges):
+        total = add(add(total, ranges[i]), add(ranges[i + 1], ranges[i + 2]))
+        i += 3
+    for part in ranges[i:]:
+        total = add(total, part)
+    return total
+
+
+def _eigen_shards(k: int) -> list[int]:
+    """The shard sizes Eigen's contraction can pick for ``k`` keys (``blockSize``:
+    ceil(k / threads) rounded up to a multiple of max(8, packet), at least 12
+    packets), for an even number of threads up to twice this host's cores and a
+    packet of 8 (AVX2) or 16 (AVX-512) floats; each smaller than ``k``."""
+    sizes = set()
+    for packet in (8, 16):
+        multiple = max(8, packet)
+        for threads in range(2, 2 * (os.cpu_count() or 1) + 1, 2):
+            per_thread = -(-k // threads)
+            target = -(-per_thread // multiple) * multiple
+            sizes.add(min(k, max(12 * packet, target)))
+    return sorted(size for size in sizes if size < k)
 
 
 # -- the model -------------------------------------------------------------------------
@@ -1449,11 +1507,13 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     window = _sum_window(dtype, shape, bool(causal), layout)
     qk = _qk_runs(dtype, shape, layout)
     pv = _pv_order(dtype, shape, layout)
-    if dtype == "float32" and not _checked(shape, layout.plain()):
+    fits, shard = _pv_shard(shape, layout.plain()) if dtype == "float32" else (True, None)
+    if not fits:
         raise ValueError(
             f"xla: fp32 {g * n} grouped query rows, d = {d}, over {m} keys in {b * kv} "
-            "groups: XLA runs its own dot here (Eigen's contraction), and the orders "
-            "the probes read miss it on random inputs; not modelled"
+            "groups: XLA runs its own dot here (Eigen's contraction), and neither the "
+            "probed orders nor Eigen's shards over the keys reproduce it on random "
+            "inputs; not modelled"
         )
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
     out = _model_core(
@@ -1468,6 +1528,7 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
         pv=pv,
         window=window,
         fma_step=_fma_step(dtype, shape, bool(causal), layout),
+        pv_shard=shard,
         bias=bias,
         keep=keep,
     )
@@ -1475,37 +1536,45 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
 
 
 @functools.cache
-def _checked(shape: tuple[int, ...], layout: _Layout) -> bool:
+def _pv_shard(shape: tuple[int, ...], layout: _Layout) -> tuple[bool, int | None]:
     """Whether the model reproduces fp32's plain program of ``layout`` on random
-    inputs where that program runs a dot as XLA's own (a ``dot`` in the entry, not
-    a YNNPACK fusion: Eigen's contraction, which can shard the reduction into
-    blocks summed in its own order, so that the probes read an order that holds
-    for their inputs alone).  True where YNNPACK runs both dots."""
+    inputs, and the keys per shard of P V that it takes to: where the program runs
+    a dot as XLA's own (a ``dot`` in the entry, not a YNNPACK fusion), Eigen's
+    contraction can shard the keys over threads (:func:`_sharded_pv`), which the
+    probes, reading the first key's blocks, cannot see.  Unsharded first, then each
+    size Eigen can pick (:func:`_eigen_shards`); (True, None) where YNNPACK runs
+    both dots, (False, None) where nothing fits."""
     entry = _computations(_program_text("float32", shape, False, layout)).get("ENTRY", "")
     if not re.search(r"= \S+ dot\(", entry):
-        return True
+        return True, None
     rng = np.random.default_rng(0)
     bh, _, d = shape
     q = rng.standard_normal(shape).astype(np.float32)
     k, v = (rng.standard_normal((bh, layout.m, d)).astype(np.float32) for _ in range(2))
     real = np.asarray(_grouped_run("float32", layout)(q, k, v), np.float64)
     policy = model(FP32, 1, d).policy
-    emulated = _model_core(
-        *(ops.carrier(t, np.float64) for t in (q, k, v)),
-        1.0 / math.sqrt(d),
-        causal=False,
-        policy=policy.replace(exp_model=_exp_model(policy, shape, False, layout)),
-        round_p=_p_rounded("float32", shape, False, layout),
-        qk=_qk_runs("float32", shape, layout),
-        pv=_pv_order("float32", shape, layout),
-        window=_sum_window("float32", shape, False, layout),
-        fma_step=_fma_step("float32", shape, False, layout),
-    )
-    return bool(np.array_equal(np.asarray(emulated), real))
+    policy = policy.replace(exp_model=_exp_model(policy, shape, False, layout))
+    for shard in (None, *_eigen_shards(layout.m)):
+        emulated = _model_core(
+            *(ops.carrier(t, np.float64) for t in (q, k, v)),
+            1.0 / math.sqrt(d),
+            causal=False,
+            policy=policy,
+            round_p=_p_rounded("float32", shape, False, layout),
+            qk=_qk_runs("float32", shape, layout),
+            pv=_pv_order("float32", shape, layout),
+            window=_sum_window("float32", shape, False, layout),
+            fma_step=_fma_step("float32", shape, False, layout),
+            pv_shard=shard,
+        )
+        if np.array_equal(np.asarray(emulated), real):
+            return True, shard
+    return False, None
 
 
 @functools.partial(
-    jax.jit, static_argnames=("causal", "policy", "round_p", "qk", "pv", "window", "fma_step")
+    jax.jit,
+    static_argnames=("causal", "policy", "round_p", "qk", "pv", "window", "fma_step", "pv_shard"),
 )
 def _model_core(
     q,
@@ -1520,6 +1589,7 @@ def _model_core(
     pv: tuple[tuple[int, int, int, int], ...],
     window: tuple[_Levels, bool] | None = None,
     fma_step: str | tuple[int, ...] | None = None,
+    pv_shard: int | None = None,
     bias=None,
     keep=None,
 ):
@@ -1528,7 +1598,8 @@ def _model_core(
     ``bias`` is added to the scaled scores in the scores' stage, and ``keep`` (the
     pairs kept) sets the others to jax's large negative, as ``causal`` does.
     ``fma_step`` (:func:`_contracted`): the step the scale's product is fused into,
-    S·scale + bias or S·scale - m, one rounding."""
+    S·scale + bias or S·scale - m, one rounding; ``pv_shard``: Eigen's shards of
+    P V's keys (:func:`_sharded_pv`), where XLA runs that dot as its own."""
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
@@ -1572,7 +1643,12 @@ def _model_core(
     if round_p:
         p = ops.cast(p, policy.p)
     o = jnp.concatenate(
-        [_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k) for lo, hi, tile_k, block in pv],
+        [
+            _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k)
+            if pv_shard is None
+            else _sharded_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, pv_shard)
+            for lo, hi, tile_k, block in pv
+        ],
         axis=-2,
     )
     return ops.cast(o, policy.out)
