@@ -715,7 +715,7 @@ def test_only_ps_conversion_counts_as_p_rounded():
     ("shape", "kv_heads", "m"),
     [
         # 3072 keys in tasks of 1024, then 8 keys on YNNPACK's reference kernel.
-        ((1, 2, 3, 64), 2, 3080),
+        pytest.param((1, 2, 3, 64), 2, 3080, marks=pytest.mark.extended),
         pytest.param((1, 2, 3, 64), 2, 4104, marks=pytest.mark.extended),
         pytest.param((1, 2, 3, 64), 2, 4400, marks=pytest.mark.extended),
         pytest.param((1, 2, 3, 64), 2, 5000, marks=pytest.mark.extended),
@@ -760,6 +760,7 @@ def test_fp32_p_v_as_eigens_contraction_sharded_over_the_keys(shape, kv_heads, m
     _assert_fp32_decoding_exact(shape, kv_heads, m)
 
 
+@pytest.mark.extended  # 25 s: the probes and the shard candidates
 def test_fp32_where_nothing_fits_xlas_own_dot_is_refused():
     """4 groups of one query row over 1500 keys, d = 80: Q Kᵀ is XLA's own matrix-
     vector product (Eigen's), whose order is not modelled (5.3% identical); the
@@ -807,6 +808,7 @@ def test_eigen_shards_follow_block_size():
     assert xla._eigen_shards(90) == []  # fewer keys than 12 packets of 8: one shard
 
 
+@pytest.mark.extended
 def test_pv_shard_is_none_where_xlas_own_dot_follows_the_probed_order():
     """One row over 1000 keys (both dots XLA's own, one FMA chain each) and a
     YNNPACK program: no shards."""
