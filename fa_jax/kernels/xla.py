@@ -599,9 +599,11 @@ def _converts_product_to_bf16(body: str) -> bool:
     return any(opcodes.get(name) == "multiply" for name in operands)
 
 
+@functools.cache
 def _program_text(dtype: str, shape: tuple[int, ...], causal: bool, layout) -> str:
     """The optimised HLO of the real call: the 3-D one on (B·H, N, d) inputs, or
-    ``layout``'s 4-D one (``shape`` then its grouped view)."""
+    ``layout``'s 4-D one (``shape`` then its grouped view); compiled once, read by
+    each step's reading (P's rounding, the exp, the sum, the FMA steps, the dots)."""
     if layout is None:
         x = jax.ShapeDtypeStruct(shape, np.float32)
         return _jit_attention(dtype, causal, None).lower(x, x, x).compile().as_text() or ""
@@ -1543,9 +1545,11 @@ def _pv_shard(shape: tuple[int, ...], layout: _Layout) -> tuple[bool, int | None
     contraction can shard the keys over threads (:func:`_sharded_pv`), which the
     probes, reading the first key's blocks, cannot see.  Unsharded first, then each
     size Eigen can pick (:func:`_eigen_shards`); (True, None) where YNNPACK runs
-    both dots, (False, None) where nothing fits."""
+    both dots or the keys are too few to shard (the check is skipped: every such
+    shape measured fits), (False, None) where nothing fits."""
+    shards = _eigen_shards(layout.m)
     entry = _computations(_program_text("float32", shape, False, layout)).get("ENTRY", "")
-    if not re.search(r"= \S+ dot\(", entry):
+    if not shards or not re.search(r"= \S+ dot\(", entry):
         return True, None
     rng = np.random.default_rng(0)
     bh, _, d = shape
@@ -1554,7 +1558,7 @@ def _pv_shard(shape: tuple[int, ...], layout: _Layout) -> tuple[bool, int | None
     real = np.asarray(_grouped_run("float32", layout)(q, k, v), np.float64)
     policy = model(FP32, 1, d).policy
     policy = policy.replace(exp_model=_exp_model(policy, shape, False, layout))
-    for shard in (None, *_eigen_shards(layout.m)):
+    for shard in (None, *shards):
         emulated = _model_core(
             *(ops.carrier(t, np.float64) for t in (q, k, v)),
             1.0 / math.sqrt(d),
