@@ -1371,9 +1371,10 @@ def _fma_step(
     causal_only = layout is None or layout == layout.plain()
     # bf16's outputs are too coarse to read the shift; its softmax runs the same
     # float32 loop fusion as fp32's, which the probe reads instead.
-    keys = _fused_keys("float32", shape, layout) if causal and causal_only else ()
+    keys = _fused_keys(shape, layout) if causal and causal_only else ()
     m = shape[-2] if layout is None else layout.m
-    return "subtract" if len(keys) == m - 1 > 0 else keys or None  # the last: the probe's m
+    # The probe reads every key but the last (its maximum): all of them fused is all.
+    return "subtract" if len(keys) == m - 1 > 0 else keys or None
 
 
 _FUSED_SCORE = 2.0**10  # about the largest scaled score of :func:`_fused_keys`' probe
@@ -1381,9 +1382,9 @@ _FUSED_SCORE = 2.0**10  # about the largest scaled score of :func:`_fused_keys`'
 
 def _fused_probe_scores(scale: float) -> tuple[float, float, float, float]:
     """(S, S', d_rounded, d_fused) of :func:`_fused_keys`' probe: S' = 2^k with S'·scale
-    (exact) near 2^10, and S = S' - t·ulp (t > 0, a float32)
-    whose S·scale has the largest rounding error r; the shift fl(S·scale) - S'·scale
-    (rounded) and S·scale - S'·scale (fused, to within r's own rounding)."""
+    (exact) near 2^10, and S = S' - t·ulp (t > 0, a float32) whose S·scale has the
+    largest rounding error r; the shift fl(S·scale) - S'·scale (rounded) and
+    S·scale - S'·scale (fused, to within r's own rounding)."""
     top = 2.0 ** round(math.log2(_FUSED_SCORE / scale))
     exact = top * scale
     below = top * 2.0**-24  # float32's spacing just below top
@@ -1397,8 +1398,8 @@ def _fused_probe_scores(scale: float) -> tuple[float, float, float, float]:
     return x, top, rounded, rounded + error
 
 
-def _fused_keys(dtype: str, shape: tuple[int, ...], layout: _Layout | None) -> tuple[int, ...]:
-    """The keys whose S·scale - m the real causal program computes with one rounding
+def _fused_keys(shape: tuple[int, ...], layout: _Layout | None) -> tuple[int, ...]:
+    """The keys whose S·scale - m fp32's real causal program computes with one rounding
     (an FMA), read from the last query row: LLVM folds the causal select where it
     proves a key kept (key 0 of a loop it unrolls: i >= 0), then fuses.
 
@@ -1411,7 +1412,11 @@ def _fused_keys(dtype: str, shape: tuple[int, ...], layout: _Layout | None) -> t
     m = n if layout is None else layout.m
     scale = float(np.float32(1.0 / math.sqrt(d)))
     x, top, rounded, fused = _fused_probe_scores(scale)
-    run = _jit_attention(dtype, True, None) if layout is None else _grouped_run(dtype, layout, True)
+    run = (
+        _jit_attention("float32", True, None)
+        if layout is None
+        else _grouped_run("float32", layout, True)
+    )
     found = []
     width = d - 1
     for lo in range(0, m - 1, width):
