@@ -118,6 +118,9 @@ COMPARE_BINS = f"{_KC}::test_binned_histogram_and_errors"
 COMPARE_NAN = f"{_KC}::test_values_outside_the_format_are_counted_apart"
 COMPARE_ULPS = f"{_KC}::test_ulp_histogram_matches_ml_dtypes_ordering"
 KERNEL_INPUTS = "tests/test_kernels.py::test_bad_shapes_and_inexact_values_are_refused"
+_OD = "tests/test_kernels_xla_own_dots.py"
+GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
+OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 _RV = "tests/test_reveal.py"
 REVEAL_PREDICTED = f"{_RV}::test_predicted_probes_are_what_the_probes_see"
 REVEAL_SPLIT = f"{_RV}::test_counts_beyond_the_output_format_are_split_over_probes"
@@ -1339,6 +1342,36 @@ MUTANTS: tuple[Mutant, ...] = (
         "cap = 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 2)",
         "probes count past the output format's integers",
         REVEAL_SPLIT,
+    ),
+    # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
+    _m(
+        "kernels/xla_own_dots",
+        "y = jnp.concatenate([_fold(chains[..., :whole], False, acc), y[..., whole:]], axis=-1)",
+        "y = jnp.concatenate([_fold(chains[..., :whole], True, acc), y[..., whole:]], axis=-1)",
+        "whole tiles of the row-major GEMV summed by halving, not AVX's hadd",
+        GEMV_REAL,
+    ),
+    _m(
+        "kernels/xla_own_dots",
+        "    if r % lanes == 1:\n",
+        "    if r % lanes == 2:\n",
+        "the column-major GEMV's lone output taken for two",
+        GEMV_REAL,
+    ),
+    _m(
+        "kernels/xla_own_dots",
+        "        first = min(TILE, t)\n",
+        "        first = min(TILE - 1, t)\n",
+        "the lone output's rounded tile a term short",
+        GEMV_REAL,
+    ),
+    _m(
+        "kernels/xla_own_dots",
+        'return "row" if layout and layout[0] == int(dim) else "column"',
+        'return "row" if layout and layout[-1] == int(dim) else "column"',
+        "a GEMV's major read from the major-most dimension",
+        OWN_DOTS_READ,
+        GEMV_REAL,
     ),
     # -- split_kv.py, kv_cache.py, heads.py, masking.py, score_mods.py, nn.py ----------------
     _m(

@@ -760,58 +760,48 @@ def test_fp32_p_v_as_eigens_contraction_sharded_over_the_keys(shape, kv_heads, m
     _assert_fp32_decoding_exact(shape, kv_heads, m)
 
 
-@pytest.mark.extended  # 25 s: the probes and the shard candidates
+@pytest.mark.parametrize(
+    ("shape", "kv_heads", "m"),
+    [
+        ((2, 4, 1, 33), 4, 40),  # d mod 8 = 1: P V's lone last output
+        pytest.param((2, 2, 1, 80), 2, 1500, marks=pytest.mark.extended),
+        pytest.param((2, 8, 1, 128), 8, 512, marks=pytest.mark.extended),
+        pytest.param((4, 4, 1, 84), 4, 1001, marks=pytest.mark.extended),
+    ],
+)
+def test_fp32_one_row_per_group_as_xlas_own_gemv(shape, kv_heads, m):
+    """One query row per group in several groups: XLA runs both dots as its own
+    matrix-vector products, emitted through LLVM (Q Kᵀ's lanes summed by AVX's
+    hadd, P V one FMA chain per output); 5.3% identical with the probed orders
+    at (2,2,1,80)/1500, which was refused."""
+    _assert_fp32_decoding_exact(shape, kv_heads, m)
+
+
+@pytest.mark.extended  # 20 s: the probes and the shard candidates
 def test_fp32_where_nothing_fits_xlas_own_dot_is_refused():
-    """4 groups of one query row over 1500 keys, d = 80: Q Kᵀ is XLA's own matrix-
-    vector product (Eigen's), whose order is not modelled (5.3% identical); the
-    check on random inputs finds it, and the model raises."""
-    q = np.zeros((2, 2, 1, 80))
-    k = np.zeros((2, 2, 1500, 80))
+    """Two grouped rows in 4 groups over 2500 keys, d = 96: P V is XLA's own dot
+    (Eigen's contraction) in an order neither the probes nor Eigen's shards
+    reproduce (14.2% identical); the check on random inputs finds it, and the
+    model raises."""
+    q = np.zeros((2, 4, 1, 96))
+    k = np.zeros((2, 2, 2500, 96))
     with pytest.raises(ValueError, match="XLA runs its own dot here"):
         kernels.emulate("xla", q, k, k, fmt="fp32")
 
 
-def test_eigen_buffers_sum_in_ranges_of_four_then_three_at_a_time():
-    """Eigen's aggregation of shard buffers (aggregateL0Blocks) against a plain
-    float32 replay of its additions, for 1 to 14 shards."""
-    rng = np.random.default_rng(7)
-    for count in range(1, 15):
-        parts = [
-            np.float32(x) for x in rng.standard_normal(count) * 10.0 ** rng.integers(-4, 4, count)
-        ]
-        ranges = []
-        for lo in range(0, count, 4):
-            r = parts[lo : lo + 4]
-            if len(r) == 4:
-                ranges.append((r[0] + r[1]) + (r[2] + r[3]))
-            else:
-                t = r[0]
-                for x in r[1:]:
-                    t = t + x
-                ranges.append(t)
-        want, i = ranges[0], 1
-        while i + 2 < len(ranges):
-            want = (want + ranges[i]) + (ranges[i + 1] + ranges[i + 2])
-            i += 3
-        for x in ranges[i:]:
-            want = want + x
-        with x64_enabled():
-            got = xla._eigen_buffers_sum([jnp.float64(x) for x in parts], FP32)
-        assert float(got) == float(want)
-
-
-def test_eigen_shards_follow_block_size():
-    """blockSize: ceil(k / threads) rounded up to max(8, packet), at least 12 packets."""
-    shards = xla._eigen_shards(1500)
-    assert 752 in shards  # 2 threads, 16-float packets (AVX-512)
-    assert all(s < 1500 and s % 8 == 0 for s in shards)
-    assert xla._eigen_shards(90) == []  # fewer keys than 12 packets of 8: one shard
+def test_fp32_with_d_1_is_refused():
+    """With d = 1 XLA rewrites P V as products summed in reduce-windows: refused."""
+    q = np.zeros((1, 2, 33, 1))
+    with pytest.raises(ValueError, match="d = 1"):
+        kernels.emulate("xla", q, q, q, fmt="fp32")
 
 
 @pytest.mark.extended
-def test_pv_shard_is_none_where_xlas_own_dot_follows_the_probed_order():
-    """One row over 1000 keys (both dots XLA's own, one FMA chain each) and a
-    YNNPACK program: no shards."""
+def test_own_dots_reads_xlas_gemv_and_skips_ynnpack_programs():
+    """One row over 1000 keys: both dots XLA's own GEMVs, of a width XLA can take;
+    a YNNPACK program: the probed orders, with no check."""
     with x64_enabled():
-        assert xla._pv_shard((1, 1, 128), xla._Layout(1, 1, 1, 1, 1000)) == (True, None)
-        assert xla._pv_shard((2, 512, 64), xla._Layout(1, 2, 1, 512, 512)) == (True, None)
+        own = xla._own_dots((1, 1, 128), xla._Layout(1, 1, 1, 1, 1000))
+        assert own is not None and own.qk is not None and own.pv is not None
+        assert {own.qk.lanes, own.pv.lanes} <= set(xla._GEMV_LANES) and own.pv_shard is None
+        assert xla._own_dots((2, 512, 64), xla._Layout(1, 2, 1, 512, 512)) == xla._PROBED

@@ -68,7 +68,6 @@ import functools
 import importlib.metadata
 import itertools
 import math
-import os
 import platform as _platform
 import re
 
@@ -79,6 +78,7 @@ import numpy as np
 from fa_jax import masking, ops
 from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format
+from fa_jax.kernels import xla_own_dots as own_dots
 from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
@@ -522,57 +522,13 @@ def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int):
     """fl32(P V) as Eigen's contraction sharded over the keys (``evalShardedByInnerDim``,
     unsupported/Eigen/src/Tensor/TensorContractionThreadPool.h): shards of ``shard``
     keys, each its own :func:`_pv` from zero into a buffer of its own, then the
-    buffers summed in Eigen's order (:func:`_eigen_buffers_sum`)."""
+    buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla_own_dots.eigen_buffers_sum`)."""
     m = p.shape[-1]
     parts = [
         _pv(p[..., lo : lo + shard], v[..., lo : lo + shard, :], acc, block, tile_k)
         for lo in range(0, m, shard)
     ]
-    return _eigen_buffers_sum(parts, acc)
-
-
-def _eigen_buffers_sum(parts: list, acc: Format):
-    """Eigen's sum of the shards' buffers: in ranges of 4, b0 = (b0 + b1) + (b2 + b3)
-    (``addAllToBuffer``), a shorter last range added to its first in order
-    (``addToBuffer``); then the ranges' sums into range 0's, three at a time
-    (d = (d + r1) + (r2 + r3)) while three remain, the rest in order
-    (``aggregateL0Blocks``)."""
-
-    def add(a, b):
-        return ops.add(a, b, acc)
-
-    ranges = []
-    for lo in range(0, len(parts), 4):
-        rng = parts[lo : lo + 4]
-        if len(rng) == 4:
-            ranges.append(add(add(rng[0], rng[1]), add(rng[2], rng[3])))
-        else:
-            total = rng[0]
-            for part in rng[1:]:
-                total = add(total, part)
-            ranges.append(total)
-    total, i = ranges[0], 1
-    while i + 2 < len(ranges):
-        total = add(add(total, ranges[i]), add(ranges[i + 1], ranges[i + 2]))
-        i += 3
-    for part in ranges[i:]:
-        total = add(total, part)
-    return total
-
-
-def _eigen_shards(k: int) -> list[int]:
-    """The shard sizes Eigen's contraction can pick for ``k`` keys (``blockSize``:
-    ceil(k / threads) rounded up to a multiple of max(8, packet), at least 12
-    packets), for an even number of threads up to twice this host's cores and a
-    packet of 8 (AVX2) or 16 (AVX-512) floats; each smaller than ``k``."""
-    sizes = set()
-    for packet in (8, 16):
-        multiple = max(8, packet)
-        for threads in range(2, 2 * (os.cpu_count() or 1) + 1, 2):
-            per_thread = -(-k // threads)
-            target = -(-per_thread // multiple) * multiple
-            sizes.add(min(k, max(12 * packet, target)))
-    return sorted(size for size in sizes if size < k)
+    return own_dots.eigen_buffers_sum(parts, acc)
 
 
 # -- the model -------------------------------------------------------------------------
@@ -1453,6 +1409,11 @@ def _runs(orders) -> tuple[tuple[int, int, bool, int, int], ...]:
 
 
 def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
+    if policy.inputs.name == "float32" and np.shape(v)[-1] == 1:
+        raise ValueError(
+            "xla: fp32 with d = 1: XLA rewrites P V as element-wise products summed in "
+            "reduce-windows, not a dot; not modelled"
+        )
     if _featured(q, k, features):
         return _featured_forward(q, k, v, policy=policy, causal=causal, scale=scale, **features)
     q, k, v = (ops.carrier(t, np.float64) for t in (q, k, v))
@@ -1512,16 +1473,16 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
     window = _sum_window(dtype, shape, bool(causal), layout)
-    qk = _qk_runs(dtype, shape, layout)
-    pv = _pv_order(dtype, shape, layout)
-    fits, shard = _pv_shard(shape, layout.plain()) if dtype == "float32" else (True, None)
-    if not fits:
+    own = _own_dots(shape, layout.plain()) if dtype == "float32" else _PROBED
+    if own is None:
         raise ValueError(
             f"xla: fp32 {g * n} grouped query rows, d = {d}, over {m} keys in {b * kv} "
-            "groups: XLA runs its own dot here (Eigen's contraction), and neither the "
-            "probed orders nor Eigen's shards over the keys reproduce it on random "
-            "inputs; not modelled"
+            "groups: XLA runs its own dot here, and neither the probed orders, XLA's "
+            "GEMV nor Eigen's shards over the keys reproduce it on random inputs; "
+            "not modelled"
         )
+    qk = () if own.qk else _qk_runs(dtype, shape, layout)
+    pv = () if own.pv else _pv_order(dtype, shape, layout)
     policy = policy.replace(exp_model=_exp_model(policy, shape, bool(causal), layout))
     out = _model_core(
         q3,
@@ -1535,27 +1496,41 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
         pv=pv,
         window=window,
         fma_step=_fma_step(dtype, shape, bool(causal), layout),
-        pv_shard=shard,
+        own=own,
         bias=bias,
         keep=keep,
     )
     return out.reshape(np.shape(q)[:-1] + np.shape(v)[-1:])
 
 
+_PROBED = own_dots.OwnDots()  # both dots in the probed orders (YNNPACK's, or XLA's fitting them)
+_GEMV_LANES = (8, 16)  # the vector widths of XLA's GEMV: AVX's 256 bits, AVX-512's 512
+
+
 @functools.cache
-def _pv_shard(shape: tuple[int, ...], layout: _Layout) -> tuple[bool, int | None]:
-    """Whether the model reproduces fp32's plain program of ``layout`` on random
-    inputs, and the keys per shard of P V that it takes to: where the program runs
-    a dot as XLA's own (a ``dot`` in the entry, not a YNNPACK fusion), Eigen's
-    contraction can shard the keys over threads (:func:`_sharded_pv`), which the
-    probes, reading the first key's blocks, cannot see.  Unsharded first, then each
-    size Eigen can pick (:func:`_eigen_shards`); (True, None) where YNNPACK runs
-    both dots or the keys are too few to shard (the check is skipped: every such
-    shape measured fits), (False, None) where nothing fits."""
-    shards = _eigen_shards(layout.m)
-    entry = _computations(_program_text("float32", shape, False, layout)).get("ENTRY", "")
-    if not shards or not re.search(r"= \S+ dot\(", entry):
-        return True, None
+def _own_dots(shape: tuple[int, ...], layout: _Layout) -> own_dots.OwnDots | None:
+    """How the model reproduces fp32's plain program of ``layout`` on random inputs
+    where it runs a dot as XLA's own (:mod:`~fa_jax.kernels.xla_own_dots`): with
+    one row per group a dot is XLA's GEMV of the major the HLO's layouts give, of
+    each width it can take; otherwise P V is Eigen's contraction, which can shard
+    the keys over threads (:func:`_sharded_pv`, which the probes, reading the
+    first key's blocks, cannot see): unsharded, then each size Eigen can pick.
+    :data:`_PROBED` without a check where YNNPACK runs both dots, or P V's keys
+    are too few to shard and neither dot is a GEMV (every such shape measured
+    fits); None where nothing fits."""
+    bodies = _computations(_program_text("float32", shape, False, layout))
+    qk_major, pv_major = own_dots.own_dots(bodies.get("ENTRY", ""), bodies)
+    one_row = shape[1] == 1
+    qk: list = [None]
+    if qk_major and one_row:
+        qk = [own_dots.Gemv(qk_major, lanes) for lanes in _GEMV_LANES]
+    if pv_major and one_row:
+        pv = [own_dots.OwnDots(pv=own_dots.Gemv(pv_major, lanes)) for lanes in _GEMV_LANES]
+    else:
+        shards = own_dots.eigen_shards(layout.m) if pv_major else []
+        pv = [own_dots.OwnDots(pv_shard=shard) for shard in (None, *shards)]
+    if qk == [None] and len(pv) == 1:
+        return pv[0]
     rng = np.random.default_rng(0)
     bh, _, d = shape
     q = rng.standard_normal(shape).astype(np.float32)
@@ -1563,27 +1538,28 @@ def _pv_shard(shape: tuple[int, ...], layout: _Layout) -> tuple[bool, int | None
     real = np.asarray(_grouped_run("float32", layout)(q, k, v), np.float64)
     policy = model(FP32, 1, d).policy
     policy = policy.replace(exp_model=_exp_model(policy, shape, False, layout))
-    for shard in (None, *shards):
+    for gemv, candidate in itertools.product(qk, pv):
+        own = dataclasses.replace(candidate, qk=gemv)
         emulated = _model_core(
             *(ops.carrier(t, np.float64) for t in (q, k, v)),
             1.0 / math.sqrt(d),
             causal=False,
             policy=policy,
             round_p=_p_rounded("float32", shape, False, layout),
-            qk=_qk_runs("float32", shape, layout),
-            pv=_pv_order("float32", shape, layout),
+            qk=() if own.qk else _qk_runs("float32", shape, layout),
+            pv=() if own.pv else _pv_order("float32", shape, layout),
             window=_sum_window("float32", shape, False, layout),
             fma_step=_fma_step("float32", shape, False, layout),
-            pv_shard=shard,
+            own=own,
         )
         if np.array_equal(np.asarray(emulated), real):
-            return True, shard
-    return False, None
+            return own
+    return None
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("causal", "policy", "round_p", "qk", "pv", "window", "fma_step", "pv_shard"),
+    static_argnames=("causal", "policy", "round_p", "qk", "pv", "window", "fma_step", "own"),
 )
 def _model_core(
     q,
@@ -1598,7 +1574,7 @@ def _model_core(
     pv: tuple[tuple[int, int, int, int], ...],
     window: tuple[_Levels, bool] | None = None,
     fma_step: str | tuple[int, ...] | None = None,
-    pv_shard: int | None = None,
+    own: own_dots.OwnDots = _PROBED,
     bias=None,
     keep=None,
 ):
@@ -1607,18 +1583,23 @@ def _model_core(
     ``bias`` is added to the scaled scores in the scores' stage, and ``keep`` (the
     pairs kept) sets the others to jax's large negative, as ``causal`` does.
     ``fma_step`` (:func:`_contracted`): the step the scale's product is fused into,
-    S·scale + bias or S·scale - m, one rounding; ``pv_shard``: Eigen's shards of
-    P V's keys (:func:`_sharded_pv`), where XLA runs that dot as its own."""
+    S·scale + bias or S·scale - m, one rounding; ``own``: the dots XLA runs as its
+    own (:class:`~fa_jax.kernels.xla_own_dots.OwnDots`): Q Kᵀ or P V as its GEMV,
+    in place of ``qk``'s or ``pv``'s probed runs, or P V as Eigen's shards
+    (:func:`_sharded_pv`)."""
     fmt = policy.inputs
     q, k, v = (ops.cast(t, fmt) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
-    s = jnp.concatenate(
-        [
-            _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k, block=block)
-            for lo, hi, pairs, tile_k, block in qk
-        ],
-        axis=-1,
-    )
+    if own.qk:
+        s = own_dots.gemv(q, k, policy.qk_acc, own.qk)
+    else:
+        s = jnp.concatenate(
+            [
+                _qk(q, k[..., lo:hi, :], pairs=pairs, acc=policy.qk_acc, tile_k=tile_k, block=block)
+                for lo, hi, pairs, tile_k, block in qk
+            ],
+            axis=-1,
+        )
     unscaled, scale = s, round_to(scale, policy.scores)
     if bias is not None and fma_step == "add":
         s = ops.fma(unscaled, scale, bias, policy.scores)
@@ -1651,15 +1632,18 @@ def _model_core(
         p = ops.div(e, total[..., None], policy.stats)
     if round_p:
         p = ops.cast(p, policy.p)
-    o = jnp.concatenate(
-        [
-            _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k)
-            if pv_shard is None
-            else _sharded_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, pv_shard)
-            for lo, hi, tile_k, block in pv
-        ],
-        axis=-2,
-    )
+    if own.pv:
+        o = own_dots.gemv(p, jnp.swapaxes(v, -1, -2), policy.pv_acc, own.pv)
+    else:
+        o = jnp.concatenate(
+            [
+                _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k)
+                if own.pv_shard is None
+                else _sharded_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_shard)
+                for lo, hi, tile_k, block in pv
+            ],
+            axis=-2,
+        )
     return ops.cast(o, policy.out)
 
 
