@@ -121,6 +121,7 @@ KERNEL_INPUTS = "tests/test_kernels.py::test_bad_shapes_and_inexact_values_are_r
 _OD = "tests/test_kernels_xla_own_dots.py"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
+EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
 _RV = "tests/test_reveal.py"
 REVEAL_PREDICTED = f"{_RV}::test_predicted_probes_are_what_the_probes_see"
 REVEAL_SPLIT = f"{_RV}::test_counts_beyond_the_output_format_are_split_over_probes"
@@ -1372,6 +1373,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a GEMV's major read from the major-most dimension",
         OWN_DOTS_READ,
         GEMV_REAL,
+    ),
+    _m(
+        "kernels/xla_own_dots",
+        "    return min(k, -(-(k // slices) // _SLICE_MULTIPLE) * _SLICE_MULTIPLE)\n",
+        "    return min(k, -(-(-(-k // slices)) // _SLICE_MULTIPLE) * _SLICE_MULTIPLE)\n",
+        "TSL's slices of k rounded up before the multiple of 8",
+        EIGEN_KC,
     ),
     # -- split_kv.py, kv_cache.py, heads.py, masking.py, score_mods.py, nn.py ----------------
     _m(

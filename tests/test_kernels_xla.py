@@ -777,16 +777,28 @@ def test_fp32_one_row_per_group_as_xlas_own_gemv(shape, kv_heads, m):
     _assert_fp32_decoding_exact(shape, kv_heads, m)
 
 
-@pytest.mark.extended  # 20 s: the probes and the shard candidates
-def test_fp32_where_nothing_fits_xlas_own_dot_is_refused():
-    """Two grouped rows in 4 groups over 2500 keys, d = 96: P V is XLA's own dot
-    (Eigen's contraction) in an order neither the probes nor Eigen's shards
-    reproduce (14.2% identical); the check on random inputs finds it, and the
-    model raises."""
-    q = np.zeros((2, 4, 1, 96))
-    k = np.zeros((2, 2, 2500, 96))
-    with pytest.raises(ValueError, match="XLA runs its own dot here"):
-        kernels.emulate("xla", q, k, k, fmt="fp32")
+@pytest.mark.extended  # 30 s: the probes and the shard candidates
+def test_fp32_eigens_shards_each_blocked_by_its_own_size():
+    """Two grouped rows in 4 groups over 2001 keys, d = 96: P V is Eigen's, in two
+    shards of 1008 and 993 keys here, cut in blocks of 256 and 248 (TSL's slices
+    of each shard's own size); at 2500 keys every shard given the first one's
+    probed blocks was 14.2% identical, refused."""
+    _assert_fp32_decoding_exact((2, 4, 1, 96), 2, 2001)
+
+
+@pytest.mark.extended  # 20 s: the probes and the candidates
+def test_fp32_where_nothing_fits_xlas_own_dot_is_refused(monkeypatch):
+    """The check refuses where no candidate reproduces the real program: Eigen's
+    shards withheld from it at (2,2,5,80)/1500, which needs them."""
+    monkeypatch.setattr(xla.own_dots, "eigen_shards", lambda k: [])
+    xla._own_dots.cache_clear()
+    q = np.zeros((2, 2, 5, 80))
+    k = np.zeros((2, 2, 1500, 80))
+    try:
+        with pytest.raises(ValueError, match="XLA runs its own dot here"):
+            kernels.emulate("xla", q, k, k, fmt="fp32")
+    finally:
+        xla._own_dots.cache_clear()
 
 
 def test_fp32_with_d_1_is_refused():

@@ -134,3 +134,22 @@ def test_eigen_shards_follow_block_size():
     assert 752 in shards  # 2 threads, 16-float packets (AVX-512)
     assert all(s < 1500 and s % 8 == 0 for s in shards)
     assert xla_own_dots.eigen_shards(90) == []  # fewer keys than 12 packets of 8: one shard
+
+
+def test_eigen_kc_fits_the_measured_blocks():
+    """TSL's roughly equal slices of Eigen's kc (320 here): the blocks the probes
+    read in XLA's P V (2 K/V heads, 2 rows in 4 groups), shards of 1256 and 1244
+    keys (over 2500) in blocks of 320 and 312, 2504 and 2496 (over 5000) in 320
+    and 312, 752 (over 1500) in 256; and 993 (over 2001) in 248, where rounding
+    k / slices up first would give 256 (the model then fits no candidate).  A
+    block is a multiple of 8 or all the keys, and the kc read back from a block
+    gives it."""
+    measured = {1256: 320, 1244: 312, 2504: 320, 2496: 312, 752: 256, 993: 248, 100: 100}
+    assert {k: xla_own_dots.eigen_kc(k, 320) for k in measured} == measured
+    for k in range(1, 3000, 7):
+        for kc in (64, 256, 320, 432):
+            block = xla_own_dots.eigen_kc(k, kc)
+            assert block == k or block % 8 == 0
+            assert xla_own_dots.eigen_kc(k, xla_own_dots.eigen_kc_giving(k, block)) == block
+    assert xla_own_dots.eigen_kc_giving(1256, 320) == 320
+    assert xla_own_dots.eigen_kc_giving(1000, 7) is None  # not a multiple of 8, nor all the keys

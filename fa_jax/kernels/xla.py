@@ -522,10 +522,19 @@ def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int):
     """fl32(P V) as Eigen's contraction sharded over the keys (``evalShardedByInnerDim``,
     unsupported/Eigen/src/Tensor/TensorContractionThreadPool.h): shards of ``shard``
     keys, each its own :func:`_pv` from zero into a buffer of its own, then the
-    buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla_own_dots.eigen_buffers_sum`)."""
+    buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla_own_dots.eigen_buffers_sum`).
+    ``block``, probed at the first keys, is the first shard's; each shard is cut
+    in blocks for its own size (:func:`~fa_jax.kernels.xla_own_dots.eigen_kc`)."""
     m = p.shape[-1]
+    kc = own_dots.eigen_kc_giving(shard, block) if block < shard else None
     parts = [
-        _pv(p[..., lo : lo + shard], v[..., lo : lo + shard, :], acc, block, tile_k)
+        _pv(
+            p[..., lo : lo + shard],
+            v[..., lo : lo + shard, :],
+            acc,
+            block if kc is None else own_dots.eigen_kc(min(shard, m - lo), kc),
+            tile_k,
+        )
         for lo in range(0, m, shard)
     ]
     return own_dots.eigen_buffers_sum(parts, acc)

@@ -22,8 +22,8 @@ YNNPACK fusion.  Two implementations, each bit for bit:
 * Eigen's contraction sharded over the keys by its thread pool
   (``evalShardedByInnerDim``, unsupported/Eigen/src/Tensor/
   TensorContractionThreadPool.h): the shard sizes its ``blockSize`` can give
-  (:func:`eigen_shards`), and the sum of the shards' buffers
-  (:func:`eigen_buffers_sum`).
+  (:func:`eigen_shards`), each shard's depth per GEMM block (:func:`eigen_kc`),
+  and the sum of the shards' buffers (:func:`eigen_buffers_sum`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,16 @@ import jax.numpy as jnp
 from fa_jax import ops
 from fa_jax.formats import Format
 
-__all__ = ["Gemv", "OwnDots", "eigen_buffers_sum", "eigen_shards", "gemv", "own_dots"]
+__all__ = [
+    "Gemv",
+    "OwnDots",
+    "eigen_buffers_sum",
+    "eigen_kc",
+    "eigen_kc_giving",
+    "eigen_shards",
+    "gemv",
+    "own_dots",
+]
 
 TILE = 8  # outputs (row-major) or terms (column-major) per tile: XLA's GEMV tiling factor
 _AVX_LANES = 8  # float32 lanes of a 256-bit vector: the width AVX's hadd sums
@@ -192,6 +201,30 @@ def eigen_shards(k: int) -> list[int]:
             target = -(-per_thread // multiple) * multiple
             sizes.add(min(k, max(12 * packet, target)))
     return sorted(size for size in sizes if size < k)
+
+
+_SLICE_MULTIPLE = 8  # slices are a multiple of max(8, packet): 8 floats in XLA's AVX build
+
+
+def eigen_kc(k: int, kc: int) -> int:
+    """The depth per GEMM block of a contraction over ``k`` terms whose Eigen
+    blocking gives ``kc`` (``computeProductBlockingSizes``, capped at 320): as
+    TSL's contraction blocking (xla/tsl/framework/contraction/
+    eigen_contraction_kernel.h) splits k "in roughly equal slices", ceil(k / kc)
+    of them, each floor(k / slices) rounded up to a multiple of 8."""
+    slices = max(1, -(-k // kc))
+    return min(k, -(-(k // slices) // _SLICE_MULTIPLE) * _SLICE_MULTIPLE)
+
+
+def eigen_kc_giving(k: int, block: int) -> int | None:
+    """The smallest Eigen ``kc`` (a multiple of 8) under which :func:`eigen_kc`
+    cuts ``k`` terms into blocks of ``block``: what one block read off a shard of
+    ``k`` keys says of the others'.  None where none does."""
+    first = -(-block // _SLICE_MULTIPLE) * _SLICE_MULTIPLE
+    for kc in range(first, max(k, first) + 1, _SLICE_MULTIPLE):
+        if eigen_kc(k, kc) == block:
+            return kc
+    return None
 
 
 def eigen_buffers_sum(parts: list, acc: Format):
