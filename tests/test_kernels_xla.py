@@ -311,8 +311,8 @@ def test_qk_candidates_find_a_cut_reduction():
     assert xla._qk_candidates("float32", d, pairs, counts) == [(False, 1, 66)]
 
 
-def _decoding_inputs(fmt, shape, kv_heads, m):
-    rng = np.random.default_rng(0)
+def _decoding_inputs(fmt, shape, kv_heads, m, seed=0):
+    rng = np.random.default_rng(seed)
     b, d = shape[0], shape[-1]
     f = fa_jax.get_format(fmt)
     with x64_enabled():
@@ -786,6 +786,18 @@ def test_fp32_eigens_shards_each_blocked_by_its_own_size():
     _assert_fp32_decoding_exact((2, 4, 1, 96), 2, 2001)
 
 
+@pytest.mark.extended  # 25 s: fp32's check and bf16's probes
+def test_bf16_takes_xlas_own_dots_from_fp32():
+    """bf16's own dots run on float32 operands, the kernels fp32's do; its output is
+    too coarse for the check to see Eigen's shards (unsharded fitted random inputs
+    at (2,4,3,64)/3078, 99.93% identical on these), so bf16 takes fp32's."""
+    q, k, v = _decoding_inputs("bf16", (2, 4, 3, 64), 4, 3078, seed=5)
+    real = kernels.real("xla", q, k, v, fmt="bf16")
+    emulated = kernels.emulate("xla", q, k, v, fmt="bf16")
+    c = kernels.compare(real, emulated, real, "bf16")
+    assert c.identical_share == 1.0, c.summary()
+
+
 @pytest.mark.extended  # 20 s: the probes and the candidates
 def test_fp32_where_nothing_fits_xlas_own_dot_is_refused(monkeypatch):
     """The check refuses where no candidate reproduces the real program: Eigen's
@@ -813,7 +825,8 @@ def test_own_dots_reads_xlas_gemv_and_skips_ynnpack_programs():
     """One row over 1000 keys: both dots XLA's own GEMVs, of a width XLA can take;
     a YNNPACK program: the probed orders, with no check."""
     with x64_enabled():
-        own = xla._own_dots((1, 1, 128), xla._Layout(1, 1, 1, 1, 1000))
+        own = xla._own_dots("float32", (1, 1, 128), xla._Layout(1, 1, 1, 1, 1000))
         assert own is not None and own.qk is not None and own.pv is not None
         assert {own.qk.lanes, own.pv.lanes} <= set(xla._GEMV_LANES) and own.pv_shard is None
-        assert xla._own_dots((2, 512, 64), xla._Layout(1, 2, 1, 512, 512)) == xla._PROBED
+        layout = xla._Layout(1, 2, 1, 512, 512)
+        assert xla._own_dots("float32", (2, 512, 64), layout) == xla._PROBED
