@@ -57,7 +57,7 @@ percent of inputs.
 
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
-which the model probes (:func:`_featured_forward`).
+probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla_own_dots`).
 """
 
 from __future__ import annotations
