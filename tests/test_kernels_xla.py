@@ -763,7 +763,7 @@ def test_fp32_p_v_as_eigens_contraction_sharded_over_the_keys(shape, kv_heads, m
 @pytest.mark.parametrize(
     ("shape", "kv_heads", "m"),
     [
-        ((2, 4, 1, 33), 4, 40),  # d mod 8 = 1: P V's lone last output
+        pytest.param((2, 4, 1, 33), 4, 40, marks=pytest.mark.extended),  # P V's lone output
         pytest.param((2, 2, 1, 80), 2, 1500, marks=pytest.mark.extended),
         pytest.param((2, 8, 1, 128), 8, 512, marks=pytest.mark.extended),
         pytest.param((4, 4, 1, 84), 4, 1001, marks=pytest.mark.extended),
@@ -775,6 +775,14 @@ def test_fp32_one_row_per_group_as_xlas_own_gemv(shape, kv_heads, m):
     hadd, P V one FMA chain per output); 5.3% identical with the probed orders
     at (2,2,1,80)/1500, which was refused."""
     _assert_fp32_decoding_exact(shape, kv_heads, m)
+
+
+def test_one_row_per_group_reads_as_xlas_own_gemvs():
+    """(2,4,1,33)/40: both dots bare in fp32's program, Q Kᵀ over K's minor d
+    (row-major), P V over V's major keys (column-major); bf16's the same."""
+    layout = xla._Layout(2, 4, 1, 1, 40)
+    for dtype in ("float32", "bfloat16"):
+        assert xla._dots_of(dtype, (8, 1, 33), layout) == ("row", "column")
 
 
 @pytest.mark.extended  # 30 s: the probes and the shard candidates

@@ -44,7 +44,7 @@ def _lanes(x, a, major: str, expected):
 @pytest.mark.parametrize("major", ["row", "column"])
 @pytest.mark.parametrize(
     ("b", "h", "r", "t"),
-    [(2, 2, 1500, 80), (2, 2, 1501, 84), (1, 3, 21, 33), (2, 4, 5, 4), (2, 8, 97, 33)],
+    [(2, 2, 1501, 84), (1, 3, 21, 33), (2, 4, 5, 4), (2, 8, 97, 33)],
 )
 def test_gemv_is_xlas_matrix_vector_product(major, b, h, r, t):
     """One row x against a matrix of r outputs, stored either way: whole tiles of 8
