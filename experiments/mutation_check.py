@@ -1347,8 +1347,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(
         "kernels/xla_own_dots",
-        "y = jnp.concatenate([_fold(chains[..., :whole], False, acc), y[..., whole:]], axis=-1)",
-        "y = jnp.concatenate([_fold(chains[..., :whole], True, acc), y[..., whole:]], axis=-1)",
+        "[fold(chains[..., :whole], acc), y[",
+        "[fold(chains[..., :whole], acc, halving=True), y[",
         "whole tiles of the row-major GEMV summed by halving, not AVX's hadd",
         GEMV_REAL,
     ),

@@ -366,15 +366,7 @@ def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, block: int | None = 
     qs = jnp.moveaxis(qs, -2, -3)
     ks = jnp.moveaxis(ks, -2, -3)
     chains = ops.matmul(qs, jnp.swapaxes(ks, -1, -2), acc, accumulation="sequential")
-    return _folded(chains, acc)
-
-
-def _folded(chains, acc: Format):
-    """Fold axis -3 of ``chains`` (tile_k partial sums) pairwise, ((c0 + c1) + (c2 +
-    c3)): how YNNPACK's dot kernels combine a vector lane's chains at the end."""
-    while chains.shape[-3] > 1:
-        chains = ops.add(chains[..., 0::2, :, :], chains[..., 1::2, :, :], acc)
-    return chains[..., 0, :, :]
+    return own_dots.fold(chains, acc)
 
 
 def _chain(terms, acc: Format):
@@ -507,7 +499,7 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
     vs = v.reshape(*v.shape[:-2], nb, steps, tile_k, v.shape[-1])
     vs = jnp.transpose(vs, (*range(lead), lead, lead + 2, lead + 1, lead + 3))
     chains = ops.matmul(ps, vs, acc, accumulation="sequential")
-    blocks = _folded(chains, acc)  # (..., nb, N, dv)
+    blocks = own_dots.fold(chains, acc)  # (..., nb, N, dv)
     if nb == 1:
         return blocks[..., 0, :, :]
 
@@ -1562,12 +1554,13 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
         return pv[0]
     rng = np.random.default_rng(0)
     bh, _, d = shape
+    fmt = get_format(dtype)
     q, k, v = (
-        rng.standard_normal(s).astype(jnp.dtype(dtype)).astype(np.float32)
+        np.asarray(round_to(rng.standard_normal(s), fmt), np.float32)
         for s in (shape, (bh, layout.m, d), (bh, layout.m, d))
     )
     real = np.asarray(_grouped_run(dtype, layout)(q, k, v), np.float64)
-    policy = model(get_format(dtype), 1, d).policy
+    policy = model(fmt, 1, d).policy
     policy = policy.replace(exp_model=_exp_model(policy, shape, False, layout))
     for gemv, candidate in itertools.product(qk, pv):
         own = dataclasses.replace(candidate, qk=gemv)

@@ -45,6 +45,7 @@ __all__ = [
     "eigen_kc",
     "eigen_kc_giving",
     "eigen_shards",
+    "fold",
     "gemv",
     "own_dots",
 ]
@@ -120,9 +121,10 @@ def own_dots(entry: str, computations: dict[str, str]) -> tuple[str | None, str 
     return found[0], found[1]
 
 
-def _fold(chains, halving: bool, acc: Format):
+def fold(chains, acc: Format, *, halving: bool = False):
     """Sum axis -3 of ``chains`` (a power of two) pairwise: adjacent pairs, ((c0 +
-    c1) + (c2 + c3)), or halves, ((c0 + c2) + (c1 + c3))."""
+    c1) + (c2 + c3)), as AVX's ``hadd`` and YNNPACK's dot kernels fold their
+    lanes, or halves, ((c0 + c2) + (c1 + c3))."""
     while chains.shape[-3] > 1:
         if halving:
             half = chains.shape[-3] // 2
@@ -145,10 +147,10 @@ def _row_major(x, a, acc: Format, lanes: int):
         xs = jnp.moveaxis(x[..., :main].reshape(*x.shape[:-1], steps, lanes), -1, -3)
         as_ = jnp.moveaxis(a[..., :main].reshape(*a.shape[:-1], steps, lanes), -1, -3)
         chains = ops.matmul(xs, jnp.swapaxes(as_, -1, -2), acc, accumulation="sequential")
-        y = _fold(chains, True, acc)
+        y = fold(chains, acc, halving=True)
         whole = r - r % TILE
         if lanes == _AVX_LANES == TILE and whole:
-            y = jnp.concatenate([_fold(chains[..., :whole], False, acc), y[..., whole:]], axis=-1)
+            y = jnp.concatenate([fold(chains[..., :whole], acc), y[..., whole:]], axis=-1)
     if main < t:
         tail = ops.matmul(
             x[..., main:], jnp.swapaxes(a[..., main:], -1, -2), acc, accumulation="sequential"
@@ -165,9 +167,8 @@ def _column_major(x, a, acc: Format, lanes: int):
     y = ops.matmul(x, jnp.swapaxes(a, -1, -2), acc, accumulation="sequential")
     if r % lanes == 1:
         first = min(TILE, t)
-        last = ops.mul(x[..., 0], a[..., -1, 0, None], acc)
-        for j in range(1, first):
-            last = ops.add(last, ops.mul(x[..., j], a[..., -1, j, None], acc), acc)
+        products = ops.mul(x[..., :first], a[..., -1, None, :first], acc)
+        last = ops.sum(products, acc, axis=-1, accumulation="sequential")
         if first < t:
             last = ops.matmul(
                 x[..., first:],
