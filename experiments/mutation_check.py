@@ -122,6 +122,7 @@ _OD = "tests/test_kernels_xla_own_dots.py"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
+EIGEN_KCS = f"{_OD}::test_eigen_kcs_read_back_from_a_block_cut_the_other_shard_each_its_own_way"
 _RV = "tests/test_reveal.py"
 REVEAL_PREDICTED = f"{_RV}::test_predicted_probes_are_what_the_probes_see"
 REVEAL_SPLIT = f"{_RV}::test_counts_beyond_the_output_format_are_split_over_probes"
@@ -1380,6 +1381,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return min(k, -(-(-(-k // slices)) // _SLICE_MULTIPLE) * _SLICE_MULTIPLE)\n",
         "TSL's slices of k rounded up before the multiple of 8",
         EIGEN_KC,
+    ),
+    _m(
+        "kernels/xla_own_dots",
+        "            kcs.setdefault(eigen_kc(rest, kc), kc)\n",
+        "            kcs.setdefault(block, kc)\n",
+        "only the smallest kc giving a shard's block offered",
+        EIGEN_KCS,
     ),
     # -- split_kv.py, kv_cache.py, heads.py, masking.py, score_mods.py, nn.py ----------------
     _m(

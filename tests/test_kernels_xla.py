@@ -785,13 +785,17 @@ def test_one_row_per_group_reads_as_xlas_own_gemvs():
         assert xla._dots_of(dtype, (8, 1, 33), layout) == ("row", "column")
 
 
-@pytest.mark.extended  # 30 s: the probes and the shard candidates
-def test_fp32_eigens_shards_each_blocked_by_its_own_size():
-    """Two grouped rows in 4 groups over 2001 keys, d = 96: P V is Eigen's, in two
-    shards of 1008 and 993 keys here, cut in blocks of 256 and 248 (TSL's slices
-    of each shard's own size); at 2500 keys every shard given the first one's
-    probed blocks was 14.2% identical, refused."""
-    _assert_fp32_decoding_exact((2, 4, 1, 96), 2, 2001)
+@pytest.mark.extended  # 30 s each: the probes and the shard candidates
+@pytest.mark.parametrize(("shape", "m"), [((2, 4, 1, 96), 2001), ((4, 8, 1, 128), 4481)])
+def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
+    """Grouped rows in groups of 2 K/V heads: P V is Eigen's, sharded over the keys,
+    each shard cut in blocks by TSL's slices of its own size.  Over 2001 keys (2
+    rows per group, d = 96) shards of 1008 and 993 keys here, in blocks of 256 and
+    248; at 2500 keys every shard given the first one's probed blocks was 14.2%
+    identical, refused.  Over 4481 keys (4 rows, d = 128) 2248 and 2233, in 288 and
+    320: Eigen's kc, 320, is one of several that cut 2248 keys in 288 (the
+    smallest, 288, cuts 2233 in 280, refused)."""
+    _assert_fp32_decoding_exact(shape, 2, m)
 
 
 @pytest.mark.extended  # 25 s: fp32's check and bf16's probes

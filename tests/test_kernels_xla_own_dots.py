@@ -140,17 +140,36 @@ def test_eigen_kc_fits_the_measured_blocks():
     """TSL's roughly equal slices of Eigen's kc (320 here): the blocks the probes
     read in XLA's P V (2 K/V heads, 2 rows in 4 groups), shards of 1256 and 1244
     keys (over 2500) in blocks of 320 and 312, 2504 and 2496 (over 5000) in 320
-    and 312, 752 (over 1500) in 256; and 993 (over 2001) in 248, where rounding
-    k / slices up first would give 256 (the model then fits no candidate).  A
-    block is a multiple of 8 or all the keys, and the kc read back from a block
-    gives it."""
-    measured = {1256: 320, 1244: 312, 2504: 320, 2496: 312, 752: 256, 993: 248, 100: 100}
+    and 312, 752 (over 1500) in 256, 2248 and 2233 (over 4481, 4 rows) in 288 and
+    320; and 993 (over 2001) in 248, where rounding k / slices up first would give
+    256 (the model then fits no candidate).  A block is a multiple of 8 or all the
+    keys."""
+    measured = {
+        1256: 320, 1244: 312, 2504: 320, 2496: 312, 752: 256, 993: 248, 100: 100,
+        2248: 288, 2233: 320,
+    }  # fmt: skip
     assert {k: xla_own_dots.eigen_kc(k, 320) for k in measured} == measured
     for k in range(1, 3000, 7):
-        for kc in (64, 256, 320, 432):
+        for kc in range(8, 321, 8):
             block = xla_own_dots.eigen_kc(k, kc)
             assert block == k or block % 8 == 0
-            read = xla_own_dots.eigen_kc_giving(k, block)
-            assert read is not None and xla_own_dots.eigen_kc(k, read) == block
-    assert xla_own_dots.eigen_kc_giving(1256, 320) == 320
-    assert xla_own_dots.eigen_kc_giving(1000, 7) is None  # not a multiple of 8, nor all the keys
+
+
+def test_eigen_kcs_read_back_from_a_block_cut_the_other_shard_each_its_own_way():
+    """Every kc up to Eigen's threaded cap that gives a shard's block is offered,
+    once per cut of the last shard: 2248 keys in blocks of 288 (over 4481, where
+    the real P V cuts the 2233 others in blocks of 320) come from kc 288 .. 320,
+    which cut 2233 keys in 280 or 320."""
+    assert xla_own_dots.eigen_kcs_giving(2248, 288, 2233) == [288, 320]
+    assert xla_own_dots.eigen_kcs_giving(1256, 320, 1244) == [320]
+    assert xla_own_dots.eigen_kcs_giving(1000, 7, 500) == []  # not a multiple of 8
+    for k in range(50, 3000, 37):
+        rest = k - k // 3
+        for kc in range(8, 321, 8):
+            block = xla_own_dots.eigen_kc(k, kc)
+            if block == k:
+                continue
+            kcs = xla_own_dots.eigen_kcs_giving(k, block, rest)
+            assert all(xla_own_dots.eigen_kc(k, c) == block for c in kcs)
+            cuts = [xla_own_dots.eigen_kc(rest, c) for c in kcs]
+            assert len(set(cuts)) == len(cuts) and xla_own_dots.eigen_kc(rest, kc) in cuts

@@ -510,15 +510,15 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
     return jax.lax.scan(add, blocks[..., 0, :, :], rest)[0]
 
 
-def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int):
+def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int, kc: int | None):
     """fl32(P V) as Eigen's contraction sharded over the keys (``evalShardedByInnerDim``,
     unsupported/Eigen/src/Tensor/TensorContractionThreadPool.h): shards of ``shard``
     keys, each its own :func:`_pv` from zero into a buffer of its own, then the
     buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla_own_dots.eigen_buffers_sum`).
-    ``block``, probed at the first keys, is the first shard's; each shard is cut
-    in blocks for its own size (:func:`~fa_jax.kernels.xla_own_dots.eigen_kc`)."""
+    Each shard is cut in blocks for its own size by Eigen's ``kc``
+    (:func:`~fa_jax.kernels.xla_own_dots.eigen_kc`); ``block``, probed at the first
+    keys, where no kc cuts them (a shard of one block)."""
     m = p.shape[-1]
-    kc = own_dots.eigen_kc_giving(shard, block) if block < shard else None
     parts = [
         _pv(
             p[..., lo : lo + shard],
@@ -1535,7 +1535,8 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
     GEMV of the major the HLO's layouts give, of each width it can take, else the
     probed order; otherwise P V is Eigen's contraction, which can shard the keys
     over threads (:func:`_sharded_pv`, which the probes, reading the first key's
-    blocks, cannot see): unsharded, then each size Eigen can pick.  :data:`_PROBED`
+    blocks, cannot see): unsharded, then each size Eigen can pick, cut by each
+    ``kc`` that gives the probed block.  :data:`_PROBED`
     without a check where YNNPACK runs both dots, or P V's keys are too few to
     shard and neither dot is a GEMV (every such shape measured fits); None where
     nothing fits."""
@@ -1549,7 +1550,16 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
         pv = [*(own_dots.OwnDots(pv=gemv) for gemv in gemvs), _PROBED]
     else:
         shards = own_dots.eigen_shards(layout.m) if pv_major else []
-        pv = [own_dots.OwnDots(pv_shard=shard) for shard in (None, *shards)]
+        block = _pv_order(dtype, shape, layout)[0][-1] if shards else layout.m
+        pv = [_PROBED] + [
+            own_dots.OwnDots(pv_shard=shard, pv_kc=kc)
+            for shard in shards
+            for kc in (
+                own_dots.eigen_kcs_giving(shard, block, layout.m % shard or shard)
+                if block < shard
+                else [None]
+            )
+        ]
     if qk == [None] and len(pv) == 1:
         return pv[0]
     rng = np.random.default_rng(0)
@@ -1663,7 +1673,9 @@ def _model_core(
             [
                 _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k)
                 if own.pv_shard is None
-                else _sharded_pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_shard)
+                else _sharded_pv(
+                    p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_shard, own.pv_kc
+                )
                 for lo, hi, tile_k, block in pv
             ],
             axis=-2,

@@ -43,7 +43,7 @@ __all__ = [
     "OwnDots",
     "eigen_buffers_sum",
     "eigen_kc",
-    "eigen_kc_giving",
+    "eigen_kcs_giving",
     "eigen_shards",
     "fold",
     "gemv",
@@ -77,6 +77,7 @@ class OwnDots:
     qk: Gemv | None = None  # Q Kᵀ as XLA's GEMV
     pv: Gemv | None = None  # P V as XLA's GEMV
     pv_shard: int | None = None  # P V as Eigen's contraction: keys per shard
+    pv_kc: int | None = None  # and the kc its shards are cut by (:func:`eigen_kc`)
 
 
 _DEFINED = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*\w+\[([\d,]*)\]\{([\d,]*)")
@@ -205,6 +206,7 @@ def eigen_shards(k: int) -> list[int]:
 
 
 _SLICE_MULTIPLE = 8  # slices are a multiple of max(8, packet): 8 floats in XLA's AVX build
+_EIGEN_KC_CAP = 320  # computeProductBlockingSizes' largest kc with threads (a shard's GEMM)
 
 
 def eigen_kc(k: int, kc: int) -> int:
@@ -217,15 +219,18 @@ def eigen_kc(k: int, kc: int) -> int:
     return min(k, -(-(k // slices) // _SLICE_MULTIPLE) * _SLICE_MULTIPLE)
 
 
-def eigen_kc_giving(k: int, block: int) -> int | None:
-    """The smallest Eigen ``kc`` (a multiple of 8) under which :func:`eigen_kc`
-    cuts ``k`` terms into blocks of ``block``: what one block read off a shard of
-    ``k`` keys says of the others'.  None where none does."""
-    first = -(-block // _SLICE_MULTIPLE) * _SLICE_MULTIPLE
-    for kc in range(first, max(k, first) + 1, _SLICE_MULTIPLE):
+def eigen_kcs_giving(k: int, block: int, rest: int) -> list[int]:
+    """The Eigen ``kc``s (multiples of 8 up to Eigen's threaded cap) under which
+    :func:`eigen_kc` cuts ``k`` terms into blocks of ``block``: what one block read
+    off a shard of ``k`` keys says of the others'.  Several can, cutting another
+    shard of ``rest`` keys differently (2248 keys in blocks of 288 come from any kc
+    in 288 .. 320; 2233 keys are then cut in blocks of 280 or 320): one kc per
+    distinct cut of ``rest``, smallest first; none where no kc gives ``block``."""
+    kcs: dict[int, int] = {}
+    for kc in range(_SLICE_MULTIPLE, _EIGEN_KC_CAP + 1, _SLICE_MULTIPLE):
         if eigen_kc(k, kc) == block:
-            return kc
-    return None
+            kcs.setdefault(eigen_kc(rest, kc), kc)
+    return sorted(kcs.values())
 
 
 def eigen_buffers_sum(parts: list, acc: Format):
