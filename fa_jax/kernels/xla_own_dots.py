@@ -222,10 +222,10 @@ def eigen_kc(k: int, kc: int) -> int:
 def eigen_kcs_giving(k: int, block: int, rest: int) -> list[int]:
     """The Eigen ``kc``s (multiples of 8 up to Eigen's threaded cap) under which
     :func:`eigen_kc` cuts ``k`` terms into blocks of ``block``: what one block read
-    off a shard of ``k`` keys says of the others'.  Several can, cutting another
-    shard of ``rest`` keys differently (2248 keys in blocks of 288 come from any kc
-    in 288 .. 320; 2233 keys are then cut in blocks of 280 or 320): one kc per
-    distinct cut of ``rest``, smallest first; none where no kc gives ``block``."""
+    off a shard of ``k`` keys says of the others'.  A range of kcs can, and they
+    can cut another shard of ``rest`` keys differently (docs/kernels.md): one kc
+    per distinct cut of ``rest``, smallest first; none where no kc gives
+    ``block``."""
     kcs: dict[int, int] = {}
     for kc in range(_SLICE_MULTIPLE, _EIGEN_KC_CAP + 1, _SLICE_MULTIPLE):
         if eigen_kc(k, kc) == block:
