@@ -119,6 +119,7 @@ COMPARE_NAN = f"{_KC}::test_values_outside_the_format_are_counted_apart"
 COMPARE_ULPS = f"{_KC}::test_ulp_histogram_matches_ml_dtypes_ordering"
 KERNEL_INPUTS = "tests/test_kernels.py::test_bad_shapes_and_inexact_values_are_refused"
 _OD = "tests/test_kernels_xla_own_dots.py"
+PV_CHAINS = "tests/test_kernels_xla.py::test_pv_follows_chains_folds_blocks_and_the_remainder"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
@@ -1344,6 +1345,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "cap = 2 ** (int(ml_dtypes.finfo(np.dtype(out_dtype or dtype)).nmant) + 2)",
         "probes count past the output format's integers",
         REVEAL_SPLIT,
+    ),
+    _m(
+        "kernels/xla",
+        "        cut = (m // block - 1) * block\n",
+        "        cut = (m // block) * block\n",
+        "P V's last keys a block of their own where they join the block before",
+        PV_CHAINS,
     ),
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(

@@ -218,17 +218,21 @@ def _bf16_valued(rng, shape):
     return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def _chains(terms, tile_k, block):
+def _chains(terms, tile_k, block, joined=False):
     """A dot's order on float32 terms, written plainly: blocks of ``block`` terms
-    (the last n mod tile_k a block of their own, one chain), in each tile_k
-    chains folded pairwise, the block sums added in order."""
+    (the last n mod tile_k a block of their own, one chain; ``joined``: the last
+    terms short of a block in the block before), in each tile_k chains folded
+    pairwise, the block sums added in order."""
     n = len(terms)
     rest = n % tile_k if n > tile_k else 0
     main, tail = terms[: n - rest], terms[n - rest :]
+    starts = list(range(0, len(main), block))
+    if joined and len(starts) > 1 and len(main) % block:
+        starts.pop()
     sums = []
-    for start in range(0, len(main), block):
+    for start, end in zip(starts, [*starts[1:], len(main)]):
         chains = [np.float32(0)] * tile_k
-        for j, t in enumerate(main[start : start + block]):
+        for j, t in enumerate(main[start:end]):
             chains[j % tile_k] = np.float32(chains[j % tile_k] + t)
         while len(chains) > 1:
             chains = [np.float32(a + b) for a, b in zip(chains[0::2], chains[1::2])]
@@ -244,19 +248,29 @@ def _chains(terms, tile_k, block):
     return total
 
 
-@pytest.mark.parametrize(("m", "tile_k", "block"), [(37, 2, 37), (67, 4, 32)])
-def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block):
+@pytest.mark.parametrize(
+    ("m", "tile_k", "block", "joined"),
+    [
+        (37, 2, 37, False),
+        (67, 4, 32, False),
+        (67, 1, 16, True),
+        (40, 1, 16, True),
+        (20, 1, 16, True),
+    ],
+)
+def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block, joined):
     """The model's P V against a plain loop over the same order, on bf16-valued
-    inputs (products exact in float32, so each FMA is one float32 addition)."""
+    inputs (products exact in float32, so each FMA is one float32 addition);
+    jitted, and eagerly for the last keys joined to the block before."""
     rng = np.random.default_rng(m)
     p, v = _bf16_valued(rng, (2, m)), _bf16_valued(rng, (m, 3))
+    want = [[_chains(p[i] * v[:, c], tile_k, block, joined) for c in range(3)] for i in range(2)]
     with x64_enabled():
-        pv = jax.jit(xla._pv, static_argnums=(2, 3, 4))
-        got = np.asarray(
-            pv(jnp.asarray(p, jnp.float64), jnp.asarray(v, jnp.float64), FP32, block, tile_k)
-        )
-    want = [[_chains(p[i] * v[:, c], tile_k, block) for c in range(3)] for i in range(2)]
-    assert np.array_equal(got, np.asarray(want, np.float64))
+        args = (jnp.asarray(p, jnp.float64), jnp.asarray(v, jnp.float64), FP32, block, tile_k)
+        pv = jax.jit(xla._pv, static_argnums=(2, 3, 4, 5))
+        assert np.array_equal(np.asarray(pv(*args, joined)), np.asarray(want, np.float64))
+        if joined:
+            assert np.array_equal(np.asarray(xla._pv(*args, joined)), np.asarray(want, np.float64))
 
 
 @pytest.mark.parametrize(
@@ -783,6 +797,15 @@ def test_one_row_per_group_reads_as_xlas_own_gemvs():
     layout = xla._Layout(2, 4, 1, 1, 40)
     for dtype in ("float32", "bfloat16"):
         assert xla._dots_of(dtype, (8, 1, 33), layout) == ("row", "column")
+
+
+@pytest.mark.extended  # 20 s: the probes and the candidates
+def test_fp32_last_keys_joined_to_the_block_before():
+    """Four grouped rows in 3 groups over 4279 keys, d = 16: P V is Eigen's by the
+    HLO, and a bare dot of its shape is 100% identical here as 20 blocks of 196
+    keys then one of the last 359 (34% with the last 163 apart); the model offers
+    that order among its candidates, and was refused before."""
+    _assert_fp32_decoding_exact((2, 12, 1, 16), 3, 4279)
 
 
 @pytest.mark.extended  # 30 s each: the probes and the shard candidates

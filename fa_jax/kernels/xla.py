@@ -471,15 +471,22 @@ def _rounded_products(pairs, acc: Format):
     return total
 
 
-def _pv(p, v, acc: Format, block: int, tile_k: int = 1):
+def _pv(p, v, acc: Format, block: int, tile_k: int = 1, joined: bool = False):
     """fl32(P V): blocks of ``block`` keys; in each, ``tile_k`` FMA chains from zero
     (key j of the block in chain j mod tile_k), folded pairwise; the block sums
     added in order; the last N mod tile_k keys (the kernel's remainder) as
-    rounded products added in order, added last.  Each chain is a sequential
-    matmul (:func:`fa_jax.ops.matmul`, on the float32 hardware where its products
-    are exact), every block and chain at once, so the program's size does not
-    grow with the number of blocks."""
+    rounded products added in order, added last.  ``joined``: the last keys, fewer
+    than a block, are one block with the block before.  Each chain is a
+    sequential matmul (:func:`fa_jax.ops.matmul`, on the float32 hardware where
+    its products are exact), every block and chain at once, so the program's size
+    does not grow with the number of blocks."""
     m = p.shape[-1]
+    if joined and m > block and m % block:
+        cut = (m // block - 1) * block
+        last = _pv(p[..., cut:], v[..., cut:, :], acc, m - cut, tile_k)
+        if not cut:
+            return last
+        return ops.add(_pv(p[..., :cut], v[..., :cut, :], acc, block, tile_k), last, acc)
     rest = m % tile_k if m > tile_k else 0
     if rest:
         main = _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k)
@@ -1536,7 +1543,8 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
     probed order; otherwise P V is Eigen's contraction, which can shard the keys
     over threads (:func:`_sharded_pv`, which the probes, reading the first key's
     blocks, cannot see): unsharded, then each size Eigen can pick, cut by each
-    ``kc`` that gives the probed block.  :data:`_PROBED`
+    ``kc`` that gives the probed block, then unsharded with the last keys joined
+    to the block before (measured, rule unknown: docs/kernels.md).  :data:`_PROBED`
     without a check where YNNPACK runs both dots, or P V's keys are too few to
     shard and neither dot is a GEMV (every such shape measured fits); None where
     nothing fits."""
@@ -1560,6 +1568,8 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
                 else [None]
             )
         ]
+        if shards and layout.m % block:
+            pv.append(own_dots.OwnDots(pv_joined=True))
     if qk == [None] and len(pv) == 1:
         return pv[0]
     rng = np.random.default_rng(0)
@@ -1671,7 +1681,7 @@ def _model_core(
     else:
         o = jnp.concatenate(
             [
-                _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k)
+                _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_joined)
                 if own.pv_shard is None
                 else _sharded_pv(
                     p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_shard, own.pv_kc

@@ -78,6 +78,7 @@ class OwnDots:
     pv: Gemv | None = None  # P V as XLA's GEMV
     pv_shard: int | None = None  # P V as Eigen's contraction: keys per shard
     pv_kc: int | None = None  # and the kc its shards are cut by (:func:`eigen_kc`)
+    pv_joined: bool = False  # P V's last keys, under a block, joined to the block before
 
 
 _DEFINED = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*\w+\[([\d,]*)\]\{([\d,]*)")
