@@ -16,16 +16,28 @@ import numpy as np
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+def _cpuinfo(field: str) -> str:
+    """The first CPU's ``field`` in /proc/cpuinfo ("" where there is none)."""
     try:
         text = pathlib.Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        name, _, value = line.partition(":")
+        if name.strip() == field:
+            return value.strip()
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return frozenset(_cpuinfo("flags").split())
+
+
+def vendor() -> str:
+    """The CPU's vendor ("AuthenticAMD", "GenuineIntel"; "" where unknown): MKL, which
+    PyTorch's GEMMs call, picks its kernels by vendor as well as by ISA."""
+    return _cpuinfo("vendor_id")
 
 
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})

@@ -41,11 +41,12 @@ FORMATS = {"bf16": BF16, "fp16": FP16}
 KERNELS = {"math": torch_cpu.TORCH_MATH, "flash": torch_cpu.TORCH_FLASH}
 CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
 
-# (kernel, format, (B, H, N, d), causal, seed).  Default tier: an odd length that
-# leaves a scalar tail under every lane count (100 = 6 · 16 + 4), an odd head
-# dimension; one key block (the flash loop's no-rescaling path).
+# (kernel, format, (B, H, N, d), causal, seed).  Default tier: odd lengths that
+# leave a scalar tail under every lane count (63 = 3 · 16 + 15, 100 = 6 · 16 + 4),
+# an odd head dimension; one key block (the flash loop's no-rescaling path).  The
+# flash case is under 64 rows, so no CPU packs it for AMX (torch_cpu.amx_packs).
 DEFAULT_CASES = (
-    ("flash", "bf16", (1, 2, 100, 40), True, 0),
+    ("flash", "bf16", (1, 2, 63, 40), True, 0),
     ("math", "fp16", (1, 2, 100, 40), False, 0),
 )
 # Slow tier: 333 keys (odd: the GEMMs' halves of 166 and a last product alone;
@@ -60,7 +61,8 @@ SLOW_CASES = tuple(
 )
 
 # The real kernels, run in a process whose ATen dispatches to one capability: reads
-# inputs.npz (q{i}, k{i}, v{i}) and the case list, writes out.npz (o{i}, capability).
+# inputs.npz (q{i}, k{i}, v{i}) and the case list (those with run false left out),
+# writes out.npz (o{i}, capability).
 _CHILD = """
 import json, sys
 import numpy as np, torch
@@ -68,7 +70,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 cases = json.loads(sys.argv[2])
 x = np.load(sys.argv[1] + "/inputs.npz")
 out = {"capability": np.array(str(torch.backends.cpu.get_cpu_capability()))}
-for i, (kernel, dtype, causal) in enumerate(cases):
+for i, (kernel, dtype, causal, run) in enumerate(cases):
+    if not run:
+        continue
     q, k, v = (torch.from_numpy(x[f"{t}{i}"]).to(getattr(torch, dtype)) for t in "qkv")
     backend = SDPBackend.MATH if kernel == "math" else SDPBackend.FLASH_ATTENTION
     with sdpa_kernel(backend), torch.no_grad():
@@ -86,21 +90,25 @@ def _inputs(shape, fmt, seed):
 
 
 @functools.cache
-def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray, ...]:
+def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray | None, ...]:
     """The real kernels' outputs for ``cases`` under ``capability``: in this process
     if it is the capability here, else in a subprocess with ATEN_CPU_CAPABILITY
     set; skips where this CPU cannot run that capability's kernels."""
     inputs = [_inputs(shape, FORMATS[fmt], seed) for _, fmt, shape, _, seed in cases]
+    runs = [not _packs(case) for case in cases]
     if capability == torch_cpu.capability():
         real = {"math": torch_cpu.real_math, "flash": torch_cpu.real_flash}
         return tuple(
-            real[kernel](q, k, v, fmt=FORMATS[fmt], causal=causal)
-            for (kernel, fmt, _, causal, _), (q, k, v) in zip(cases, inputs)
+            real[kernel](q, k, v, fmt=FORMATS[fmt], causal=causal) if run else None
+            for (kernel, fmt, _, causal, _), (q, k, v), run in zip(cases, inputs, runs)
         )
     with tempfile.TemporaryDirectory() as tmp:
         arrays = {f"{t}{i}": x for i, qkv in enumerate(inputs) for t, x in zip("qkv", qkv)}
         np.savez(os.path.join(tmp, "inputs.npz"), **arrays)  # pyright: ignore[reportArgumentType]
-        spec = [[kernel, _DTYPES[fmt], causal] for kernel, fmt, _, causal, _ in cases]
+        spec = [
+            [kernel, _DTYPES[fmt], causal, run]
+            for (kernel, fmt, _, causal, _), run in zip(cases, runs)
+        ]
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower()}
         subprocess.run([sys.executable, "-c", _CHILD, tmp, json.dumps(spec)], env=env, check=True)
         with np.load(os.path.join(tmp, "out.npz")) as out:
@@ -110,7 +118,14 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray, ...]:
                     f"this CPU cannot run ATen's {capability} kernels "
                     f"(ATEN_CPU_CAPABILITY={capability.lower()} gave {ran})"
                 )
-            return tuple(out[f"o{i}"] for i in range(len(cases)))
+            return tuple(out[f"o{i}"] if run else None for i, run in enumerate(runs))
+
+
+def _packs(case) -> bool:
+    """Whether ATen's flash loop packs the case for AMX on this CPU (under every
+    capability: the packing is chosen by the CPU, not by the build)."""
+    kernel, fmt, shape, causal, _ = case
+    return kernel == "flash" and torch_cpu.amx_packs(FORMATS[fmt], shape, shape, causal)
 
 
 def _ulps(a, b, fmt):
@@ -121,7 +136,13 @@ def _ulps(a, b, fmt):
 
 def _check(capability: str, cases: tuple, index: int):
     kernel, fmt, shape, causal, seed = cases[index]
+    if _packs(cases[index]):
+        pytest.skip(
+            f"this CPU packs {cases[index]} for AMX, a path not modelled "
+            "(test_flash_refuses_where_aten_packs_for_amx)"
+        )
     real = _real_outputs(capability, cases)[index]
+    assert real is not None
     q, k, v = _inputs(shape, FORMATS[fmt], seed)
     model = KERNELS[kernel].model(FORMATS[fmt], shape[-2], shape[-1], cpu_capability=capability)
     emulated = model(q, k, v, causal=causal)
@@ -167,6 +188,79 @@ def test_flash_blocks_follow_the_kernels_rule():
     assert torch_cpu.flash_blocks(192, 192) == Blocks(64, 192)
     assert torch_cpu.flash_blocks(768, 768) == Blocks(256, 512)
     assert torch_cpu.flash_blocks(4096, 4096) == Blocks(256, 512)
+
+
+def test_amx_packing_follows_atens_rule():
+    """need_pack: N and M at least 64 (bf16) or 16 (fp16), and each thread's GEMM
+    work at least 4 (bf16) or 1 (fp16) times the packing's; never without AMX."""
+    packs = functools.partial(torch_cpu.amx_packs, threads=2, could_pack=True)
+    assert packs(BF16, (1, 2, 100, 40), (1, 2, 100, 40), True)  # 4·32·100 / (2·100) = 64
+    assert not packs(BF16, (1, 2, 63, 40), (1, 2, 63, 40), True)  # N < 64
+    assert not packs(BF16, (1, 2, 100, 40), (1, 2, 63, 40), False)  # M < 64
+    assert packs(FP16, (1, 1, 16, 8), (1, 1, 16, 8), False)  # fp16 from 16: 16·16 / 16 = 16
+    assert not packs(BF16, (1, 1, 64, 64), (1, 1, 64, 64), False, could_pack=False)
+    # 16 heads on 64 threads: 1 · 32 · 64 / (16 · 64) = 2 < 4; with GQA, 1 K/V head: 32.
+    assert not packs(BF16, (1, 16, 64, 64), (1, 16, 64, 64), False, threads=64)
+    assert packs(BF16, (1, 16, 64, 64), (1, 1, 64, 64), False, threads=64)
+
+
+# Shapes that pack on a CPU with AMX-BF16 (two threads) and one that does not:
+# (B, H, H_kv, N, M, d, causal).
+_PACKING = [
+    (1, 2, 2, 100, 100, 40, True),
+    (2, 4, 2, 128, 300, 64, False),
+    (1, 1, 1, 65, 64, 33, False),
+    (1, 2, 2, 63, 100, 40, False),
+]
+
+
+def test_flash_refuses_where_aten_packs_for_amx():
+    """Where ATen packs K and V for AMX (oneDNN's tile GEMM, not modelled) the model
+    raises instead of answering.  On a CPU with AMX-BF16 the rule is checked
+    against the real kernel: forced to AVX2, ATen still packs there, with
+    AVX-512-only code, and fails exactly where the rule says it packs."""
+    threads = torch.get_num_threads()
+    predicted = [
+        torch_cpu.amx_packs(BF16, (b, h, n, d), (b, hkv, m, d), causal, threads=threads)
+        for b, h, hkv, n, m, d, causal in _PACKING
+    ]
+    if not torch_cpu._could_pack(BF16):
+        assert not any(predicted)  # no AMX: the model answers everywhere
+        return
+    assert any(predicted) and not all(predicted)
+    for (b, h, hkv, n, m, d, causal), packs in zip(_PACKING, predicted):
+        q, k, v = (np.zeros((b, heads, rows, d)) for heads, rows in [(h, n), (hkv, m), (hkv, m)])
+        model = torch_cpu.flash_model(BF16, n, d)
+        if packs:
+            with pytest.raises(NotImplementedError, match="AMX"):
+                model(q, k, v, causal=causal)
+    child = (
+        "import json, sys, torch\n"
+        "from torch.nn.attention import SDPBackend, sdpa_kernel\n"
+        "failed = []\n"
+        "for b, h, hkv, n, m, d, causal in json.loads(sys.argv[1]):\n"
+        "    q = torch.zeros(b, h, n, d, dtype=torch.bfloat16)\n"
+        "    k = torch.zeros(b, hkv, m, d, dtype=torch.bfloat16)\n"
+        "    try:\n"
+        "        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():\n"
+        "            torch.nn.functional.scaled_dot_product_attention(\n"
+        "                q, k, k, is_causal=causal, enable_gqa=h != hkv)\n"
+        "        failed.append(False)\n"
+        "    except RuntimeError as e:\n"
+        "        failed.append('pack_vnni2' in str(e))\n"
+        "print(json.dumps([torch.get_num_threads(), failed]))\n"
+    )
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    ran = subprocess.run(
+        [sys.executable, "-c", child, json.dumps(_PACKING)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    child_threads, failed = json.loads(ran.stdout)
+    assert child_threads == threads
+    assert failed == predicted
 
 
 @pytest.mark.parametrize("given", ["NEON", "AVX512_BF16", "avx2", "SVE256"])

@@ -271,15 +271,27 @@ def torch_one_thread():
     torch.set_num_threads(threads)
 
 
-# PyTorch's CPU matmuls on one thread (torch 2.13; AMD EPYC, AVX2 and AVX-512), at
-# k = 32: float32 a multiply, then an add, in index order (no FMA); bfloat16 four
-# lanes (every fourth product), each an FMA chain in FP32, added in order.  Past 32
-# terms the bfloat16 order differs between the two CPUs (AVX-512's has pairs).
+# PyTorch's CPU matmuls on one thread (torch 2.13), at k = 32, by (torch, ISA, CPU
+# vendor).  On AMD EPYCs (AVX2 and AVX-512): float32 a multiply, then an add, in
+# index order (no FMA); bfloat16 four lanes (every fourth product), each an FMA
+# chain in FP32, added in order.  Past 32 terms the bfloat16 order differs between
+# the two CPUs (AVX-512's has pairs).  On an Intel Xeon with AVX-512 and AMX, MKL's
+# float32 GEMM is one FMA chain in index order; bfloat16 as on the EPYCs.
+_BF16_LANES = "tree(lanes(4, inner=sequential(from_zero), combine=sequential(from_zero)))"
 TORCH_MATMUL = {
-    "float32": "tree(rounded(sequential))",
-    "bfloat16": "tree(lanes(4, inner=sequential(from_zero), combine=sequential(from_zero)))",
+    ("2.13", "avx2", "AuthenticAMD"): {
+        "float32": "tree(rounded(sequential))",
+        "bfloat16": _BF16_LANES,
+    },
+    ("2.13", "avx512", "AuthenticAMD"): {
+        "float32": "tree(rounded(sequential))",
+        "bfloat16": _BF16_LANES,
+    },
+    ("2.13", "avx512", "GenuineIntel"): {
+        "float32": "tree(sequential(from_zero))",
+        "bfloat16": _BF16_LANES,
+    },
 }
-TORCH_MATMUL_HOSTS = {("2.13", "avx2"), ("2.13", "avx512")}
 
 
 def torch_matmul_orders(torch, k, dtype):
@@ -307,7 +319,7 @@ def test_torch_matmul_emulates_bit_for_bit(torch_one_thread, k, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_torch_matmul_orders_of_this_host(torch_one_thread, dtype):
     torch = torch_one_thread
-    key = (".".join(torch.__version__.split(".")[:2]), host.isa())
-    if key not in TORCH_MATMUL_HOSTS:
-        pytest.skip(f"torch's matmul orders measured for {sorted(TORCH_MATMUL_HOSTS)}, not {key}")
-    assert torch_matmul_orders(torch, 32, dtype) == {TORCH_MATMUL[dtype]: list(range(4))}
+    key = (".".join(torch.__version__.split(".")[:2]), host.isa(), host.vendor())
+    if key not in TORCH_MATMUL:
+        pytest.skip(f"torch's matmul orders measured for {sorted(TORCH_MATMUL)}, not {key}")
+    assert torch_matmul_orders(torch, 32, dtype) == {TORCH_MATMUL[key][dtype]: list(range(4))}

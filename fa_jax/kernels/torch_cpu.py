@@ -46,6 +46,11 @@ AVX2       8      halving ((0+4)+(2+6))+…         fexp_u20 / Sleef    FMA
 AVX512     16     halving (i+8, i+4, i+2, i+1)    fexp_u20 / Sleef    FMA
 =========  =====  ==============================  ==================  ===========
 
+On a CPU with AMX for the format, ``torch-flash`` packs K and V for oneDNN's
+tile GEMM where N and M are large enough (:func:`amx_packs`, ATen's
+``need_pack``): a path not modelled, where the model raises
+``NotImplementedError`` (under a forced lower capability ATen fails there).
+
 "glibc" is the C library's ``expf`` (``std::exp``), which the vector builds
 also call on the flash loop's tail and for α = exp(m − m_new); "Sleef" is
 ``Sleef_expf8_u10`` / ``Sleef_expf16_u10`` (the same bits on every FP32 input
@@ -83,13 +88,21 @@ from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
-from fa_jax.vector_loop import LANES, gemm_accumulate, gemm_k_blocks, lane_sum, query_split
+from fa_jax.vector_loop import (
+    LANES,
+    gemm_accumulate,
+    gemm_k_blocks,
+    lane_sum,
+    query_block,
+    query_split,
+)
 
 __all__ = [
     "CAPABILITIES",
     "TORCH_FLASH",
     "TORCH_MATH",
     "Build",
+    "amx_packs",
     "flash_blocks",
     "flash_model",
     "math_model",
@@ -319,6 +332,52 @@ def _gemm(c, a, b, fmt):
 _math_jit = jax.jit(_math_forward, static_argnames=("policy", "variant", "causal", "scale"))
 
 
+def _could_pack(fmt: Format) -> bool:
+    """``cpublas::could_pack``: whether this CPU has AMX for ``fmt`` (AMX tiles for
+    bf16, AMX-FP16 for fp16), as PyTorch reads it."""
+    import torch
+
+    probe = {"bfloat16": "_is_amx_tile_supported", "float16": "_is_amx_fp16_supported"}
+    name = probe.get(get_format(fmt).name)
+    return name is not None and bool(getattr(torch.cpu, name, lambda: False)())
+
+
+def amx_packs(
+    fmt: Format,
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    causal: bool,
+    *,
+    threads: int | None = None,
+    could_pack: bool | None = None,
+) -> bool:
+    """Whether ``torch-flash`` packs K and V for AMX here (``need_pack`` in ATen's
+    ``cpu_flash_attention``): where the CPU could pack (``could_pack``, this one's
+    by default) and N and M are at least 64 (bf16) or 16 (fp16), when each of the
+    ``threads`` threads' GEMM work, ⌈B·H·⌈N/Br⌉ / threads⌉ · Br · M' · d with
+    M' = min(N, M) if causal else M, is at least 4 (bf16) or 1 (fp16) times the
+    packing's, B·H_kv·M·d.  ``threads`` is PyTorch's (``torch.get_num_threads()``)
+    by default."""
+    fmt = get_format(fmt)
+    if could_pack is None:
+        could_pack = _could_pack(fmt)
+    bf16 = fmt.name == "bfloat16"
+    *lead, n, d = (int(x) for x in q_shape)
+    m, h_kv = int(k_shape[-2]), int(k_shape[-3]) if len(k_shape) > 2 else 1
+    threshold = 64 if bf16 else 16
+    if not could_pack or n < threshold or m < threshold:
+        return False
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    b, h = math.prod(lead[:-1]), (lead[-1] if lead else 1)
+    split = query_block(n)
+    per_thread = (b * h * -(-n // split) + threads - 1) // threads
+    gemm = float(per_thread) * split * (min(n, m) if causal else m) * d
+    return gemm / float(b * h_kv * m * d) >= (4 if bf16 else 1)
+
+
 def flash_blocks(n: int, m: int) -> Blocks:
     """The kernel's tiles for N queries and M keys: 256/64/32 query rows (N >= 768,
     >= 192, else) and min(512, M) key columns."""
@@ -338,11 +397,14 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
         normalise="reciprocal",
     )
     blocks = flash_blocks(n, n)
-    forward = functools.partial(_flash_forward, variant=build.variant)
+    # The AMX path is this host's: a model of another capability's build (the
+    # one a machine without AMX runs) has none.
+    here = cpu_capability is None or cpu_capability == capability()
+    forward = functools.partial(_flash_forward, variant=build.variant, amx=here)
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 
-def _flash_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, **features):
+def _flash_forward(q, k, v, *, policy: Policy, variant: str, amx: bool, causal, scale, **features):
     """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS),
     with its tiles for the inputs' N and M (``blocks`` of the KernelModel are those
     for M = N); ``bias`` and ``mask`` as the attn_mask the kernel adds to its scaled
@@ -350,6 +412,12 @@ def _flash_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, **fe
     ``a * scale + mask``, contracted by the compiler), K/V with fewer heads as
     ``enable_gqa`` reads them."""
     _check_causal("torch-flash", causal, features)
+    if amx and amx_packs(policy.inputs, q.shape, k.shape, bool(causal)):
+        raise NotImplementedError(
+            f"torch-flash: expected a shape ATen runs without AMX packing, got "
+            f"{policy.inputs.name} Q {tuple(q.shape)}, K {tuple(k.shape)} on a CPU with AMX: "
+            "K and V are packed for oneDNN's tile GEMM there, which is not modelled"
+        )
     blocks = flash_blocks(q.shape[-2], k.shape[-2])
     out = flash_attention(
         q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale, **features
