@@ -40,6 +40,12 @@ def vendor() -> str:
     return _cpuinfo("vendor_id")
 
 
+def amd() -> bool:
+    """Whether this CPU is AMD's: the GEMM and Eigen orders that some kernel tests
+    pin were measured on AMD EPYCs, and Intel CPUs run other BLAS kernels."""
+    return vendor() == "AuthenticAMD"
+
+
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
 
 

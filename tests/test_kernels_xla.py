@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import x64_enabled
+from host import amd
 
 import fa_jax
 from fa_jax import kernels
@@ -805,6 +806,13 @@ def test_one_row_per_group_reads_as_xlas_own_gemvs():
 
 
 @pytest.mark.extended  # 20 s: the probes and the candidates
+@pytest.mark.xfail(
+    not amd(),
+    raises=ValueError,
+    strict=False,
+    reason="the joined order was measured on an AMD EPYC (its rule unknown); on an "
+    "Intel Xeon Eigen's blocks differ there and the model refuses the shape",
+)
 def test_fp32_last_keys_joined_to_the_block_before():
     """Four grouped rows in 3 groups over 4279 keys, d = 16: P V is Eigen's by the
     HLO, and a bare dot of its shape is 100% identical here as 20 blocks of 196
@@ -827,6 +835,13 @@ def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
 
 
 @pytest.mark.extended  # 25 s: fp32's check and bf16's probes
+@pytest.mark.xfail(
+    not amd(),
+    raises=AssertionError,
+    strict=False,
+    reason="measured on an AMD EPYC; on an Intel Xeon (AMX) fp32 is exact here but "
+    "bf16 is 99.80% (3 of 1536 by 1 ulp): bf16's own dots are not fp32's there",
+)
 def test_bf16_takes_xlas_own_dots_from_fp32():
     """bf16's own dots run on float32 operands, the kernels fp32's do; its output is
     too coarse for the check to see Eigen's shards (unsharded fitted random inputs
