@@ -857,7 +857,8 @@ def main(argv=None) -> int:
     except ProcessFailed as err:  # another process of a multi-process run stopped
         print(f"fa-jax {args.command}: {err}; run the same command to resume", file=sys.stderr)
         return 1
-    except (ValueError, TypeError, ImportError) as err:
+    except (ValueError, TypeError, ImportError, NotImplementedError) as err:
+        # NotImplementedError: a kernel's model refusing a shape it does not cover.
         print(f"fa-jax {args.command}: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `fa-jax formats | head`: stop quietly

@@ -80,6 +80,20 @@ def test_cli_validate_errors_are_one_line(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
+def test_cli_validate_reports_a_model_refusing_the_shape(monkeypatch, capsys):
+    """A model that does not cover a shape (NotImplementedError) ends the command
+    with its reason on one line and exit status 2, not a traceback."""
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("xla: this shape is not modelled")
+
+    monkeypatch.setattr(kernels, "emulate", refuse)
+    argv = ["validate", "--kernel", "xla", "--n", "8", "--d", "4", "--heads", "1"]
+    assert main([*argv, "--no-presets"]) == 2
+    err = capsys.readouterr().err
+    assert err == "fa-jax validate: xla: this shape is not modelled\n"
+
+
 def test_cli_kernels_lists_every_kernel(capsys):
     assert main(["kernels"]) == 0
     out = capsys.readouterr().out
