@@ -215,6 +215,7 @@ def test_grid_rejects_kernel_policies_and_a_first_count_other_than_one():
         Check("ggml", "fp32", 4, 512)
 
 
+@pytest.mark.extended  # 9 s: for the default run's time only
 def test_absent_engines_are_skipped_with_their_reason(tmp_path, monkeypatch, capsys):
     import fa_jax.studies.engine_figures as ef
 
