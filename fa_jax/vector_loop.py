@@ -45,6 +45,7 @@ from fa_jax.softmax import rescale_factor, running_max, shifted_exp
 
 __all__ = [
     "LANES",
+    "SMALL_ROWS",
     "Lanes",
     "gemm_accumulate",
     "gemm_k_blocks",
@@ -166,7 +167,7 @@ def query_block(n: int) -> int:
 
 # The most rows (columns of its column-major call) for which the CPU BLAS's
 # GEMM takes its small-matrix path.
-_SMALL_ROWS = 3
+SMALL_ROWS = 3
 
 
 def small_block_rows(n: int) -> int:
@@ -175,7 +176,7 @@ def small_block_rows(n: int) -> int:
     most 3, else 0 (the same in BF16 and FP16: MKL's GEMM of the FP32 values)."""
     br = query_block(n)
     rows = n - br * ((n - 1) // br)
-    return rows if rows <= _SMALL_ROWS else 0
+    return rows if rows <= SMALL_ROWS else 0
 
 
 def torch_qk(q, k_t, policy: Policy):

@@ -14,30 +14,18 @@ import pathlib
 
 import numpy as np
 
-
-@functools.cache
-def _cpuinfo(field: str) -> str:
-    """The first CPU's ``field`` in /proc/cpuinfo ("" where there is none)."""
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == field:
-            return value.strip()
-    return ""
+from fa_jax.kernels import cpu
 
 
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    return frozenset(_cpuinfo("flags").split())
+    return cpu.flags()
 
 
 def vendor() -> str:
     """The CPU's vendor ("AuthenticAMD", "GenuineIntel"; "" where unknown): MKL, which
     PyTorch's GEMMs call, picks its kernels by vendor as well as by ISA."""
-    return _cpuinfo("vendor_id")
+    return cpu.vendor()
 
 
 def amd() -> bool:

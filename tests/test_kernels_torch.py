@@ -30,7 +30,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from helpers import x64_enabled  # noqa: E402
-from host import amd  # noqa: E402
 
 from fa_jax import BF16, FP16, FP32, ops  # noqa: E402
 from fa_jax.attention import Blocks  # noqa: E402
@@ -96,7 +95,7 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray | None, ...
     if it is the capability here, else in a subprocess with ATEN_CPU_CAPABILITY
     set; skips where this CPU cannot run that capability's kernels."""
     inputs = [_inputs(shape, FORMATS[fmt], seed) for _, fmt, shape, _, seed in cases]
-    runs = [not _packs(case) for case in cases]
+    runs = [_unmodelled(case) is None for case in cases]
     if capability == torch_cpu.capability():
         real = {"math": torch_cpu.real_math, "flash": torch_cpu.real_flash}
         return tuple(
@@ -122,11 +121,11 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray | None, ...
             return tuple(out[f"o{i}"] if run else None for i, run in enumerate(runs))
 
 
-def _packs(case) -> bool:
-    """Whether ATen's flash loop packs the case for AMX on this CPU (under every
-    capability: the packing is chosen by the CPU, not by the build)."""
+def _unmodelled(case) -> str | None:
+    """Why this CPU's kernel runs the case in a way the models do not follow (AMX
+    packing, MKL's Intel GEMMs), under every capability: both are the CPU's."""
     kernel, fmt, shape, causal, _ = case
-    return kernel == "flash" and torch_cpu.amx_packs(FORMATS[fmt], shape, shape, causal)
+    return torch_cpu.unmodelled_here(f"torch-{kernel}", FORMATS[fmt], shape, shape, causal)
 
 
 def _ulps(a, b, fmt):
@@ -137,11 +136,9 @@ def _ulps(a, b, fmt):
 
 def _check(capability: str, cases: tuple, index: int):
     kernel, fmt, shape, causal, seed = cases[index]
-    if _packs(cases[index]):
-        pytest.skip(
-            f"this CPU packs {cases[index]} for AMX, a path not modelled "
-            "(test_flash_refuses_where_aten_packs_for_amx)"
-        )
+    reason = _unmodelled(cases[index])
+    if reason is not None:
+        pytest.skip(f"{reason} (test_unmodelled_here_follows_the_cpu)")
     real = _real_outputs(capability, cases)[index]
     assert real is not None
     q, k, v = _inputs(shape, FORMATS[fmt], seed)
@@ -203,6 +200,55 @@ def test_amx_packing_follows_atens_rule():
     # 16 heads on 64 threads: 1 · 32 · 64 / (16 · 64) = 2 < 4; with GQA, 1 K/V head: 32.
     assert not packs(BF16, (1, 16, 64, 64), (1, 16, 64, 64), False, threads=64)
     assert packs(BF16, (1, 16, 64, 64), (1, 1, 64, 64), False, threads=64)
+
+
+def test_unmodelled_here_follows_the_cpu(monkeypatch):
+    """The reasons a model of this CPU's kernels refuses: AMX packing (where the CPU
+    could pack), and on an Intel CPU MKL's GEMMs past d, M = 128 or in its
+    small-matrix path (1 to 3 rows); on an AMD CPU without AMX, none."""
+    unmodelled = torch_cpu.unmodelled_here
+    monkeypatch.setattr(torch_cpu, "_could_pack", lambda fmt: False)
+    monkeypatch.setattr(torch_cpu.cpu, "vendor", lambda: "AuthenticAMD")
+    for kernel in ("torch-flash", "torch-math"):
+        assert unmodelled(kernel, BF16, (1, 2, 1, 33), (1, 2, 300, 33), False) is None
+    monkeypatch.setattr(torch_cpu.cpu, "vendor", lambda: "GenuineIntel")
+    assert unmodelled("torch-flash", FP16, (1, 2, 63, 128), (1, 2, 128, 128), True) is None
+    assert unmodelled("torch-math", FP16, (1, 2, 4, 40), (1, 1, 100, 40), False) is None
+    assert "M = 129" in unmodelled("torch-flash", FP16, (1, 2, 63, 40), (1, 2, 129, 40), False)
+    assert "d = 160" in unmodelled("torch-math", BF16, (1, 2, 8, 160), (1, 2, 8, 160), False)
+    # 33 = 32 + 1 rows: torch-flash's last block; torch-math runs all 33 in one GEMM.
+    assert "1 rows in MKL's small-matrix" in unmodelled(
+        "torch-flash", FP16, (1, 2, 33, 40), (1, 2, 33, 40), False
+    )
+    assert unmodelled("torch-math", FP16, (1, 2, 33, 40), (1, 2, 33, 40), False) is None
+    assert "3 rows" in unmodelled("torch-math", FP16, (1, 2, 3, 40), (1, 2, 9, 40), False)
+    monkeypatch.setattr(torch_cpu, "_could_pack", lambda fmt: True)
+    assert "AMX" in unmodelled("torch-flash", BF16, (1, 2, 100, 40), (1, 2, 100, 40), True)
+    assert unmodelled("torch-math", BF16, (1, 2, 100, 40), (1, 2, 100, 40), True) is None
+
+
+def test_a_model_of_this_cpu_refuses_what_it_does_not_follow():
+    """The models of this CPU's kernels raise the reason; a model of another
+    capability's build (another machine's) has none of this CPU's."""
+    q, k = np.zeros((1, 1, 3, 8)), np.zeros((1, 1, 200, 8))
+    here = torch_cpu.capability()
+    if here not in torch_cpu.CAPABILITIES:
+        pytest.skip(f"no model of this CPU's capability {here!r}")
+    for name, factory in [
+        ("torch-math", torch_cpu.math_model),
+        ("torch-flash", torch_cpu.flash_model),
+    ]:
+        reason = torch_cpu.unmodelled_here(name, FP16, q.shape, k.shape, False)
+        for capability in (None, here):
+            model = factory(FP16, 3, 8, cpu_capability=capability)
+            if reason is None:
+                assert model(q, k, k).shape == q.shape
+            else:
+                with pytest.raises(NotImplementedError) as err:
+                    model(q, k, k)
+                assert str(err.value) == reason
+    other = next(c for c in torch_cpu.CAPABILITIES if c != here)
+    assert torch_cpu.math_model(FP16, 3, 8, cpu_capability=other)(q, k, k).shape == q.shape
 
 
 # Shapes that pack on a CPU with AMX-BF16 (two threads) and one that does not:
@@ -376,6 +422,9 @@ def _small_block_check(capability: str, case: tuple):
 
     fmt, shape, kv_heads, m, features, causal = case
     q, k, v, extra = case_inputs(fmt, shape, kv_heads, m, features, 1)
+    reason = torch_cpu.unmodelled_here("torch-flash", FORMATS[fmt], q.shape, k.shape, causal)
+    if reason is not None:
+        pytest.skip(f"{reason} (test_unmodelled_here_follows_the_cpu)")
     if causal:
         if capability != torch_cpu.capability():
             pytest.skip("causal cases run on the capability here")
@@ -391,13 +440,6 @@ def _small_block_check(capability: str, case: tuple):
 
 
 @pytest.mark.extended  # for the default run's time only
-@pytest.mark.xfail(
-    not amd(),
-    raises=AssertionError,
-    strict=False,
-    reason="MKL's small-matrix path was measured on AMD CPUs; on an Intel Xeon (AMX) "
-    "it orders the sums otherwise: 99.994% identical here (docs/kernels.md)",
-)
 def test_small_last_query_block_bit_identical():
     """A one-row last query block (33 = 32 + 1) in FP16 with a mask, 70 keys (2
     past the last group of 4): the rows MKL's small-matrix path computes."""

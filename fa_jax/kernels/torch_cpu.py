@@ -46,10 +46,10 @@ AVX2       8      halving ((0+4)+(2+6))+…         fexp_u20 / Sleef    FMA
 AVX512     16     halving (i+8, i+4, i+2, i+1)    fexp_u20 / Sleef    FMA
 =========  =====  ==============================  ==================  ===========
 
-On a CPU with AMX for the format, ``torch-flash`` packs K and V for oneDNN's
-tile GEMM where N and M are large enough (:func:`amx_packs`, ATen's
-``need_pack``): a path not modelled, where the model raises
-``NotImplementedError`` (under a forced lower capability ATen fails there).
+Where this CPU runs another kernel, a model of its kernels raises
+``NotImplementedError`` with the reason (:func:`unmodelled_here`): torch-flash
+packing K and V for AMX's tile GEMM (:func:`amx_packs`, ATen's ``need_pack``),
+or MKL's Intel GEMM kernels past the shapes measured alike (docs/kernels.md).
 
 "glibc" is the C library's ``expf`` (``std::exp``), which the vector builds
 also call on the flash loop's tail and for α = exp(m − m_new); "Sleef" is
@@ -82,6 +82,7 @@ from fa_jax.exponential import (
 )
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.heads import kv_groups, repeat_kv
+from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
@@ -90,11 +91,13 @@ from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
 from fa_jax.vector_loop import (
     LANES,
+    SMALL_ROWS,
     gemm_accumulate,
     gemm_k_blocks,
     lane_sum,
     query_block,
     query_split,
+    small_block_rows,
 )
 
 __all__ = [
@@ -109,6 +112,7 @@ __all__ = [
     "platform",
     "real_flash",
     "real_math",
+    "unmodelled_here",
 ]
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
@@ -235,6 +239,57 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
     return fa2_kernel(f).replace(name=f"{name}({f.name})", **changes)
 
 
+# The GEMMs whose orders an Intel Xeon's MKL was measured to share with the AMD
+# EPYCs' (docs/kernels.md, "On an Intel Xeon with AMX"): inner dimensions (d and
+# the keys) up to this, outside MKL's small-matrix path (1 to 3 rows).
+_INTEL_GEMM_K = 128
+
+
+def unmodelled_here(
+    kernel: str, fmt: Format, q_shape: tuple[int, ...], k_shape: tuple[int, ...], causal: bool
+) -> str | None:
+    """Why this CPU runs ``kernel`` (torch-math or torch-flash) on these shapes in a
+    way the models do not follow, or None where they do.  Two reasons, both of the
+    CPU rather than of ATen's build (so under every capability):
+
+    - torch-flash packs K and V for AMX (:func:`amx_packs`);
+    - MKL, which picks its GEMM kernels by CPU vendor, runs on an Intel CPU kernels
+      measured to order their sums as on the AMD CPUs the models were built on only
+      for inner dimensions (d, M) up to 128 and outside its small-matrix path (1 to
+      3 rows: torch-flash's last query block, torch-math's N)."""
+    n, d, m = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-2])
+    if kernel == "torch-flash" and amx_packs(fmt, q_shape, k_shape, causal):
+        return (
+            f"{kernel}: expected a shape ATen runs without AMX packing, got "
+            f"{get_format(fmt).name} Q {tuple(q_shape)}, K {tuple(k_shape)} on a CPU with "
+            "AMX: K and V are packed for oneDNN's tile GEMM there, which is not modelled"
+        )
+    small = small_block_rows(n) if kernel == "torch-flash" else (n if n <= SMALL_ROWS else 0)
+    if cpu.vendor() != "GenuineIntel" or (max(m, d) <= _INTEL_GEMM_K and not small):
+        return None
+    return (
+        f"{kernel}: expected GEMMs that MKL runs on an Intel CPU as on the AMD CPUs the "
+        f"model was measured on (d and M at most {_INTEL_GEMM_K}, no block of 1 to 3 "
+        f"query rows), got d = {d}, M = {m}"
+        + (f", {small} rows in MKL's small-matrix path" if small else "")
+        + ": MKL's Intel kernels order these sums otherwise (docs/kernels.md)"
+    )
+
+
+def _refuse_unmodelled(here: bool, kernel: str, policy: Policy, q, k, causal) -> None:
+    """NotImplementedError with :func:`unmodelled_here`'s reason, for a model of this
+    CPU's kernels."""
+    reason = here and unmodelled_here(kernel, policy.inputs, q.shape, k.shape, bool(causal))
+    if reason:
+        raise NotImplementedError(reason)
+
+
+def _here(cpu_capability: str | None) -> bool:
+    """Whether a model is of this CPU's kernels (its capability, named or not):
+    only then do this CPU's AMX and BLAS apply."""
+    return cpu_capability is None or cpu_capability == capability()
+
+
 def _modelled(cpu_capability: str | None, kernel: str) -> Build:
     """The build of the capability (the one here by default)."""
     cap = capability() if cpu_capability is None else cpu_capability
@@ -259,12 +314,15 @@ def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None
         exp_model=build.softmax_exp,
         scale="q",
     )
-    forward = functools.partial(_math_call, variant=build.variant)
+    forward = functools.partial(_math_call, variant=build.variant, here=_here(cpu_capability))
     return KernelModel("torch-math", policy, "reference", forward=forward)
 
 
-def _math_call(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=None, mask=None):
+def _math_call(
+    q, k, v, *, policy: Policy, variant: str, here: bool, causal, scale, bias=None, mask=None
+):
     _check_causal("torch-math", causal, {"bias": bias, "mask": mask})
+    _refuse_unmodelled(here, "torch-math", policy, q, k, causal)
     return _math_jit(
         q, k, v, policy=policy, variant=variant, causal=causal, scale=scale, bias=bias, mask=mask
     )
@@ -397,14 +455,13 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
         normalise="reciprocal",
     )
     blocks = flash_blocks(n, n)
-    # The AMX path is this host's: a model of another capability's build (the
-    # one a machine without AMX runs) has none.
-    here = cpu_capability is None or cpu_capability == capability()
-    forward = functools.partial(_flash_forward, variant=build.variant, amx=here)
+    # The AMX path and the BLAS are this host's: a model of another capability's
+    # build (the one another machine runs) has neither.
+    forward = functools.partial(_flash_forward, variant=build.variant, here=_here(cpu_capability))
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 
-def _flash_forward(q, k, v, *, policy: Policy, variant: str, amx: bool, causal, scale, **features):
+def _flash_forward(q, k, v, *, policy: Policy, variant: str, here: bool, causal, scale, **features):
     """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS),
     with its tiles for the inputs' N and M (``blocks`` of the KernelModel are those
     for M = N); ``bias`` and ``mask`` as the attn_mask the kernel adds to its scaled
@@ -412,12 +469,7 @@ def _flash_forward(q, k, v, *, policy: Policy, variant: str, amx: bool, causal, 
     ``a * scale + mask``, contracted by the compiler), K/V with fewer heads as
     ``enable_gqa`` reads them."""
     _check_causal("torch-flash", causal, features)
-    if amx and amx_packs(policy.inputs, q.shape, k.shape, bool(causal)):
-        raise NotImplementedError(
-            f"torch-flash: expected a shape ATen runs without AMX packing, got "
-            f"{policy.inputs.name} Q {tuple(q.shape)}, K {tuple(k.shape)} on a CPU with AMX: "
-            "K and V are packed for oneDNN's tile GEMM there, which is not modelled"
-        )
+    _refuse_unmodelled(here, "torch-flash", policy, q, k, causal)
     blocks = flash_blocks(q.shape[-2], k.shape[-2])
     out = flash_attention(
         q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale, **features

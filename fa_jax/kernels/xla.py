@@ -78,6 +78,7 @@ import numpy as np
 from fa_jax import masking, ops
 from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format, get_format
+from fa_jax.kernels import cpu
 from fa_jax.kernels import xla_own_dots as own_dots
 from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
 from fa_jax.policy import Policy
@@ -1707,16 +1708,9 @@ def model(fmt: Format, n: int, d: int) -> KernelModel:
 def _cpu() -> tuple[str, str]:
     """The CPU's model name and its vector features (Linux; empty elsewhere): what
     XLA's CPU backend targets, and YNNPACK picks its kernels by."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-    except OSError:
-        return "", ""
-    name = re.search(r"^model name\s*:\s*(.*)$", info, flags=re.M)
-    flags = re.search(r"^flags\s*:\s*(.*)$", info, flags=re.M)
     wanted = ("avx", "fma", "amx", "f16c", "sse4")
-    vector = sorted({f for f in (flags.group(1).split() if flags else []) if f.startswith(wanted)})
-    return (name.group(1).strip() if name else ""), " ".join(vector)
+    vector = sorted(f for f in cpu.flags() if f.startswith(wanted))
+    return cpu.cpuinfo().get("model name", ""), " ".join(vector)
 
 
 def platform() -> dict[str, str]:
