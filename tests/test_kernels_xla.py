@@ -806,13 +806,17 @@ def test_one_row_per_group_reads_as_xlas_own_gemvs():
         assert xla._dots_of(dtype, (8, 1, 33), layout) == ("row", "column")
 
 
+def _measured_on_an_epyc(raises: type[Exception], reason: str):
+    """A check of an order measured on an AMD EPYC: elsewhere an expected failure,
+    of that kind only (a refusal expected must not turn into a wrong answer)."""
+    return pytest.mark.xfail(not amd(), raises=raises, strict=False, reason=reason)
+
+
 @pytest.mark.extended  # 20 s: the probes and the candidates
-@pytest.mark.xfail(
-    not amd(),
-    raises=ValueError,
-    strict=False,
-    reason="the joined order was measured on an AMD EPYC (its rule unknown); on an "
-    "Intel Xeon Eigen's blocks differ there and the model refuses the shape",
+@_measured_on_an_epyc(
+    ValueError,
+    "the joined order's rule is unknown; on an Intel Xeon Eigen's blocks differ there "
+    "and the model refuses the shape",
 )
 def test_fp32_last_keys_joined_to_the_block_before():
     """Four grouped rows in 3 groups over 4279 keys, d = 16: P V is Eigen's by the
@@ -836,12 +840,10 @@ def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
 
 
 @pytest.mark.extended  # 25 s: fp32's check and bf16's probes
-@pytest.mark.xfail(
-    not amd(),
-    raises=AssertionError,
-    strict=False,
-    reason="measured on an AMD EPYC; on an Intel Xeon (AMX) fp32 is exact here but "
-    "bf16 is 99.80% (3 of 1536 by 1 ulp): bf16's own dots are not fp32's there",
+@_measured_on_an_epyc(
+    AssertionError,
+    "on an Intel Xeon (AMX) fp32 is exact here but bf16 is 99.80% (3 of 1536 by "
+    "1 ulp): bf16's own dots are not fp32's there",
 )
 def test_bf16_takes_xlas_own_dots_from_fp32():
     """bf16's own dots run on float32 operands, the kernels fp32's do; its output is
