@@ -419,6 +419,7 @@ def test_exp2_reference_attention_against_exact_rationals():
             assert got[i, col] == o, (i, col)
 
 
+@pytest.mark.extended  # 7 s: for the default run's time only
 def test_exp2_flash_lse_and_grads():
     """One key block: flash's (m, l) are reference's, so their log-sum-exps
     m · scale + log l agree bitwise; the exp2 placement changes O; gradients run

@@ -270,6 +270,7 @@ def test_round_flags_underflow_to_zero_and_to_a_subnormal(capsys):
         assert "underflow" not in _round_lines(capsys, "-f", "fp16", "--", value)
 
 
+@pytest.mark.extended  # 4 s: for the default run's time only
 def test_sweep_profile_and_no_cache(capsys, tmp_path, monkeypatch):
     """--profile prints one line per program to stderr; --no-cache stores nothing, and
     the default stores every program, which a second run loads."""

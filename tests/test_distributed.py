@@ -109,6 +109,7 @@ def _counts(err: str) -> tuple[int, int, int]:
     return int(m[1]), int(m[2]), int(m[3] or 0)
 
 
+@pytest.mark.extended  # 8 s: for the default run's time only
 def test_two_processes_merge_to_the_one_process_csv(tmp_path):
     cache, profiled = tmp_path / "cache", [[*GRID, "--profile"]] * 2
     results = run(tmp_path / "out", 2, grids=profiled, cache=cache)

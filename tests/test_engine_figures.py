@@ -241,6 +241,7 @@ def test_absent_engines_are_skipped_with_their_reason(tmp_path, monkeypatch, cap
     assert not (tmp_path / "engines" / "threads.csv").exists()
 
 
+@pytest.mark.extended  # 5 s: for the default run's time only
 def test_a_killed_run_resumes_to_the_same_files(tmp_path, monkeypatch):
     """A run whose CSVs lost their last unit's rows (as a kill leaves them) runs only
     that unit again and writes the same bytes as the uninterrupted run."""

@@ -195,6 +195,7 @@ def test_tiny_run_matches_direct_calls(x64, tiny):
     assert by[("fa3_fp8_no_block", "fp16_inputs", "0")] == float(metrics.rmse(o, ref))
 
 
+@pytest.mark.extended  # 4 s: for the default run's time only
 def test_descale_order_changes_the_fp8_rmse_negligibly(x64):
     """Rows descale before the products (exact x̂·s operands); a kernel multiplies
     fl32(Q̂ K̂ᵀ) by fl32(s_q s_k / √d) and the output by s_v.  Measured here on the

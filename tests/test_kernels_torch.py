@@ -150,7 +150,14 @@ def _check(capability: str, cases: tuple, index: int):
     assert share == 1.0, f"{capability} {cases[index]}: {share:.5%} identical, {worst} ulp"
 
 
-@pytest.mark.parametrize("capability", CAPABILITIES)
+# The builds this CPU does not run natively start a subprocess each (5 s): extended.
+@pytest.mark.parametrize(
+    "capability",
+    [
+        pytest.param(c, marks=() if c == torch_cpu.capability() else pytest.mark.extended)
+        for c in CAPABILITIES
+    ],
+)
 @pytest.mark.parametrize("index", range(len(DEFAULT_CASES)))
 def test_bit_identical_small(capability, index):
     _check(capability, DEFAULT_CASES, index)
@@ -377,6 +384,7 @@ def test_glibc_expf_is_the_c_librarys():
     "k",
     [201, pytest.param(590, marks=pytest.mark.slow), pytest.param(1100, marks=pytest.mark.slow)],
 )
+@pytest.mark.extended  # 5 s at 201: for the default run's time only
 def test_batched_gemm_blocks_equal_the_block_by_block_gemm(k):
     """torch-math's GEMM with its inner blocks batched (the narrower ones padded
     with zero products) gives the bits of gemm_accumulate's block-by-block sums:

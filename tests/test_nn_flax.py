@@ -52,6 +52,7 @@ def _inputs():
     return rng.standard_normal((B, T, F)), rng.standard_normal((B, S, F))
 
 
+@pytest.mark.extended  # 6 s: for the default run's time only
 def test_module_output_is_the_emulation_on_its_projections():
     policy, blocks = fa2_kernel(BF16), Blocks(2, 4)
     module = _module(fnn.flax_attention_fn(policy=policy, blocks=blocks))

@@ -35,6 +35,7 @@ def _finite_positive(*vals):
         assert math.isfinite(v) and v >= 0
 
 
+@pytest.mark.extended  # 5 s: for the default run's time only
 def test_fig3_formats_and_mantissa_sweep(tmp_path, capsys):
     res = fig3(
         tmp_path,

@@ -7,6 +7,7 @@ JAX loaded from its cache serializes incompletely (a later load fails with
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fa_jax.studies.cache import compilation_cache
 from fa_jax.studies.sweep import engine, executables
@@ -29,6 +30,7 @@ def _one_run(cache, fingerprint, monkeypatch):
         return np.asarray(programs.call(_fused, (x,), {}, label="fused"))
 
 
+@pytest.mark.extended  # 6 s: for the default run's time only
 def test_programs_stored_after_an_edit_load_in_the_next_run(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first = _one_run(cache, "before", monkeypatch)

@@ -58,6 +58,7 @@ def _bits(x):
     return np.asarray(x).view(np.uint64)
 
 
+@pytest.mark.extended  # 4 s: for the default run's time only
 def test_programs_equal_direct_calls_bitwise(x64):
     """fa2_kernel's stages traced in the slots it shares with paper_uniform and the
     golden (paper_uniform's own are checked by the sweep's tests against direct
