@@ -120,6 +120,7 @@ COMPARE_ULPS = f"{_KC}::test_ulp_histogram_matches_ml_dtypes_ordering"
 KERNEL_INPUTS = "tests/test_kernels.py::test_bad_shapes_and_inexact_values_are_refused"
 _OD = "tests/test_kernels_xla_own_dots.py"
 PV_CHAINS = "tests/test_kernels_xla.py::test_pv_follows_chains_folds_blocks_and_the_remainder"
+QK_SIMULATED = "tests/test_kernels_xla.py::test_simulated_probes_add_as_the_model_does"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
@@ -1352,6 +1353,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "        cut = (m // block) * block\n",
         "P V's last keys a block of their own where they join the block before",
         PV_CHAINS,
+    ),
+    _m(
+        "kernels/xla",
+        "(main[:, lo : lo + block], tile_k, block) for lo in range(0, n - rest, block)",
+        "(main, tile_k, block) for lo in range(0, min(n - rest, 1), block)",
+        "the probes' simulation pads a Q Kᵀ block to whole chains (reads 31 as 32)",
+        QK_SIMULATED,
     ),
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(

@@ -24,7 +24,8 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   chain t mod tile_k), folds them pairwise at the end, ((c0 + c1) + (c2 + c3)),
   and leaves the last n mod tile_k terms to a remainder path whose products
   are rounded and added in order.  bf16 Q Kᵀ runs AVX-512 BF16's pair
-  instruction: one chain in the order 1, 0, 3, 2, ... .  Q Kᵀ's order is read
+  instruction, one chain in the order 1, 0, 3, 2, ..., or AMX's tile dot,
+  blocks of 32 terms in two chains (even, odd).  Q Kᵀ's order is read
   per key and task of keys, with the blocks YNNPACK cuts its reduction into
   where the dot has few rows (:func:`_qk_order`, :func:`_qk_split`);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
@@ -47,13 +48,12 @@ P's rounding to bf16 before P V is dropped where XLA fuses the softmax and the
 conversion into the Q Kᵀ dot's YNNPACK fusion (excess precision); the model
 reads that from the program the real call would run.
 
-Two float32 exps run, read from the program: in a YNNPACK fusion (bf16 and
-fp32 under jit, from 64 keys or so) YNNPACK's vector exp (``simd::exp``,
-``ynnpack/base/simd/target_independent.inc``;
-:func:`fa_jax.exponential.ynnpack_exp`); elsewhere (eager fp16, small shapes)
-XLA's own Cephes polynomial with FMAs, results below FLT_MIN flushed to zero
-(:func:`xla_cpu_exp`).  Both bit for bit; they differ by an ulp on a few
-percent of inputs.
+Two float32 exps run, read from the program: in a YNNPACK fusion (bf16, fp32
+under jit, from 64 keys or so) YNNPACK's ``simd::exp`` (``ynnpack/base/simd/
+target_independent.inc``; :func:`fa_jax.exponential.ynnpack_exp`); elsewhere
+(eager fp16, small shapes) XLA's own Cephes polynomial with FMAs, results below
+FLT_MIN flushed to zero (:func:`xla_cpu_exp`).  Both bit for bit; they differ
+by an ulp on a few percent of inputs.
 
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
@@ -359,7 +359,10 @@ def _qk(q, k, *, pairs: bool, acc: Format, tile_k: int = 1, block: int | None = 
         for part in parts[1:]:
             total = ops.add(total, part, acc)
         return total
-    tile_k = min(tile_k, d)
+    if d < tile_k:  # a short block: the kernel's lanes past d hold zeros
+        q = jnp.concatenate([q, jnp.zeros((*q.shape[:-1], tile_k - d), q.dtype)], axis=-1)
+        k = jnp.concatenate([k, jnp.zeros((*k.shape[:-1], tile_k - d), k.dtype)], axis=-1)
+        d = tile_k
     steps = d // tile_k
     # Chain r holds terms r, r + tile_k, ...: (..., tile_k, N, steps) @ (..., tile_k, steps, M).
     qs = jnp.swapaxes(q.reshape(*q.shape[:-1], steps, tile_k), -1, -2)
@@ -904,7 +907,6 @@ def _simulated_dot(terms: np.ndarray, tile_k: int, block: int) -> np.ndarray:
     if rest:
         main = _simulated_dot(terms[:, : n - rest], tile_k, block)
         return main + _simulated_dot(terms[:, n - rest :], 1, rest)
-    tile_k = min(tile_k, n)
     block = min(block, n)
     nb, steps = -(-n // block), -(-block // tile_k)
     x = np.zeros((rows, nb * steps * tile_k), np.float32)
@@ -1151,19 +1153,27 @@ def _qk_rounded(run, shape: tuple[int, ...], keys: list[int], m: int) -> np.ndar
 def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[bool, int, int]]:
     """The (pairs, tile_k, block) orders whose simulated probes give ``counts``: one
     block of d terms first; where none fits, the reduction cut into blocks of the
-    smallest size that fits."""
+    smallest size that fits.  Keys that read alike share the search."""
+    read = tuple(int(c) for c in counts)
+    return list(_qk_candidates_of(dtype, d, tuple(map(tuple, pairs)), read))
+
+
+@functools.cache
+def _qk_candidates_of(
+    dtype: str, d: int, pairs: tuple, counts: tuple[int, ...]
+) -> tuple[tuple[bool, int, int], ...]:
     terms = np.full((len(pairs), d), 0.25, np.float32)
     big = np.float32(_PROBE_BIG * _QK_KEY)
     for row, (a, b) in enumerate(pairs):
         terms[row, a], terms[row, b] = big, -big
 
     def fits(swap: bool, t: int, block: int) -> bool:
-        return np.array_equal(4 * _simulated_dot(terms[:, _permuted(d, swap)], t, block), counts)
+        return np.array_equal(4 * _simulated_qk(terms, (swap, t, block)), np.asarray(counts))
 
     swaps = (dtype == "bfloat16", dtype != "bfloat16")
     whole = [(swap, t, d) for swap in swaps for t in _TILES_K if fits(swap, t, d)]
     if whole:
-        return whole
+        return tuple(whole)
     for block in range(1, d):
         found = [
             (swap, t, block)
@@ -1172,8 +1182,30 @@ def _qk_candidates(dtype: str, d: int, pairs, counts: np.ndarray) -> list[tuple[
             if t <= block and fits(swap, t, block)
         ]
         if found:
-            return found
-    return []
+            return tuple(found)
+    return ()
+
+
+def _simulated_qk(terms: np.ndarray, order: tuple[bool, int, int]) -> np.ndarray:
+    """The sums of the rows of ``terms`` (exact products, float32) in the Q Kᵀ
+    order (pairs, tile_k, block) as :func:`_qk` adds them: the terms permuted, the
+    last d mod tile_k added last, the rest cut into blocks of ``block`` terms, each
+    a dot of its own (:func:`_simulated_dot`, its own remainder where tile_k does
+    not divide the block), the block sums added in order."""
+    swap, tile_k, block = order
+    n = terms.shape[1]
+    terms = terms[:, _permuted(n, swap)]
+    rest = n % tile_k if n > tile_k else 0
+    main = terms[:, : n - rest]
+    parts = [
+        _simulated_dot(main[:, lo : lo + block], tile_k, block) for lo in range(0, n - rest, block)
+    ]
+    if rest:
+        parts.append(_simulated_dot(terms[:, n - rest :], 1, rest))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 @functools.cache
