@@ -121,6 +121,7 @@ KERNEL_INPUTS = "tests/test_kernels.py::test_bad_shapes_and_inexact_values_are_r
 _OD = "tests/test_kernels_xla_own_dots.py"
 PV_CHAINS = "tests/test_kernels_xla.py::test_pv_follows_chains_folds_blocks_and_the_remainder"
 QK_SIMULATED = "tests/test_kernels_xla.py::test_simulated_probes_add_as_the_model_does"
+LAST_ROWS = "tests/test_kernels_xla.py::test_last_rows_of_another_kernel_are_refused"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
@@ -1360,6 +1361,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "(main, tile_k, block) for lo in range(0, min(n - rest, 1), block)",
         "the probes' simulation pads a Q Kᵀ block to whole chains (reads 31 as 32)",
         QK_SIMULATED,
+    ),
+    _m(
+        "kernels/xla",
+        "        if not np.array_equal(tail[:, col], read[key]):\n",
+        "        if False:\n",
+        "the last query rows of another kernel go unchecked",
+        LAST_ROWS,
     ),
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(

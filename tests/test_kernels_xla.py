@@ -355,6 +355,49 @@ def test_qk_candidates_tell_blocks_of_31_from_32():
     assert xla._qk_candidates("bfloat16", d, pairs, counts) == [(True, 2, 32), (False, 2, 32)]
 
 
+def _dot_of_two_kernels(tail_rows: int, first: tuple, last: tuple):
+    """A stand-in for the real call (float64 softmax and P V) whose Q Kᵀ adds the
+    last ``tail_rows`` query rows in order ``last`` and the others in ``first``
+    (the probes' simulation of each)."""
+
+    def run(q, k, v):
+        bh, n, d = q.shape
+        s = np.zeros((bh, n, k.shape[1]))
+        for b in range(bh):
+            for j in np.flatnonzero(np.any(k[b] != 0, axis=-1)):
+                terms = (q[b] * k[b, j]).astype(np.float32)
+                s[b, :, j] = xla._simulated_qk(terms, first)
+                s[b, n - tail_rows :, j] = xla._simulated_qk(terms[n - tail_rows :], last)
+        s = s * float(np.float32(1 / np.sqrt(d)))
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+    return run
+
+
+@pytest.mark.parametrize("tail_rows", [0, 2])
+def test_last_rows_of_another_kernel_are_refused(tail_rows):
+    """Where the dot's last query rows, past those the order's probes reach, add
+    Q Kᵀ in another order (YNNPACK's row remainder in AVX-512 BF16's pairs beside
+    AMX's tile dot, as at 258 rows, d = 35, over 381 keys on a Xeon), the check
+    of the last rows refuses; where every row adds alike, it passes."""
+    d, m = 35, 40
+    shape = (1, 300, d)
+    run = _dot_of_two_kernels(tail_rows, (True, 2, 32), (True, 1, d))
+    pairs = sorted(
+        {(a, b) for a in range(16) for b in range(a + 1, 16)} | {(0, b) for b in range(1, d)}
+    )
+    keys = [0, m - 1]
+    counts = xla._qk_probe_counts(run, shape, pairs, keys, m)
+    read = {key: counts[:, col] for col, key in enumerate(keys)}
+    assert xla._qk_candidates("bfloat16", d, pairs, read[0])[0] == (True, 2, 32)
+    if tail_rows:
+        with pytest.raises(ValueError, match="last query rows"):
+            xla._check_last_rows(run, shape, "bfloat16", pairs, read, m)
+    else:
+        xla._check_last_rows(run, shape, "bfloat16", pairs, read, m)
+
+
 def test_qk_candidates_find_a_cut_reduction():
     """Probe counts simulated for a reduction cut into blocks of 66 of 128 terms (as
     at the last keys of 16 queries against 1000 keys, d = 128, fp32) fit no single

@@ -1049,6 +1049,8 @@ def _qk_probe_counts(
     pairs: list[tuple[int, int]],
     keys: list[int],
     m: int | None = None,
+    *,
+    last: bool = False,
 ) -> np.ndarray:
     """For each (a, b) and each key of ``keys``, the count a Q Kᵀ probe reads: a
     query row holds M at term a, -M at term b and a unit elsewhere, each probe
@@ -1056,11 +1058,14 @@ def _qk_probe_counts(
     products not absorbed by ±M; the other keys are zero.  V sends each probe key
     to an output column of its own and one zero key (``_zero_key``) to another, so
     the ratio of the two is exp(S[i, key] · scale).  ``m`` keys (N by default).
-    Returns (len(pairs), len(keys))."""
+    The probes fill the query rows from the first, or with ``last`` from the
+    last one back.  Returns (len(pairs), len(keys))."""
     bh, n, d = shape
     m = n if m is None else m
     zero = _zero_key(m, keys)
     slots = [(b, i) for b in range(bh) for i in range(n)]
+    if last:
+        slots.reverse()
     scale = float(np.float32(1.0 / math.sqrt(d)))
     counts = np.zeros((len(pairs), len(keys)), int)
     for start in range(0, len(pairs), len(slots)):
@@ -1242,10 +1247,12 @@ def _qk_order(
     probed = sorted({0, last, *range(max(2, m - _QK_TAIL), m)} - {1})  # 1: the zero key
     width = max(1, min(d - 1, m // 2))
     orders: dict[int, tuple[bool, int, int]] = {}
+    read: dict[int, np.ndarray] = {}
     for start in range(0, len(probed), width):
         keys = probed[start : start + width]
         counts = _qk_probe_counts(run, shape, pairs, keys, m)
         for col, key in enumerate(keys):
+            read[key] = counts[:, col]
             found = _qk_candidates(dtype, d, pairs, counts[:, col])
             if not found:
                 raise ValueError(
@@ -1253,6 +1260,7 @@ def _qk_order(
                     f"modelled dot order: counts {counts[:, col].tolist()} for pairs {pairs}"
                 )
             orders[key] = found[0]
+    _check_last_rows(run, shape, dtype, pairs, read, m)
     # One float32 chain over all d terms may be YNNPACK's reference kernel, whose
     # products are rounded (a task narrower than a column block): told apart here.
     whole = [key for key in probed if orders[key] == (False, 1, d)]
@@ -1267,6 +1275,29 @@ def _qk_order(
         orders.update(_qk_interior(run, shape, pairs, m, first, orders[0]))
     known = sorted(orders)  # each key takes the order of the nearest key probed below it
     return tuple(orders[known[bisect.bisect_right(known, j) - 1]] for j in range(m))
+
+
+def _check_last_rows(
+    run, shape: tuple[int, ...], dtype: str, pairs: list, read: dict[int, np.ndarray], m: int
+) -> None:
+    """A ValueError where the dot's last query rows, which the probes of
+    :func:`_qk_order` (filling the rows from the first) did not reach, read
+    another order than the first rows at key 0 and the last key probed: YNNPACK
+    can run a remainder of rows with another kernel (on a Xeon with AMX, the last
+    2 of 175 rows, d = 35, with AVX-512 BF16's pairs), and the model gives every
+    row of a key one order."""
+    bh, n, _ = shape
+    if bh * n <= len(pairs):
+        return
+    ends = sorted({0, max(read)})
+    tail = _qk_probe_counts(run, shape, pairs, ends, m, last=True)
+    for col, key in enumerate(ends):
+        if not np.array_equal(tail[:, col], read[key]):
+            raise ValueError(
+                f"xla: the last query rows of {shape} ({dtype}) add Q Kᵀ in another order "
+                f"than the first at key {key} (YNNPACK runs a remainder of rows with "
+                "another kernel), which the model does not follow"
+            )
 
 
 _QK_STRIDE = 64  # the keys sampled between key 0 and the last ones (fp16)
