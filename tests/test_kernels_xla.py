@@ -276,6 +276,16 @@ def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block, join
             assert np.array_equal(np.asarray(xla._pv(*args, joined)), np.asarray(want, np.float64))
 
 
+def _model_qk(q, k, order, *, jit: bool) -> np.ndarray:
+    """The model's fl32(Q Kᵀ) of float32-valued ``q`` and ``k`` in ``order`` (pairs,
+    tile_k, block), jitted or op by op, as float64."""
+    pairs, tile_k, block = order
+    qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k", "block")) if jit else xla._qk
+    with x64_enabled():
+        args = (jnp.asarray(q, jnp.float64), jnp.asarray(k, jnp.float64))
+        return np.asarray(qk(*args, pairs=pairs, acc=FP32, tile_k=tile_k, block=block))
+
+
 @pytest.mark.parametrize(
     ("d", "pairs", "tile_k", "block"),
     [
@@ -294,18 +304,7 @@ def test_qk_follows_the_pair_order_chains_and_the_remainder(d, pairs, tile_k, bl
     block sums added in order."""
     rng = np.random.default_rng(d)
     q, k = _bf16_valued(rng, (3, d)), _bf16_valued(rng, (2, d))
-    with x64_enabled():
-        qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k", "block"))
-        got = np.asarray(
-            qk(
-                jnp.asarray(q, jnp.float64),
-                jnp.asarray(k, jnp.float64),
-                pairs=pairs,
-                acc=FP32,
-                tile_k=tile_k,
-                block=block,
-            )
-        )
+    got = _model_qk(q, k, (pairs, tile_k, block), jit=True)
     order = (
         [j for t in range(0, d - 1, 2) for j in (t + 1, t)] + [d - 1] if pairs else list(range(d))
     )
@@ -325,21 +324,12 @@ def test_simulated_probes_add_as_the_model_does(order):
     is short (each block its own dot, with its own remainder): a simulation that
     padded blocks to whole chains read blocks of 31 as 32 on a Xeon with AMX, and
     the model then cut them at 31."""
-    swap, tile_k, block = order
-    d = 77
+    d, block = 77, order[2]
     rng = np.random.default_rng(block)
     q, k = _bf16_valued(rng, (5, d)), _bf16_valued(rng, (1, d))
-    with x64_enabled():
-        got = xla._qk(
-            jnp.asarray(q, jnp.float64),
-            jnp.asarray(k, jnp.float64),
-            pairs=swap,
-            acc=FP32,
-            tile_k=tile_k,
-            block=block,
-        )
-    want = xla._simulated_qk(q * k, order)  # bf16 products, exact in float32
-    assert np.array_equal(np.asarray(got)[:, 0], want.astype(np.float64))
+    want = xla._simulated_qk(q * k, order).astype(np.float64)  # bf16 products, exact in f32
+    assert np.array_equal(_model_qk(q, k, order, jit=False)[:, 0], want)
+    assert np.array_equal(_model_qk(q, k, order, jit=True)[:, 0], want)
 
 
 def test_qk_candidates_tell_blocks_of_31_from_32():
