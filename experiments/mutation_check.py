@@ -122,6 +122,10 @@ _OD = "tests/test_kernels_xla_own_dots.py"
 PV_CHAINS = "tests/test_kernels_xla.py::test_pv_follows_chains_folds_blocks_and_the_remainder"
 QK_SIMULATED = "tests/test_kernels_xla.py::test_simulated_probes_add_as_the_model_does"
 LAST_ROWS = "tests/test_kernels_xla.py::test_last_rows_of_another_kernel_are_refused"
+TILE_CHUNK = "tests/test_tile_dot.py::test_chunk_is_the_largest_even_divisor_up_to_32"
+TILE_LOOP = "tests/test_tile_dot.py::test_tile_dot_is_the_sdm_loop"
+AMX_GEMMS = "tests/test_vector_loop.py::test_amx_gemms_are_tile_dots"
+AMX_CHOSEN = "tests/test_kernels_torch.py::test_the_amx_loop_runs_where_aten_packs"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
@@ -1368,6 +1372,35 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n",
         "the last query rows of another kernel go unchecked",
         LAST_ROWS,
+    ),
+    # -- tile_dot.py, vector_loop.py and torch_cpu.py: AMX's tile dot -------------
+    _m(
+        "tile_dot",
+        "return max(w for w in range(2, TERMS + 1, 2) if k % w == 0)",
+        "return min(k, TERMS)",
+        "chunks of 32 with a short last one",
+        TILE_CHUNK,
+    ),
+    _m(
+        "tile_dot",
+        "ops.sum(ops.add(even, odd, fmt), fmt, axis=0,",
+        "ops.sum(ops.add(even, odd, fmt)[::-1], fmt, axis=0,",
+        "the chunks added last to first",
+        TILE_LOOP,
+    ),
+    _m(
+        "vector_loop",
+        "return tile_dot(p, v_j, policy.o_acc, initial=o)",
+        "return ops.add(o, tile_dot(p, v_j, policy.o_acc), policy.o_acc)",
+        "P V's tile dots from 0, then added to o",
+        AMX_GEMMS,
+    ),
+    _m(
+        "kernels/torch_cpu",
+        "        return amx\n    return build.variant",
+        "        return build.variant\n    return build.variant",
+        "the BLAS loop where ATen packs for AMX",
+        AMX_CHOSEN,
     ),
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(

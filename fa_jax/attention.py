@@ -198,7 +198,7 @@ def _resolved_scale(scale, d: int, policy: Policy):
 def _qk(q, k_t, policy: Policy, variant=None):
     """fl_qk_acc(Q Kᵀ): a kernel loop's GEMM where it has one (fa_jax.vector_loop)."""
     if variant in _LANES:
-        return _torch_qk(q, k_t, policy)
+        return _torch_qk(q, k_t, policy, _LANES[variant].gemm)
     return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
 
 

@@ -7,7 +7,9 @@ with its own summation orders: the row sum of P̃ over vector lanes
 (:func:`gemm_accumulate`), the statistics updated by an FMA where the build
 fuses a · b + c (:func:`torch_step`).  A last query block of 1 to 3 rows
 meets MKL's small-matrix GEMM, which sums in other orders
-(:func:`torch_qk`, :func:`torch_pv`).
+(:func:`torch_qk`, :func:`torch_pv`).  Where the CPU has AMX and ATen packs K and
+V for it (``need_pack``), both GEMMs are tile dots instead (:mod:`fa_jax.tile_dot`),
+on every row: the ``gemm`` of :class:`Lanes`.
 
 ATen compiles that loop once per CPU capability, with ``Vectorized<float>``
 (``aten/src/ATen/cpu/vec``) of the capability's width; :class:`Lanes` says
@@ -23,6 +25,7 @@ what differs between the builds:
 - ``AVX512``: 16 lanes; ``vec_reduce_all`` halves four times
   (``_mm512_shuffle_f32x4`` by 256 and 128 bits, then ``_mm512_shuffle_ps``
   by 64 and 32): lane i meets i + 8, then i + 4, i + 2, i + 1; a · b + c fused.
+  ``torch_avx512_amx`` is that loop with its GEMMs on AMX.
 
 :data:`LANES` names each loop, as :func:`fa_jax.attention.flash_attention`
 takes it for ``variant``, with its :class:`Lanes`.  Where a build fuses, a bias
@@ -42,6 +45,7 @@ from fa_jax.accumulation import vector
 from fa_jax.exponential import GLIBC_EXPF
 from fa_jax.policy import Policy
 from fa_jax.softmax import rescale_factor, running_max, shifted_exp
+from fa_jax.tile_dot import tile_dot
 
 __all__ = [
     "LANES",
@@ -59,6 +63,7 @@ __all__ = [
 ]
 
 _COMBINES = ("halving", "in_order")
+_GEMMS = ("blas", "amx")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +71,20 @@ class Lanes:
     """One build of ``Vectorized<float>``: ``count`` FP32 lanes; ``combine``, how
     ``vec_reduce_all`` combines them ("halving": lane i + lane i + count/2, then
     the halves again, down to one; "in_order": lanes 1, 2, … added into lane 0);
-    ``fused``, whether the build computes a · b + c as one FMA."""
+    ``fused``, whether the build computes a · b + c as one FMA; ``gemm``, the GEMMs
+    the loop calls ("blas": the CPU BLAS, :func:`torch_qk`, :func:`torch_pv`;
+    "amx": AMX tile dots on K and V packed for them, :mod:`fa_jax.tile_dot`)."""
 
     count: int
     combine: str
     fused: bool
+    gemm: str = "blas"
 
     def __post_init__(self):
         if self.count < 1 or self.count & (self.count - 1):
             raise ValueError(f"Lanes.count: expected a power of two, got {self.count!r}")
         one_of(self.combine, _COMBINES, "Lanes.combine")
+        one_of(self.gemm, _GEMMS, "Lanes.gemm")
 
 
 # The variants that model a vector loop, and their lanes (module docstring).
@@ -83,6 +92,7 @@ LANES = {
     "torch_default": Lanes(8, "in_order", fused=False),
     "torch_avx2": Lanes(8, "halving", fused=True),
     "torch_avx512": Lanes(16, "halving", fused=True),
+    "torch_avx512_amx": Lanes(16, "halving", fused=True, gemm="amx"),
 }
 
 
@@ -179,8 +189,9 @@ def small_block_rows(n: int) -> int:
     return rows if rows <= SMALL_ROWS else 0
 
 
-def torch_qk(q, k_t, policy: Policy):
-    """fl_qk_acc(Q Kᵀ) as the kernel's GEMM adds it: each dot in index order
+def torch_qk(q, k_t, policy: Policy, gemm: str = "blas"):
+    """fl_qk_acc(Q Kᵀ) as the kernel's GEMM adds it: AMX tile dots where K is packed
+    for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); else each dot in index order
     (``policy.accumulation``), except on the rows of :func:`small_block_rows`,
     where MKL's small-matrix path sums the head dimension in 4 lanes (lane i
     holding terms i, i + 4, …, the lanes combined by halving, the d mod 4 last
@@ -189,6 +200,8 @@ def torch_qk(q, k_t, policy: Policy):
     keys.  Revealed by probes on MKL's ``cblas_gemm_f16f16f32`` and ``sgemm_``
     (one thread; the same orders) and checked on random inputs, 1 to 3 rows, 1
     to 512 keys, d = 8 to 256; BF16 by the kernel's outputs."""
+    if gemm == "amx":
+        return tile_dot(q, k_t, policy.qk_acc)
     n, width = q.shape[-2], k_t.shape[-1]
     rows = small_block_rows(n)
     if not rows:
@@ -205,10 +218,14 @@ def torch_qk(q, k_t, policy: Policy):
     return jnp.concatenate([head, small], axis=-2)
 
 
-def torch_pv(o, p, v_j, policy: Policy):
-    """o ⊕ P V as the kernel's GEMM adds it into o: :func:`gemm_accumulate`, except
+def torch_pv(o, p, v_j, policy: Policy, gemm: str = "blas"):
+    """o ⊕ P V as the kernel's GEMM adds it into o: AMX tile dots from o where V is
+    packed for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); else
+    :func:`gemm_accumulate`, except
     on the rows of :func:`small_block_rows`, where MKL's small-matrix path runs one
     chain of fused multiply-adds from o over the keys in index order."""
+    if gemm == "amx":
+        return tile_dot(p, v_j, policy.o_acc, initial=o)
     n = p.shape[-2]
     rows = small_block_rows(n)
     if not rows:
@@ -265,5 +282,5 @@ def torch_step(carry, s, v_j, policy: Policy, *, lanes: Lanes, log2_scale):
     else:
         l_new = ops.add(ops.mul(alpha, l, policy.stats), total, policy.stats)
     o = ops.mul(o, alpha[..., None], policy.o_acc)
-    o = torch_pv(o, ops.cast(e, policy.p), v_j, policy)
+    o = torch_pv(o, ops.cast(e, policy.p), v_j, policy, lanes.gemm)
     return m_new, l_new, o

@@ -28,6 +28,7 @@ torch = pytest.importorskip("torch")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from helpers import x64_enabled  # noqa: E402
 
@@ -95,7 +96,7 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray | None, ...
     if it is the capability here, else in a subprocess with ATEN_CPU_CAPABILITY
     set; skips where this CPU cannot run that capability's kernels."""
     inputs = [_inputs(shape, FORMATS[fmt], seed) for _, fmt, shape, _, seed in cases]
-    runs = [_unmodelled(case) is None for case in cases]
+    runs = [_unmodelled(case, capability) is None for case in cases]
     if capability == torch_cpu.capability():
         real = {"math": torch_cpu.real_math, "flash": torch_cpu.real_flash}
         return tuple(
@@ -121,11 +122,13 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray | None, ...
             return tuple(out[f"o{i}"] if run else None for i, run in enumerate(runs))
 
 
-def _unmodelled(case) -> str | None:
-    """Why this CPU's kernel runs the case in a way the models do not follow (AMX
-    packing, MKL's Intel GEMMs), under every capability: both are the CPU's."""
+def _unmodelled(case, capability: str) -> str | None:
+    """Why this CPU's kernel runs the case under ``capability`` in a way the models
+    do not follow (AMX packing without a model, MKL's Intel GEMMs)."""
     kernel, fmt, shape, causal, _ = case
-    return torch_cpu.unmodelled_here(f"torch-{kernel}", FORMATS[fmt], shape, shape, causal)
+    return torch_cpu.unmodelled_here(
+        f"torch-{kernel}", FORMATS[fmt], shape, shape, causal, cpu_capability=capability
+    )
 
 
 def _ulps(a, b, fmt):
@@ -136,7 +139,7 @@ def _ulps(a, b, fmt):
 
 def _check(capability: str, cases: tuple, index: int):
     kernel, fmt, shape, causal, seed = cases[index]
-    reason = _unmodelled(cases[index])
+    reason = _unmodelled(cases[index], capability)
     if reason is not None:
         pytest.skip(f"{reason} (test_unmodelled_here_follows_the_cpu)")
     real = _real_outputs(capability, cases)[index]
@@ -174,7 +177,7 @@ def test_models_follow_the_capability():
     """Each build's loop and exps; the capability here by default."""
     for cap, variant in [("DEFAULT", "torch_default"), ("AVX2", "torch_avx2")]:
         flash = torch_cpu.flash_model(BF16, 512, 64, cpu_capability=cap)
-        assert flash.forward.keywords["variant"] == variant  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]
+        assert flash.forward.keywords["build"].variant == variant  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]
     math = torch_cpu.math_model(BF16, 512, 64, cpu_capability="AVX512")
     assert math.policy.exp_model.name == "sleef_expf_u10"
     assert torch_cpu.math_model(BF16, 512, 64, cpu_capability="DEFAULT").policy.exp_model.name == (
@@ -230,8 +233,14 @@ def test_unmodelled_here_follows_the_cpu(monkeypatch):
     assert unmodelled("torch-math", FP16, (1, 2, 33, 40), (1, 2, 33, 40), False) is None
     assert "3 rows" in unmodelled("torch-math", FP16, (1, 2, 3, 40), (1, 2, 9, 40), False)
     monkeypatch.setattr(torch_cpu, "_could_pack", lambda fmt: True)
-    assert "AMX" in unmodelled("torch-flash", BF16, (1, 2, 100, 40), (1, 2, 100, 40), True)
-    assert unmodelled("torch-math", BF16, (1, 2, 100, 40), (1, 2, 100, 40), True) is None
+    # The AVX512 build's tile GEMMs are modelled in bf16, on every row and past
+    # MKL's measured d and M; fp16 (AMX-FP16) is not, nor the lower builds' packing.
+    packed = ((1, 2, 100, 160), (1, 2, 300, 160), False)
+    assert unmodelled("torch-flash", BF16, *packed, cpu_capability="AVX512") is None
+    assert "AMX" in unmodelled("torch-flash", FP16, *packed, cpu_capability="AVX512")
+    for capability in ("AVX2", "DEFAULT"):
+        assert "AMX" in unmodelled("torch-flash", BF16, *packed, cpu_capability=capability)
+    assert "d = 160" in unmodelled("torch-math", BF16, *packed, cpu_capability="AVX512")
 
 
 def test_a_model_of_this_cpu_refuses_what_it_does_not_follow():
@@ -268,26 +277,62 @@ _PACKING = [
 ]
 
 
-def test_flash_refuses_where_aten_packs_for_amx():
-    """Where ATen packs K and V for AMX (oneDNN's tile GEMM, not modelled) the model
-    raises instead of answering.  On a CPU with AMX-BF16 the rule is checked
-    against the real kernel: forced to AVX2, ATen still packs there, with
-    AVX-512-only code, and fails exactly where the rule says it packs."""
+def test_the_amx_loop_runs_where_aten_packs(monkeypatch):
+    """On any CPU: where the AVX512 build packs K and V for AMX the model of this
+    CPU's kernel runs the tile-dot loop (``torch_avx512_amx``), elsewhere the BLAS
+    loop; a model of another machine's build never does."""
+    from fa_jax.attention import flash_attention
+
+    monkeypatch.setattr(torch_cpu, "capability", lambda: "AVX512")
+    monkeypatch.setattr(torch_cpu, "_could_pack", lambda fmt: True)
+    monkeypatch.setattr(torch_cpu.cpu, "vendor", lambda: "AuthenticAMD")
+    q, k, v = _inputs((1, 4, 128, 64), BF16, 0)  # 21 outputs apart between the loops
+    model = torch_cpu.flash_model(BF16, 128, 64)
+    assert torch_cpu.amx_packs(BF16, q.shape, k.shape, False)
+    with x64_enabled():
+        loops = {
+            variant: np.asarray(
+                flash_attention(q, k, v, model.policy, model.blocks, variant=variant)[0]  # pyright: ignore[reportIndexIssue]
+            )
+            for variant in ("torch_avx512", "torch_avx512_amx")
+        }
+    assert np.any(loops["torch_avx512"] != loops["torch_avx512_amx"])
+    np.testing.assert_array_equal(model(q, k, v), loops["torch_avx512_amx"])
+    elsewhere = torch_cpu.flash_model(BF16, 128, 64, cpu_capability="AVX2")
+    monkeypatch.setattr(torch_cpu, "capability", lambda: "AVX2")
+    with pytest.raises(NotImplementedError, match="AMX"):
+        torch_cpu.flash_model(BF16, 128, 64)(q, k, v)
+    assert elsewhere.forward.keywords["here"] is False  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]
+    assert elsewhere(q, k, v).shape == q.shape
+
+
+def test_flash_follows_atens_amx_packing():
+    """Where ATen packs K and V for AMX (:func:`torch_cpu.amx_packs`), on a CPU with
+    AMX-BF16: the AVX512 build's model (AMX's tile dots, fa_jax.tile_dot) is bit
+    for bit the kernel on every shape, packed or not; forced to AVX2, ATen still
+    packs there, with AVX-512-only code, and fails exactly where the rule says."""
     threads = torch.get_num_threads()
     predicted = [
         torch_cpu.amx_packs(BF16, (b, h, n, d), (b, hkv, m, d), causal, threads=threads)
         for b, h, hkv, n, m, d, causal in _PACKING
     ]
     if not torch_cpu._could_pack(BF16):
-        assert not any(predicted)  # no AMX: the model answers everywhere
+        assert not any(predicted)  # no AMX: the BLAS loop everywhere
         return
     assert any(predicted) and not all(predicted)
-    for (b, h, hkv, n, m, d, causal), packs in zip(_PACKING, predicted):
-        q, k, v = (np.zeros((b, heads, rows, d)) for heads, rows in [(h, n), (hkv, m), (hkv, m)])
-        model = torch_cpu.flash_model(BF16, n, d)
-        if packs:
-            with pytest.raises(NotImplementedError, match="AMX"):
-                model(q, k, v, causal=causal)
+    for seed, (b, h, hkv, n, m, d, causal) in enumerate(_PACKING):
+        rng = np.random.default_rng(seed)
+        q, k, v = (
+            rng.standard_normal((b, heads, rows, d)).astype(ml_dtypes.bfloat16).astype(np.float64)
+            for heads, rows in [(h, n), (hkv, m), (hkv, m)]
+        )
+        reason = torch_cpu.unmodelled_here("torch-flash", BF16, q.shape, k.shape, causal)
+        if torch_cpu.capability() != "AVX512" or reason is not None:
+            continue
+        real = torch_cpu.real_flash(q, k, v, fmt=BF16, causal=causal)
+        emulated = torch_cpu.flash_model(BF16, n, d)(q, k, v, causal=causal)
+        share = np.mean(real == emulated)
+        assert share == 1.0, f"{(b, h, hkv, n, m, d, causal)}: {share:.5%} identical"
     # The real kernel (torch_cpu.real_flash) on each shape under a forced build.
     child = (
         "import json, sys\n"
@@ -429,7 +474,9 @@ def _small_block_check(capability: str, case: tuple):
 
     fmt, shape, kv_heads, m, features, causal = case
     q, k, v, extra = case_inputs(fmt, shape, kv_heads, m, features, 1)
-    reason = torch_cpu.unmodelled_here("torch-flash", FORMATS[fmt], q.shape, k.shape, causal)
+    reason = torch_cpu.unmodelled_here(
+        "torch-flash", FORMATS[fmt], q.shape, k.shape, causal, cpu_capability=capability
+    )
     if reason is not None:
         pytest.skip(f"{reason} (test_unmodelled_here_follows_the_cpu)")
     if causal:

@@ -82,6 +82,9 @@ def test_lanes_differ_between_builds():
     assert LANES["torch_default"] == Lanes(8, "in_order", fused=False)
     assert LANES["torch_avx2"] == Lanes(8, "halving", fused=True)
     assert LANES["torch_avx512"] == Lanes(16, "halving", fused=True)
+    assert LANES["torch_avx512_amx"] == Lanes(16, "halving", fused=True, gemm="amx")
+    with pytest.raises(ValueError, match=r"Lanes\.gemm"):
+        Lanes(16, "halving", fused=True, gemm="mkl")
     with pytest.raises(ValueError, match=r"Lanes\.count"):
         Lanes(12, "halving", fused=True)
     with pytest.raises(ValueError, match=r"Lanes\.combine"):
@@ -122,3 +125,24 @@ def test_gemm_accumulate_sums_each_block_from_zero():
             *(jnp.asarray(t, jnp.float64) for t in (c, a, b))
         )
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_amx_gemms_are_tile_dots():
+    """``gemm`` "amx": Q Kᵀ the tile dots from 0, P V from o, on every row (the last
+    query block's 1 to 3 included: no MKL small-matrix path)."""
+    from test_tile_dot import _bf16, _loop
+
+    from fa_jax.presets import fa2_kernel
+    from fa_jax.vector_loop import torch_pv, torch_qk
+
+    policy = fa2_kernel("bf16")
+    rng = np.random.default_rng(2)
+    q, k_t = _bf16(rng, (33, 40)), _bf16(rng, (40, 70))  # 33 rows: 32 and 1
+    p, v, o = _bf16(rng, (33, 70)), _bf16(rng, (70, 24)), _bf16(rng, (33, 24))
+    with x64_enabled():
+        qk = jax.jit(lambda q, k_t: torch_qk(q, k_t, policy, "amx"))
+        pv = jax.jit(lambda o, p, v: torch_pv(o, p, v, policy, "amx"))
+        got_s = np.asarray(qk(*(jnp.asarray(t, jnp.float64) for t in (q, k_t))))
+        got_o = np.asarray(pv(*(jnp.asarray(t, jnp.float64) for t in (o, p, v))))
+    np.testing.assert_array_equal(got_s, _loop(q, k_t, None, 20))
+    np.testing.assert_array_equal(got_o, _loop(p, v, o, 14))

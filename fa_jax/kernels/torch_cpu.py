@@ -46,10 +46,11 @@ AVX2       8      halving ((0+4)+(2+6))+…         fexp_u20 / Sleef    FMA
 AVX512     16     halving (i+8, i+4, i+2, i+1)    fexp_u20 / Sleef    FMA
 =========  =====  ==============================  ==================  ===========
 
-Where this CPU runs another kernel, a model of its kernels raises
-``NotImplementedError`` with the reason (:func:`unmodelled_here`): torch-flash
-packing K and V for AMX's tile GEMM (:func:`amx_packs`, ATen's ``need_pack``),
-or MKL's Intel GEMM kernels past the shapes measured alike (docs/kernels.md).
+Where torch-flash packs K and V for AMX (:func:`amx_packs`, ``need_pack``), its
+GEMMs are tile dots (:mod:`fa_jax.tile_dot`, the ``torch_avx512_amx`` loop).  Where
+this CPU runs another kernel, a model raises ``NotImplementedError`` with the
+reason (:func:`unmodelled_here`): fp16 packed for AMX-FP16, a lower build's failing
+packing, or MKL's Intel GEMMs past the shapes measured alike (docs/kernels.md).
 
 "glibc" is the C library's ``expf`` (``std::exp``), which the vector builds
 also call on the flash loop's tail and for α = exp(m − m_new); "Sleef" is
@@ -122,17 +123,20 @@ _DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
 class Build:
     """What one CPU capability's build of the kernels computes: the flash loop's
     variant (:data:`fa_jax.vector_loop.LANES`), the flash loop's exp and the
-    softmax's exp."""
+    softmax's exp; ``amx``, the flash loop's variant where it packs K and V for AMX
+    in bf16 (:func:`amx_packs`), or None where the build cannot (its packing code
+    is AVX-512's: the kernel fails)."""
 
     variant: str
     flash_exp: ExpModel
     softmax_exp: ExpModel
+    amx: str | None = None
 
 
 CAPABILITIES: dict[str, Build] = {
     "DEFAULT": Build("torch_default", GLIBC_EXPF, GLIBC_EXPF),
     "AVX2": Build("torch_avx2", TORCH_FLASH_AVX2, SLEEF_U10),
-    "AVX512": Build("torch_avx512", TORCH_FLASH_AVX512, SLEEF_U10),
+    "AVX512": Build("torch_avx512", TORCH_FLASH_AVX512, SLEEF_U10, amx="torch_avx512_amx"),
 }
 
 
@@ -246,23 +250,36 @@ _INTEL_GEMM_K = 128
 
 
 def unmodelled_here(
-    kernel: str, fmt: Format, q_shape: tuple[int, ...], k_shape: tuple[int, ...], causal: bool
+    kernel: str,
+    fmt: Format,
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    causal: bool,
+    *,
+    cpu_capability: str | None = None,
 ) -> str | None:
-    """Why this CPU runs ``kernel`` (torch-math or torch-flash) on these shapes in a
-    way the models do not follow, or None where they do.  Two reasons, both of the
-    CPU rather than of ATen's build (so under every capability):
+    """Why this CPU runs ``kernel`` (torch-math or torch-flash) on these shapes,
+    under ``cpu_capability`` (the one here by default), in a way the models do not
+    follow, or None where they do.  Two reasons:
 
-    - torch-flash packs K and V for AMX (:func:`amx_packs`);
-    - MKL, which picks its GEMM kernels by CPU vendor, runs on an Intel CPU kernels
-      measured to order their sums as on the AMD CPUs the models were built on only
-      for inner dimensions (d, M) up to 128 and outside its small-matrix path (1 to
-      3 rows: torch-flash's last query block, torch-math's N)."""
+    - torch-flash packs K and V for AMX (:func:`amx_packs`) and the build has no
+      model of it (:attr:`Build.amx`: fp16 on AMX-FP16; the builds below AVX512,
+      whose packing fails);
+    - elsewhere, MKL, which picks its GEMM kernels by CPU vendor, runs on an Intel
+      CPU kernels measured to order their sums as on the AMD CPUs the models were
+      built on only for inner dimensions (d, M) up to 128 and outside its
+      small-matrix path (1 to 3 rows: torch-flash's last query block, torch-math's
+      N).  Both are the CPU's, so they hold under every capability."""
     n, d, m = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-2])
     if kernel == "torch-flash" and amx_packs(fmt, q_shape, k_shape, causal):
+        build = CAPABILITIES.get(capability() if cpu_capability is None else cpu_capability)
+        if build is not None and build.amx is not None and get_format(fmt).name == "bfloat16":
+            return None  # tile GEMMs on every row: no MKL
         return (
             f"{kernel}: expected a shape ATen runs without AMX packing, got "
             f"{get_format(fmt).name} Q {tuple(q_shape)}, K {tuple(k_shape)} on a CPU with "
-            "AMX: K and V are packed for oneDNN's tile GEMM there, which is not modelled"
+            "AMX: K and V are packed for its tile GEMM there, which is modelled only for "
+            "bf16 in the AVX512 build (the lower builds' packing fails)"
         )
     small = small_block_rows(n) if kernel == "torch-flash" else (n if n <= SMALL_ROWS else 0)
     if cpu.vendor() != "GenuineIntel" or (max(m, d) <= _INTEL_GEMM_K and not small):
@@ -282,6 +299,14 @@ def _refuse_unmodelled(here: bool, kernel: str, policy: Policy, q, k, causal) ->
     reason = here and unmodelled_here(kernel, policy.inputs, q.shape, k.shape, bool(causal))
     if reason:
         raise NotImplementedError(reason)
+
+
+def _flash_variant(build: Build, here: bool, policy: Policy, q, k, causal) -> str:
+    """The build's flash loop, or its AMX loop where this CPU packs K and V for it."""
+    amx = build.amx if here else None
+    if amx is not None and amx_packs(policy.inputs, q.shape, k.shape, bool(causal)):
+        return amx
+    return build.variant
 
 
 def _here(cpu_capability: str | None) -> bool:
@@ -457,20 +482,22 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
     blocks = flash_blocks(n, n)
     # The AMX path and the BLAS are this host's: a model of another capability's
     # build (the one another machine runs) has neither.
-    forward = functools.partial(_flash_forward, variant=build.variant, here=_here(cpu_capability))
+    forward = functools.partial(_flash_forward, build=build, here=_here(cpu_capability))
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 
-def _flash_forward(q, k, v, *, policy: Policy, variant: str, here: bool, causal, scale, **features):
-    """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS),
-    with its tiles for the inputs' N and M (``blocks`` of the KernelModel are those
-    for M = N); ``bias`` and ``mask`` as the attn_mask the kernel adds to its scaled
-    scores (in one FMA where the build fuses a · b + c: ``_scale_attn_mask_fusion_kernel``'s
+def _flash_forward(q, k, v, *, policy: Policy, build: Build, here: bool, causal, scale, **features):
+    """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS;
+    its AMX loop where this CPU packs K and V for it), with its tiles for the
+    inputs' N and M (``blocks`` of the KernelModel are those for M = N); ``bias``
+    and ``mask`` as the attn_mask the kernel adds to its scaled scores (in one FMA
+    where the build fuses a · b + c: ``_scale_attn_mask_fusion_kernel``'s
     ``a * scale + mask``, contracted by the compiler), K/V with fewer heads as
     ``enable_gqa`` reads them."""
     _check_causal("torch-flash", causal, features)
     _refuse_unmodelled(here, "torch-flash", policy, q, k, causal)
     blocks = flash_blocks(q.shape[-2], k.shape[-2])
+    variant = _flash_variant(build, here, policy, q, k, causal)
     out = flash_attention(
         q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale, **features
     )
