@@ -126,6 +126,8 @@ TILE_CHUNK = "tests/test_tile_dot.py::test_chunk_is_the_largest_even_divisor_up_
 TILE_LOOP = "tests/test_tile_dot.py::test_tile_dot_is_the_sdm_loop"
 AMX_GEMMS = "tests/test_vector_loop.py::test_amx_gemms_are_tile_dots"
 AMX_CHOSEN = "tests/test_kernels_torch.py::test_the_amx_loop_runs_where_aten_packs"
+OV_AMX = "tests/test_kernels_openvino.py::test_the_model_follows_the_cpus_amx"
+OV_AMX_STEPS = "tests/test_kernels_openvino.py::test_amx_prefill_is_its_steps"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
 EIGEN_KC = f"{_OD}::test_eigen_kc_fits_the_measured_blocks"
@@ -1401,6 +1403,27 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return build.variant\n    return build.variant",
         "the BLAS loop where ATen packs for AMX",
         AMX_CHOSEN,
+    ),
+    _m(
+        "openvino_sdpa",
+        'return tile_dot(a, b, FP32, chunking="blocks")',
+        'return tile_dot(a, b, FP32, chunking="divisor")',
+        "the brgemm's tile dots in ATen's chunks",
+        OV_AMX,
+    ),
+    _m(
+        "kernels/openvino",
+        'amx = "amx_bf16" in cpu.flags()',
+        "amx = False",
+        "vdpbf16ps chains on a CPU with AMX",
+        OV_AMX,
+    ),
+    _m(
+        "kernels/openvino",
+        "return ovs.store_bf16(o.reshape(*o.shape[:-2], -1)).reshape(o.shape)",
+        "return ovs.store_bf16(o)",
+        "the AMX prefill stores its BF16 outputs a row at a time",
+        OV_AMX_STEPS,
     ),
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(

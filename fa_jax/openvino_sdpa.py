@@ -24,8 +24,10 @@ FP32 or rounded to BF16 (nearest even); keys a causal row may not see get P = 0.
 block, one FP32 accumulator per output, ``vdpbf16ps`` on each pair of K): per
 pair (2i, 2i+1) acc = fl(fl(acc + a_{2i+1} b_{2i+1}) + a_{2i} b_{2i}), the
 products exact in FP32 (the instruction's order in Intel's SDM; an odd K is
-padded with a zero).  Denormal inputs and outputs of the instruction, which it
-flushes, are not modelled.
+padded with a zero).  On a CPU with AMX the brgemm runs AMX's tile dot instead,
+on K in chunks of 32, the last one K mod 32 (:mod:`fa_jax.tile_dot`, "blocks").
+Denormal inputs and outputs of the instructions, which they flush, are not
+modelled.
 
 ``dot_product`` (``mha_single_token.cpp``'s ``dot_product``, AVX-512, the decoding
 kernel's Q·K on a BF16, FP32 or u8 cache): blocks of 16 entries of d, four at a
@@ -40,7 +42,9 @@ summed in order from the first, that sum added to the vector part's.
 ``bf16_scalar``: a BF16 output's last d mod 16 columns are stored one by one
 through ``ov::bfloat16(float)``, whose rounding is (bits + ((bits >> 1) &
 0x8000)) >> 16: from the half up where the kept last bit is odd, truncated where
-it is even (the columns before go through ``vcvtneps2bf16``, to nearest even).
+it is even (the columns before go through ``vcvtneps2bf16``, to nearest even:
+``store_bf16``).  The AMX prefill stores a head's N · d outputs as one run, so
+there only the last row's last (N · d) mod 16 go through it.
 
 ``quantize_u8`` (``attn_quant.cpp``'s ``quant_u8``, the u8 KV cache, one group per
 token, the default group size): scale = fl(fl(max - min) / 255) (0.0001 where 0),
@@ -61,6 +65,7 @@ import numpy as np
 from fa_jax import ops
 from fa_jax.exponential import ExpModel, _pow2, register_exp_model
 from fa_jax.formats import BF16, FP32
+from fa_jax.tile_dot import tile_dot
 
 __all__ = [
     "OPENVINO_EXP",
@@ -72,6 +77,7 @@ __all__ = [
     "lane_sum",
     "quantize_u8",
     "softmax",
+    "store_bf16",
 ]
 
 LANES = 16
@@ -136,9 +142,11 @@ def softmax(s, scale: float, keep=None, *, bf16: bool = False):
     return ops.cast(p, BF16) if bf16 else p
 
 
-def bf16_matmul(a, b):
+def bf16_matmul(a, b, *, amx: bool = False):
     """a (..., N, K) @ b (..., K, M) of BF16 values as ``vdpbf16ps`` chains compute it,
-    FP32 (module docstring)."""
+    FP32, or (``amx``) AMX's tile dots (module docstring)."""
+    if amx:
+        return tile_dot(a, b, FP32, chunking="blocks")
     k = a.shape[-1]
     if k % 2:  # the packed K is padded with a zero
         a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 1)])
@@ -195,6 +203,14 @@ def bf16_scalar(x):
     bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
     rounded = (bits + ((bits & np.uint32(0x10000)) >> 1)) & np.uint32(0xFFFF0000)
     return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(x.dtype)
+
+
+def store_bf16(x):
+    """The FP32 values ``x`` stored to BF16 along their last axis as the plugin's
+    converting copy does: whole blocks of :data:`LANES` by ``vcvtneps2bf16`` (to
+    nearest even), the last (length mod 16) by :func:`bf16_scalar`."""
+    vector = x.shape[-1] - x.shape[-1] % LANES
+    return jnp.concatenate([ops.cast(x[..., :vector], BF16), bf16_scalar(x[..., vector:])], axis=-1)
 
 
 def quantize_u8(x):

@@ -146,15 +146,15 @@ def test_identity_point_is_bit_identical(tmp_path):
     assert row["identical_share"] == 1.0
 
 
-# OpenVINO's BF16 inference takes the vdpbf16ps paths only with AVX-512 BF16 (a CPU
-# without it may run the hint in FP32), as tests/test_kernels_openvino.py.
+# OpenVINO's BF16 inference takes the vdpbf16ps (or AMX) paths only with AVX-512 BF16
+# (a CPU without it may run the hint in FP32), as tests/test_kernels_openvino.py.
 def _openvino_bf16_reason() -> str | None:
     reason = _reason("openvino-sdpa")
     if reason is not None:
         return f"openvino-sdpa: {reason}"
-    if isa() != "avx512" or "avx512_bf16" not in cpu_flags() or "amx_bf16" in cpu_flags():
+    if isa() != "avx512" or "avx512_bf16" not in cpu_flags():
         return (
-            "the OpenVINO model follows its AVX-512 BF16 (no AMX) kernels; this host: "
+            "the OpenVINO model follows its AVX-512 BF16 kernels; this host: "
             f"{isa()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}"
         )
     return None

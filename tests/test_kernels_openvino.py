@@ -2,11 +2,11 @@
 softmax (:mod:`fa_jax.openvino_sdpa`) against the real library.
 
 Skipped where openvino is absent.  The model-vs-real checks run only on hosts
-whose CPU has AVX-512 with BF16 dot products (``avx512_bf16``) and no AMX: the
-plugin's BF16 brgemm and its softmax take the ``vdpbf16ps`` and AVX-512 paths
-there, the ones the model follows (with AMX the brgemm blocks K by 32);
-elsewhere they skip saying so.  On such a host the model is bit-exact on every
-case here, so each asserts 100 %.
+whose CPU has AVX-512 with BF16 dot products (``avx512_bf16``): the plugin's
+BF16 brgemm and its softmax take the ``vdpbf16ps`` (or, with AMX, the tile dot's)
+and AVX-512 paths there, the ones the model follows; elsewhere they skip saying
+so.  On such a host the model is bit-exact on every case here, so each asserts
+100 %.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ import pytest
 from host import cpu_flags, isa
 from numpy.typing import DTypeLike
 
-from fa_jax import kernels
+from fa_jax import BF16, FP32, kernels, ops
 from fa_jax import openvino_sdpa as ovs
 from fa_jax._x64 import float64_enabled
 from fa_jax.kernels import openvino as O
+from fa_jax.tile_dot import tile_dot
 
 ov = pytest.importorskip("openvino", reason="openvino is not installed")
 
 needs_bf16_cpu = pytest.mark.skipif(
-    isa() != "avx512" or "avx512_bf16" not in cpu_flags() or "amx_bf16" in cpu_flags(),
-    reason="the model follows OpenVINO's AVX-512 BF16 (vdpbf16ps, no AMX) kernels; this "
-    f"host's CPU is {isa()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}, "
-    f"amx_bf16 {'amx_bf16' in cpu_flags()}",
+    isa() != "avx512" or "avx512_bf16" not in cpu_flags(),
+    reason="the model follows OpenVINO's AVX-512 BF16 kernels; this host's CPU is "
+    f"{isa()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}",
 )
 
 
@@ -77,6 +77,48 @@ def test_model_refuses_what_it_does_not_model():
         kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", kv_cache="u8")
 
 
+def test_the_model_follows_the_cpus_amx(monkeypatch):
+    """On any CPU: the BF16 prefill's brgemm is the tile dot in blocks of 32 where the
+    CPU has AMX (fa_jax.tile_dot), the vdpbf16ps pair chain elsewhere; the two
+    differ on these inputs (d = 128 in blocks of 32, 100 keys: 32 + 32 + 32 + 4)."""
+    from fa_jax.kernels import cpu
+
+    q, k, v = _inputs(228, 2, 100, 100, 128)  # 29 of 25,600 outputs apart
+    out = {}
+    for amx in (False, True):
+        flags = frozenset({"avx512f", "avx512_bf16"} | ({"amx_bf16"} if amx else set()))
+        monkeypatch.setattr(cpu, "flags", lambda flags=flags: flags)
+        out[amx] = np.asarray(kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32"))
+    assert not np.array_equal(out[False], out[True])
+    with float64_enabled():
+        a, b = (jnp.asarray(_inputs(9, 1, 3, 3, 80, ml_dtypes.bfloat16)[i][0]) for i in (0, 1))
+        s_amx = ovs.bf16_matmul(a, b.T, amx=True)
+        assert np.array_equal(s_amx, tile_dot(a, b.T, FP32, chunking="blocks"))
+        assert not np.array_equal(s_amx, ovs.bf16_matmul(a, b.T))
+
+
+def test_amx_prefill_is_its_steps(monkeypatch):
+    """On any CPU: with AMX the BF16 prefill is the tile dots in blocks of 32, the
+    softmax, and each head's N · d outputs stored as one run, so that only the
+    last row's last (N · d) mod 16 = 8 go through ov::bfloat16 (which differs from
+    nearest even on these inputs)."""
+    from fa_jax.kernels import cpu
+
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    q, k, v = _inputs(3, 2, 13, 13, 40)
+    got = np.asarray(kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="bf16"))
+    with float64_enabled():
+        qb, kb, vb = (ops.cast(jnp.asarray(t), BF16) for t in (q, k, v))
+        s = tile_dot(qb, jnp.swapaxes(kb, -1, -2), FP32, chunking="blocks")
+        p = ovs.softmax(s, O._scale(None, 40), None, bf16=True)
+        o = tile_dot(p, vb, FP32, chunking="blocks").reshape(2, 13 * 40)
+        head = [ops.cast(o[:, :512], BF16), ovs.bf16_scalar(o[:, 512:])]
+        want = np.asarray(jnp.concatenate(head, axis=-1)).reshape(2, 13, 40)
+        nearest = np.asarray(ops.cast(o, BF16)).reshape(2, 13, 40)
+    assert np.array_equal(got, want)
+    assert not np.array_equal(want, nearest)
+
+
 def test_exp_ps_reference_points():
     """exp_ps where its steps are known exactly: exp(0) = fl(p(0) · 2^-1) · 2 = 1 (n = 0,
     r = 0, p = 1); at and below ln FLT_MIN (n - 1 = -127, or the zero mask) it gives 0."""
@@ -91,6 +133,8 @@ def test_exp_ps_reference_points():
     ("precision", "n", "d", "causal", "fmt"),
     [
         ("bf16", 11, 16, True, "fp32"),  # fp32 inputs rounded to bf16 by the plugin
+        # N · d mod 16 = 8: with AMX the last row's last 8 outputs stored by ov::bfloat16
+        ("bf16", 13, 40, False, "fp32"),
         # N mod 4 = 1: the last row in MLAS's one-row kernels (Q Kᵀ: 8 AVX lanes)
         ("f32", 5, 16, False, "fp32"),
         pytest.param("f32", 9, 20, True, "fp32", marks=pytest.mark.extended),

@@ -51,17 +51,35 @@ def test_chunk_is_the_largest_even_divisor_up_to_32():
             chunk(bad)  # pyright: ignore[reportArgumentType]
 
 
-@pytest.mark.parametrize("k, start", [(35, False), (80, True), (74, False), (300, True), (1, True)])
-def test_tile_dot_is_the_sdm_loop(k, start):
+def test_blocks_are_32_terms_the_last_shorter():
+    """oneDNN's brgemm as OpenVINO calls it: 80 = 32 + 32 + 16."""
+    assert [chunk(k, "blocks") for k in (1, 16, 35, 80, 512)] == [2, 16, 32, 32, 32]
+    with pytest.raises(ValueError, match=r"chunking: expected one of \('divisor', 'blocks'\)"):
+        chunk(8, "tiles")
+
+
+@pytest.mark.parametrize(
+    "k, start, chunking",
+    [
+        (35, False, "divisor"),
+        (80, True, "divisor"),
+        (74, False, "divisor"),
+        (300, True, "divisor"),
+        (1, True, "divisor"),
+        (80, False, "blocks"),
+        (35, True, "blocks"),
+    ],
+)
+def test_tile_dot_is_the_sdm_loop(k, start, chunking):
     """Bit for bit with the loop, float64 and float32 carriers, jitted (and op by op
     once: each op compiles on its own there); from 0 and from an accumulator (P V's
     rescaled o)."""
     rng = np.random.default_rng(k)
     a, b = _bf16(rng, (5, k)), _bf16(rng, (k, 3))
     c = _bf16(rng, (5, 3)) if start else None
-    want = _loop(a, b, c, chunk(k))
-    fn = lambda a, b, c: tile_dot(a, b, FP32, initial=c)  # noqa: E731
-    for jit in (False, True) if k == 80 else (True,):
+    want = _loop(a, b, c, chunk(k, chunking))
+    fn = lambda a, b, c: tile_dot(a, b, FP32, chunking=chunking, initial=c)  # noqa: E731
+    for jit in (False, True) if (k, chunking) == (80, "divisor") else (True,):
         run = jax.jit(fn) if jit else fn
         got32 = run(jnp.asarray(a), jnp.asarray(b), None if c is None else jnp.asarray(c))
         np.testing.assert_array_equal(np.asarray(got32), want, err_msg=f"float32, jit={jit}")

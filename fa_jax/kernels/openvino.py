@@ -16,11 +16,12 @@ Which code runs (``nodes/scaled_attn.cpp``):
 - N == M (prefill: the cache is empty, one call): the multi-token kernel on the
   new K and V themselves (the cache's precision does not reach the output).
   BF16: Q, K, V rounded to BF16 (nearest even), S = oneDNN brgemm (Q Kᵀ,
-  ``vdpbf16ps``), OpenVINO's softmax with P rounded to BF16, O = brgemm(P V) in
-  FP32, rounded to BF16.  F32: S = MLAS sgemm (Q Kᵀ, four query rows a call;
-  a last block of one row, N mod 4 = 1, in MLAS's one-row kernels), the same
-  softmax in FP32, O = MLAS sgemm(P V).  N == 1 runs the decoding kernel below,
-  on the cache the one key has just entered.  Modelled:
+  ``vdpbf16ps``, or AMX's tile dots on a CPU with AMX), OpenVINO's softmax with
+  P rounded to BF16, O = brgemm(P V) in FP32, rounded to BF16.  F32: S = MLAS
+  sgemm (Q Kᵀ, four query rows a call; a last block of one row, N mod 4 = 1,
+  in MLAS's one-row kernels), the same softmax in FP32, O = MLAS sgemm(P V).
+  N == 1 runs the decoding kernel below, on the cache the one key has just
+  entered.  Modelled:
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
 - N < M (decoding: non-causal only): the first M - N keys are set as the
   cache's state (the plugin converts them as its concat does new keys: bit for
@@ -63,6 +64,7 @@ from fa_jax import openvino_sdpa as ovs
 from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.formats import BF16, FP32, Format, get_format
+from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel
 from fa_jax.presets import fa2_kernel
 
@@ -221,12 +223,16 @@ def _keep(n: int, m: int, causal: bool):
     return jnp.asarray(np.arange(m)[None, :] <= np.arange(n)[:, None])
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "causal"))
-def _bf16_prefill(q, k, v, *, scale: float, causal: bool):
+@functools.partial(jax.jit, static_argnames=("scale", "causal", "amx"))
+def _bf16_prefill(q, k, v, *, scale: float, causal: bool, amx: bool):
     q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
-    s = ovs.bf16_matmul(q, jnp.swapaxes(k, -1, -2))
+    s = ovs.bf16_matmul(q, jnp.swapaxes(k, -1, -2), amx=amx)
     p = ovs.softmax(s, scale, _keep(q.shape[-2], k.shape[-2], causal), bf16=True)
-    return ops.cast(ovs.bf16_matmul(p, v), BF16)
+    o = ovs.bf16_matmul(p, v, amx=amx)
+    if not amx:
+        return ops.cast(o, BF16)
+    # the AMX path's FP32 scratch, stored to BF16 a head (N · d values) at a time
+    return ovs.store_bf16(o.reshape(*o.shape[:-2], -1)).reshape(o.shape)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "causal", "rows"))
@@ -309,14 +315,10 @@ def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
     out = ops.sum(partial, FP32, axis=0, accumulation=SEQUENTIAL)
     if not bf16:
         return out
-    # to BF16: vcvtneps2bf16 on blocks of 16 columns, ov::bfloat16 on the rest
-    vector = d_v - d_v % ovs.LANES
-    return jnp.concatenate(
-        [ops.cast(out[..., :vector], BF16), ovs.bf16_scalar(out[..., vector:])], axis=-1
-    )
+    return ovs.store_bf16(out)  # a row at a time
 
 
-def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool):
+def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool, amx: bool):
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
@@ -332,7 +334,7 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
         out = _decode(*flat, scale=s, threads=threads, u8=u8, bf16=precision == "bf16")
         return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
-        return _bf16_prefill(q, k, v, scale=s, causal=bool(causal))
+        return _bf16_prefill(q, k, v, scale=s, causal=bool(causal), amx=amx)
     rows = n - 1 if n % _M_BLOCK == 1 else n  # the last block of one row: M = 1 kernels
     return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=rows)
 
@@ -363,7 +365,8 @@ def sdpa_model(
         normalise="reciprocal",
     )
     u8 = kv_cache == "u8"
-    forward = functools.partial(_forward, precision=precision, threads=threads, u8=u8)
+    amx = "amx_bf16" in cpu.flags()  # the brgemm's tile dots: this CPU's, read as it runs
+    forward = functools.partial(_forward, precision=precision, threads=threads, u8=u8, amx=amx)
     return KernelModel("openvino-sdpa", policy, "reference", forward=forward)
 
 
