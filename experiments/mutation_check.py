@@ -127,6 +127,8 @@ TILE_LOOP = "tests/test_tile_dot.py::test_tile_dot_is_the_sdm_loop"
 AMX_GEMMS = "tests/test_vector_loop.py::test_amx_gemms_are_tile_dots"
 AMX_CHOSEN = "tests/test_kernels_torch.py::test_the_amx_loop_runs_where_aten_packs"
 OV_AMX = "tests/test_kernels_openvino.py::test_the_model_follows_the_cpus_amx"
+INTEL_BLOCKS = "tests/test_kernels_torch.py::test_intel_sgemm_blocks_as_measured"
+INTEL_CHOSEN = "tests/test_kernels_torch.py::test_the_math_model_takes_this_cpus_gemms"
 OV_AMX_STEPS = "tests/test_kernels_openvino.py::test_amx_prefill_is_its_steps"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
 OWN_DOTS_READ = f"{_OD}::test_own_dots_reads_the_entry_in_order"
@@ -1403,6 +1405,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return build.variant\n    return build.variant",
         "the BLAS loop where ATen packs for AMX",
         AMX_CHOSEN,
+    ),
+    _m(
+        "kernels/torch_cpu",
+        "    half = -(-k // 2)\n    return [(0, half), (half, k)]",
+        "    half = k // 2\n    return [(0, half), (half, k)]",
+        "MKL's Intel halves with the shorter first",
+        INTEL_BLOCKS,
+    ),
+    _m(
+        "kernels/torch_cpu",
+        'intel = here and cpu.vendor() == "GenuineIntel"',
+        "intel = False",
+        "torch-math with the AMD CPUs' GEMM blocks on an Intel CPU",
+        INTEL_CHOSEN,
     ),
     _m(
         "openvino_sdpa",

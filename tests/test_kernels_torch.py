@@ -49,6 +49,8 @@ CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
 DEFAULT_CASES = (
     ("flash", "bf16", (1, 2, 63, 40), True, 0),
     ("math", "fp16", (1, 2, 100, 40), False, 0),
+    # M = 300: two GEMM blocks on an AMD CPU, one FMA chain in MKL's Intel kernels
+    ("math", "bf16", (1, 2, 300, 72), False, 0),
 )
 # Slow tier: 333 keys (odd: the GEMMs' halves of 166 and a last product alone;
 # 20 vectors of 16 + 13), several key blocks (the rescaling) and a last key block
@@ -222,16 +224,30 @@ def test_unmodelled_here_follows_the_cpu(monkeypatch):
     for kernel in ("torch-flash", "torch-math"):
         assert unmodelled(kernel, BF16, (1, 2, 1, 33), (1, 2, 300, 33), False) is None
     monkeypatch.setattr(torch_cpu.cpu, "vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(torch_cpu, "capability", lambda: "AVX512")
     assert unmodelled("torch-flash", FP16, (1, 2, 63, 128), (1, 2, 128, 128), True) is None
     assert unmodelled("torch-math", FP16, (1, 2, 4, 40), (1, 1, 100, 40), False) is None
     assert "M = 129" in unmodelled("torch-flash", FP16, (1, 2, 63, 40), (1, 2, 129, 40), False)
-    assert "d = 160" in unmodelled("torch-math", BF16, (1, 2, 8, 160), (1, 2, 8, 160), False)
     # 33 = 32 + 1 rows: torch-flash's last block; torch-math runs all 33 in one GEMM.
     assert "1 rows in MKL's small-matrix" in unmodelled(
         "torch-flash", FP16, (1, 2, 33, 40), (1, 2, 33, 40), False
     )
     assert unmodelled("torch-math", FP16, (1, 2, 33, 40), (1, 2, 33, 40), False) is None
-    assert "3 rows" in unmodelled("torch-math", FP16, (1, 2, 3, 40), (1, 2, 9, 40), False)
+    # A model of this CPU's torch-math follows MKL's Intel FP32 GEMM for N > 3, d up
+    # to 256 and M up to 768; one of another capability's build (another machine's)
+    # does not.
+    for q_shape, k_shape, why in [
+        ((1, 2, 8, 160), (1, 2, 8, 160), "d = 160"),
+        ((1, 2, 8, 64), (1, 2, 768, 64), "M = 768"),
+    ]:
+        assert unmodelled("torch-math", BF16, q_shape, k_shape, False) is None
+        assert why in unmodelled("torch-math", BF16, q_shape, k_shape, False, cpu_capability="AVX2")
+    for q_shape, k_shape, why in [
+        ((1, 2, 8, 64), (1, 2, 769, 64), "M = 769"),
+        ((1, 2, 8, 257), (1, 2, 8, 257), "d = 257"),
+        ((1, 2, 3, 40), (1, 2, 9, 40), "N = 3"),
+    ]:
+        assert why in unmodelled("torch-math", FP16, q_shape, k_shape, False)
     monkeypatch.setattr(torch_cpu, "_could_pack", lambda fmt: True)
     # The AVX512 build's tile GEMMs are modelled in bf16, on every row and past
     # MKL's measured d and M; fp16 (AMX-FP16) is not, nor the lower builds' packing.
@@ -240,7 +256,7 @@ def test_unmodelled_here_follows_the_cpu(monkeypatch):
     assert "AMX" in unmodelled("torch-flash", FP16, *packed, cpu_capability="AVX512")
     for capability in ("AVX2", "DEFAULT"):
         assert "AMX" in unmodelled("torch-flash", BF16, *packed, cpu_capability=capability)
-    assert "d = 160" in unmodelled("torch-math", BF16, *packed, cpu_capability="AVX512")
+    assert "d = 160" in unmodelled("torch-math", BF16, *packed, cpu_capability="AVX2")
 
 
 def test_a_model_of_this_cpu_refuses_what_it_does_not_follow():
@@ -275,6 +291,48 @@ _PACKING = [
     (1, 1, 1, 65, 64, 33, False),
     (1, 2, 2, 63, 100, 40, False),
 ]
+
+
+def test_intel_sgemm_blocks_as_measured():
+    assert torch_cpu.intel_sgemm_blocks(1) == [(0, 1)]
+    assert torch_cpu.intel_sgemm_blocks(384) == [(0, 384)]
+    assert torch_cpu.intel_sgemm_blocks(385) == [(0, 193), (193, 385)]
+    assert torch_cpu.intel_sgemm_blocks(768) == [(0, 384), (384, 768)]
+    for bad in (0, 769):
+        with pytest.raises(ValueError, match=r"expected 1 <= k <= 768, got"):
+            torch_cpu.intel_sgemm_blocks(bad)
+
+
+def test_the_math_model_takes_this_cpus_gemms(monkeypatch):
+    """On any CPU: a model of this CPU's torch-math takes MKL's Intel GEMM blocks on
+    an Intel CPU, the AMD CPUs' elsewhere and for another capability's build; the
+    Intel blocks are FMA chains from 0, the two halves added (a float32 loop)."""
+    calls = []
+    monkeypatch.setattr(torch_cpu, "_math_jit", lambda *a, **kw: calls.append(kw["intel"]))
+    monkeypatch.setattr(torch_cpu, "capability", lambda: "AVX512")
+    q = np.zeros((1, 1, 4, 8))
+    for vendor in ("GenuineIntel", "AuthenticAMD"):
+        monkeypatch.setattr(torch_cpu.cpu, "vendor", lambda vendor=vendor: vendor)
+        for capability in (None, "AVX2"):
+            torch_cpu.math_model(BF16, 4, 8, cpu_capability=capability)(q, q, q)
+    assert calls == [True, False, False, False]
+    rng = np.random.default_rng(4)
+    for k in (300, 701):
+        a = (rng.random((3, k)) * 2.0 ** rng.integers(-10, 10, (3, k))).astype(np.float32)
+        b = rng.standard_normal((k, 5)).astype(np.float32)
+        want = np.zeros((3, 5), np.float32)
+        for lo, hi in torch_cpu.intel_sgemm_blocks(k):
+            block = np.zeros((3, 5))
+            for j in range(lo, hi):  # products exact in float64; one rounding each step
+                block = (block + a[:, j : j + 1].astype(np.float64) * b[j]).astype(np.float32)
+            want = (want + block).astype(np.float32)
+        with x64_enabled():
+            got = jax.jit(
+                lambda a, b: torch_cpu._gemm(
+                    jnp.zeros((3, 5)), a, b, FP32, torch_cpu.intel_sgemm_blocks
+                )
+            )(jnp.asarray(a, jnp.float64), jnp.asarray(b, jnp.float64))
+        np.testing.assert_array_equal(np.asarray(got), want.astype(np.float64), err_msg=f"k={k}")
 
 
 def test_the_amx_loop_runs_where_aten_packs(monkeypatch):

@@ -9,8 +9,8 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   GEMM, in index order with FMA); softmax as ATen's CPU kernel computes it
   (``native/cpu/SoftMaxKernel.cpp``: row max, e = exp(S − m) on every entry,
   Σ e by ``vec::reduce_all``, P = fl32(e · fl32(1 / Σ)));
-  O = fl_in(P V) (FP32 GEMM, blocked as :func:`fa_jax.vector_loop.gemm_k_blocks`
-  says).  Model: those steps in :mod:`fa_jax.ops` (``KernelModel.forward``).
+  O = fl_in(P V) (FP32 GEMMs blocked as :func:`fa_jax.vector_loop.gemm_k_blocks`,
+  on Intel :func:`intel_sgemm_blocks`).  Model: those steps in :mod:`fa_jax.ops`.
 
 ``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
   ATen's ``native/cpu/FlashAttentionKernel.cpp``) tiles the queries in blocks of
@@ -93,7 +93,6 @@ from fa_jax.softmax import shifted_exp
 from fa_jax.vector_loop import (
     LANES,
     SMALL_ROWS,
-    gemm_accumulate,
     gemm_k_blocks,
     lane_sum,
     query_block,
@@ -109,6 +108,7 @@ __all__ = [
     "amx_packs",
     "flash_blocks",
     "flash_model",
+    "intel_sgemm_blocks",
     "math_model",
     "platform",
     "real_flash",
@@ -247,6 +247,26 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
 # EPYCs' (docs/kernels.md, "On an Intel Xeon with AMX"): inner dimensions (d and
 # the keys) up to this, outside MKL's small-matrix path (1 to 3 rows).
 _INTEL_GEMM_K = 128
+# The inner dimensions up to which MKL's FP32 GEMM on an Intel CPU was measured
+# (1, 2 and 4 threads, more than 3 rows) to sum in :func:`intel_sgemm_blocks`;
+# past it the split depends on the threads.  With B transposed (torch-math's
+# Q Kᵀ) the bound is lower and depends on the shape (336 fails at 14 × 219
+# outputs): d up to _INTEL_QK_D.
+_INTEL_SGEMM_K = 768
+_INTEL_QK_D = 256
+
+
+def intel_sgemm_blocks(k: int) -> list[tuple[int, int]]:
+    """The inner-dimension blocks of MKL's FP32 GEMM on an Intel CPU (torch-math's
+    two GEMMs there), each an FMA chain from 0, the two sums added: one block up to
+    384 terms, else the halves ⌈k/2⌉ and ⌊k/2⌋, as measured for k up to
+    :data:`_INTEL_SGEMM_K` (4 to 512 rows; 1, 2 and 4 threads)."""
+    if not 1 <= k <= _INTEL_SGEMM_K:
+        raise ValueError(f"intel_sgemm_blocks: expected 1 <= k <= {_INTEL_SGEMM_K}, got {k}")
+    if k <= _INTEL_SGEMM_K // 2:
+        return [(0, k)]
+    half = -(-k // 2)
+    return [(0, half), (half, k)]
 
 
 def unmodelled_here(
@@ -269,7 +289,9 @@ def unmodelled_here(
       CPU kernels measured to order their sums as on the AMD CPUs the models were
       built on only for inner dimensions (d, M) up to 128 and outside its
       small-matrix path (1 to 3 rows: torch-flash's last query block, torch-math's
-      N).  Both are the CPU's, so they hold under every capability."""
+      N).  A model of this CPU's torch-math follows MKL's Intel FP32 GEMM
+      (:func:`intel_sgemm_blocks`) for N > 3, d up to 256 and M up to 768; a model
+      of another capability's build is another machine's, with the AMD CPUs' GEMMs."""
     n, d, m = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-2])
     if kernel == "torch-flash" and amx_packs(fmt, q_shape, k_shape, causal):
         build = CAPABILITIES.get(capability() if cpu_capability is None else cpu_capability)
@@ -284,6 +306,15 @@ def unmodelled_here(
     small = small_block_rows(n) if kernel == "torch-flash" else (n if n <= SMALL_ROWS else 0)
     if cpu.vendor() != "GenuineIntel" or (max(m, d) <= _INTEL_GEMM_K and not small):
         return None
+    if kernel == "torch-math" and _here(cpu_capability):
+        if d <= _INTEL_QK_D and m <= _INTEL_SGEMM_K and not small:
+            return None  # intel_sgemm_blocks
+        return (
+            f"{kernel}: expected N > {SMALL_ROWS}, d <= {_INTEL_QK_D} and M <= "
+            f"{_INTEL_SGEMM_K} (MKL's FP32 GEMM on an Intel CPU as measured), got N = {n}, "
+            f"d = {d}, M = {m}: MKL's small-matrix path and larger GEMMs sum otherwise "
+            "(docs/kernels.md)"
+        )
     return (
         f"{kernel}: expected GEMMs that MKL runs on an Intel CPU as on the AMD CPUs the "
         f"model was measured on (d and M at most {_INTEL_GEMM_K}, no block of 1 to 3 "
@@ -348,13 +379,26 @@ def _math_call(
 ):
     _check_causal("torch-math", causal, {"bias": bias, "mask": mask})
     _refuse_unmodelled(here, "torch-math", policy, q, k, causal)
+    intel = here and cpu.vendor() == "GenuineIntel"
     return _math_jit(
-        q, k, v, policy=policy, variant=variant, causal=causal, scale=scale, bias=bias, mask=mask
+        q,
+        k,
+        v,
+        policy=policy,
+        variant=variant,
+        intel=intel,
+        causal=causal,
+        scale=scale,
+        bias=bias,
+        mask=mask,
     )
 
 
-def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=None, mask=None):
-    """ATen's math SDPA on FP32 upcasts (module docstring), step by step; K and V
+def _math_forward(
+    q, k, v, *, policy: Policy, variant: str, intel: bool, causal, scale, bias=None, mask=None
+):
+    """ATen's math SDPA on FP32 upcasts (module docstring), step by step, its GEMMs
+    those of MKL on an AMD CPU or (``intel``) an Intel one; K and V
     repeated per group (``enable_gqa``: ``repeat_interleave``), the float attn_mask
     (``bias``, exact in the input format) added to the scaled scores in FP32
     (``attn.add_(attn_mask)``), a boolean one as -inf (``convert_boolean_attn_mask``),
@@ -367,7 +411,8 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=
     root = round_to(jnp.float64(math.sqrt(scale)), fp32)  # a double sqrt, as a float scalar
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
     n, m = q.shape[-2], k.shape[-2]
-    s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32)
+    blocks = intel_sgemm_blocks if intel else gemm_k_blocks
+    s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32, blocks)
     if causal:
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
     if bias is not None:
@@ -380,20 +425,21 @@ def _math_forward(q, k, v, *, policy: Policy, variant: str, causal, scale, bias=
     total = lane_sum(e, LANES[variant], policy.stats, accumulators=1, vector_tail=True)
     reciprocal = ops.div(jnp.ones_like(total), total, policy.stats)
     p = jnp.where(empty, 0.0, ops.mul(e, reciprocal[..., None], policy.p))
-    o = _gemm(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc)
+    o = _gemm(jnp.zeros((*p.shape[:-1], v.shape[-1])), p, v, policy.pv_acc, blocks)
     return ops.cast(o, policy.out)
 
 
-def _gemm(c, a, b, fmt):
-    """:func:`fa_jax.vector_loop.gemm_accumulate` (c + a @ b summed per inner block
-    of :func:`~fa_jax.vector_loop.gemm_k_blocks` from 0, each block then added into
-    c in order) as one batched matmul of the blocks, the narrower ones padded with
-    zero products at their end (a sum from 0 never holds -0, so adding 0 changes no
-    bit), and a loop adding their sums: the same operations, in a program whose
-    size does not grow with the number of blocks (11 at 2048 keys)."""
-    blocks = gemm_k_blocks(a.shape[-1])
+def _gemm(c, a, b, fmt, k_blocks=gemm_k_blocks):
+    """c + a @ b summed per inner block of ``k_blocks`` (k) from 0, each block then
+    added into c in order (:func:`fa_jax.vector_loop.gemm_accumulate` for
+    :func:`~fa_jax.vector_loop.gemm_k_blocks`) as one batched matmul of the blocks,
+    the narrower ones padded with zero products at their end (a sum from 0 never
+    holds -0, so adding 0 changes no bit), and a loop adding their sums: the same
+    operations, in a program whose size does not grow with the number of blocks (11
+    at 2048 keys)."""
+    blocks = k_blocks(a.shape[-1])
     if len(blocks) == 1:
-        return gemm_accumulate(c, a, b, fmt)
+        return ops.add(c, ops.matmul(a, b, fmt, accumulation="sequential"), fmt)
     width = max(hi - lo for lo, hi in blocks)
 
     def padded(x, axis, lo, hi):
@@ -412,7 +458,9 @@ def _gemm(c, a, b, fmt):
     return jax.lax.scan(add, jnp.broadcast_to(c, sums.shape[1:]), sums)[0]
 
 
-_math_jit = jax.jit(_math_forward, static_argnames=("policy", "variant", "causal", "scale"))
+_math_jit = jax.jit(
+    _math_forward, static_argnames=("policy", "variant", "intel", "causal", "scale")
+)
 
 
 def _could_pack(fmt: Format) -> bool:
