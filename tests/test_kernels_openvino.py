@@ -80,21 +80,22 @@ def test_model_refuses_what_it_does_not_model():
 def test_the_model_follows_the_cpus_amx(monkeypatch):
     """On any CPU: the BF16 prefill's brgemm is the tile dot in blocks of 32 where the
     CPU has AMX (fa_jax.tile_dot), the vdpbf16ps pair chain elsewhere; the two
-    differ on these inputs (d = 128 in blocks of 32, 100 keys: 32 + 32 + 32 + 4)."""
+    differ on these inputs (d = 80 = 32 + 32 + 16)."""
     from fa_jax.kernels import cpu
 
-    q, k, v = _inputs(228, 2, 100, 100, 128)  # 29 of 25,600 outputs apart
-    out = {}
     for amx in (False, True):
         flags = frozenset({"avx512f", "avx512_bf16"} | ({"amx_bf16"} if amx else set()))
         monkeypatch.setattr(cpu, "flags", lambda flags=flags: flags)
-        out[amx] = np.asarray(kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32"))
-    assert not np.array_equal(out[False], out[True])
+        forward = kernels.model("openvino-sdpa", "fp32", 8, 80).forward
+        assert forward.keywords["amx"] is amx  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    a, b = (_inputs(9, 1, 3, 3, 80, ml_dtypes.bfloat16)[i][0] for i in (0, 1))
     with float64_enabled():
-        a, b = (jnp.asarray(_inputs(9, 1, 3, 3, 80, ml_dtypes.bfloat16)[i][0]) for i in (0, 1))
-        s_amx = ovs.bf16_matmul(a, b.T, amx=True)
-        assert np.array_equal(s_amx, tile_dot(a, b.T, FP32, chunking="blocks"))
-        assert not np.array_equal(s_amx, ovs.bf16_matmul(a, b.T))
+        matmul = jax.jit(ovs.bf16_matmul, static_argnames="amx")
+        s_amx = np.asarray(matmul(jnp.asarray(a), jnp.asarray(b.T), amx=True))
+        s_vdp = np.asarray(matmul(jnp.asarray(a), jnp.asarray(b.T), amx=False))
+        tiles = jax.jit(lambda a, b: tile_dot(a, b, FP32, chunking="blocks"))
+        np.testing.assert_array_equal(s_amx, tiles(jnp.asarray(a), jnp.asarray(b.T)))
+    assert np.any(s_amx != s_vdp)
 
 
 def test_amx_prefill_is_its_steps(monkeypatch):
@@ -107,16 +108,19 @@ def test_amx_prefill_is_its_steps(monkeypatch):
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
     q, k, v = _inputs(3, 2, 13, 13, 40)
     got = np.asarray(kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="bf16"))
-    with float64_enabled():
-        qb, kb, vb = (ops.cast(jnp.asarray(t), BF16) for t in (q, k, v))
+
+    def steps(q, k, v):
+        qb, kb, vb = (ops.cast(t, BF16) for t in (q, k, v))
         s = tile_dot(qb, jnp.swapaxes(kb, -1, -2), FP32, chunking="blocks")
         p = ovs.softmax(s, O._scale(None, 40), None, bf16=True)
         o = tile_dot(p, vb, FP32, chunking="blocks").reshape(2, 13 * 40)
         head = [ops.cast(o[:, :512], BF16), ovs.bf16_scalar(o[:, 512:])]
-        want = np.asarray(jnp.concatenate(head, axis=-1)).reshape(2, 13, 40)
-        nearest = np.asarray(ops.cast(o, BF16)).reshape(2, 13, 40)
+        return jnp.concatenate(head, axis=-1).reshape(2, 13, 40), ops.cast(o, BF16)
+
+    with float64_enabled():
+        want, nearest = (np.asarray(x) for x in jax.jit(steps)(q, k, v))
     assert np.array_equal(got, want)
-    assert not np.array_equal(want, nearest)
+    assert not np.array_equal(want, nearest.reshape(2, 13, 40))
 
 
 def test_exp_ps_reference_points():
