@@ -152,10 +152,11 @@ def gemm_k_blocks(k: int) -> list[tuple[int, int]]:
     return list(zip(cuts, [*cuts[1:], k]))
 
 
-def gemm_accumulate(c, a, b, fmt):
-    """c + a @ b as that GEMM adds it: per inner block (gemm_k_blocks) a sum in
-    index order from 0, each block then added into c."""
-    for start, stop in gemm_k_blocks(a.shape[-1]):
+def gemm_accumulate(c, a, b, fmt, k_blocks=gemm_k_blocks):
+    """c + a @ b as that GEMM adds it: per inner block (``k_blocks``, the AMD CPUs'
+    :func:`gemm_k_blocks` by default) a sum in index order from 0, each block then
+    added into c."""
+    for start, stop in k_blocks(a.shape[-1]):
         block = ops.matmul(
             a[..., start:stop], b[..., start:stop, :], fmt, accumulation="sequential"
         )

@@ -93,6 +93,7 @@ from fa_jax.softmax import shifted_exp
 from fa_jax.vector_loop import (
     LANES,
     SMALL_ROWS,
+    gemm_accumulate,
     gemm_k_blocks,
     lane_sum,
     query_block,
@@ -430,16 +431,16 @@ def _math_forward(
 
 
 def _gemm(c, a, b, fmt, k_blocks=gemm_k_blocks):
-    """c + a @ b summed per inner block of ``k_blocks`` (k) from 0, each block then
-    added into c in order (:func:`fa_jax.vector_loop.gemm_accumulate` for
-    :func:`~fa_jax.vector_loop.gemm_k_blocks`) as one batched matmul of the blocks,
+    """:func:`fa_jax.vector_loop.gemm_accumulate` (c + a @ b summed per inner block
+    of ``k_blocks`` from 0, each block then added into c in order) as one batched
+    matmul of the blocks,
     the narrower ones padded with zero products at their end (a sum from 0 never
     holds -0, so adding 0 changes no bit), and a loop adding their sums: the same
     operations, in a program whose size does not grow with the number of blocks (11
     at 2048 keys)."""
     blocks = k_blocks(a.shape[-1])
     if len(blocks) == 1:
-        return ops.add(c, ops.matmul(a, b, fmt, accumulation="sequential"), fmt)
+        return gemm_accumulate(c, a, b, fmt, k_blocks)
     width = max(hi - lo for lo, hi in blocks)
 
     def padded(x, axis, lo, hi):
