@@ -125,9 +125,10 @@ LAST_ROWS = "tests/test_kernels_xla.py::test_last_rows_of_another_kernel_are_ref
 TILE_CHUNK = "tests/test_tile_dot.py::test_chunk_is_the_largest_even_divisor_up_to_32"
 TILE_LOOP = "tests/test_tile_dot.py::test_tile_dot_is_the_sdm_loop"
 AMX_GEMMS = "tests/test_vector_loop.py::test_amx_gemms_are_tile_dots"
-AMX_CHOSEN = "tests/test_kernels_torch.py::test_the_amx_loop_runs_where_aten_packs"
+FLASH_LOOP_CHOSEN = "tests/test_kernels_torch.py::test_the_flash_loop_follows_the_cpu"
 OV_AMX = "tests/test_kernels_openvino.py::test_the_model_follows_the_cpus_amx"
-INTEL_BLOCKS = "tests/test_kernels_torch.py::test_intel_sgemm_blocks_as_measured"
+INTEL_BLOCKS = "tests/test_vector_loop.py::test_intel_sgemm_blocks_as_measured"
+INTEL_GEMMS = "tests/test_vector_loop.py::test_intel_gemms_are_mkls"
 INTEL_CHOSEN = "tests/test_kernels_torch.py::test_the_math_model_takes_this_cpus_gemms"
 OV_AMX_STEPS = "tests/test_kernels_openvino.py::test_amx_prefill_is_its_steps"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
@@ -1401,13 +1402,27 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "kernels/torch_cpu",
-        "        return amx\n    return build.variant",
-        "        return build.variant\n    return build.variant",
+        "        return build.amx\n",
+        "        return build.variant\n",
         "the BLAS loop where ATen packs for AMX",
-        AMX_CHOSEN,
+        FLASH_LOOP_CHOSEN,
     ),
     _m(
         "kernels/torch_cpu",
+        'return build.intel if cpu.vendor() == "GenuineIntel" else build.variant',
+        "return build.variant",
+        "torch-flash with the AMD CPUs' GEMMs on an Intel CPU",
+        FLASH_LOOP_CHOSEN,
+    ),
+    _m(
+        "kernels/torch_cpu",
+        "return known and order.index(cpu_capability) <= order.index(here)",
+        "return known and cpu_capability == here",
+        "a lower build forced on this CPU taken for another machine's",
+        INTEL_CHOSEN,
+    ),
+    _m(
+        "vector_loop",
         "    half = -(-k // 2)\n    return [(0, half), (half, k)]",
         "    half = k // 2\n    return [(0, half), (half, k)]",
         "MKL's Intel halves with the shorter first",
@@ -1415,10 +1430,60 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "kernels/torch_cpu",
-        'intel = here and cpu.vendor() == "GenuineIntel"',
+        'intel = _here(cpu_capability) and cpu.vendor() == "GenuineIntel"',
         "intel = False",
         "torch-math with the AMD CPUs' GEMM blocks on an Intel CPU",
         INTEL_CHOSEN,
+    ),
+    # -- vector_loop.py: MKL's GEMMs on an Intel CPU -------------------------------
+    _m(
+        "vector_loop",
+        "INTEL_F16_LANES_PER_ROW = 24",
+        "INTEL_F16_LANES_PER_ROW = 25",
+        "FP16's 16-lane Q Kᵀ from d = 25 per row",
+        INTEL_GEMMS,
+    ),
+    _m(
+        "vector_loop",
+        "INTEL_F16_LANES_ROWS = 15",
+        "INTEL_F16_LANES_ROWS = 16",
+        "FP16's 16-lane Q Kᵀ on 16 rows",
+        INTEL_GEMMS,
+    ),
+    _m(
+        "vector_loop",
+        "(((0, 4), 8), 12)",
+        "(((0, 8), 4), 12)",
+        "FP16's 16 lanes' quarters added out of order",
+        INTEL_GEMMS,
+    ),
+    _m(
+        "vector_loop",
+        "((0, 8), (1, 9))",
+        "((0, 1), (8, 9))",
+        "the BF16 matrix-vector product's lanes combined by neighbours first",
+        INTEL_GEMMS,
+    ),
+    _m(
+        "vector_loop",
+        "INTEL_GEMV_KEYS = 8",
+        "INTEL_GEMV_KEYS = 16",
+        "the BF16 matrix-vector P V in chains of 16 keys",
+        INTEL_GEMMS,
+    ),
+    _m(
+        "vector_loop",
+        'return tile_dot(q, k_t, policy.qk_acc, chunking="blocks")',
+        "return tile_dot(q, k_t, policy.qk_acc)",
+        "MKL's BF16 Q Kᵀ in ATen's packed chunks",
+        INTEL_GEMMS,
+    ),
+    _m(
+        "vector_loop",
+        "order = jnp.arange(k + pad).reshape(-1, 2)[:, ::-1].reshape(-1)",
+        "order = jnp.arange(k + pad)",
+        "vdpbf16ps adding the even term first",
+        INTEL_GEMMS,
     ),
     _m(
         "openvino_sdpa",

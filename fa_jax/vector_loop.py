@@ -7,9 +7,12 @@ with its own summation orders: the row sum of P̃ over vector lanes
 (:func:`gemm_accumulate`), the statistics updated by an FMA where the build
 fuses a · b + c (:func:`torch_step`).  A last query block of 1 to 3 rows
 meets MKL's small-matrix GEMM, which sums in other orders
-(:func:`torch_qk`, :func:`torch_pv`).  Where the CPU has AMX and ATen packs K and
-V for it (``need_pack``), both GEMMs are tile dots instead (:mod:`fa_jax.tile_dot`),
-on every row: the ``gemm`` of :class:`Lanes`.
+(:func:`torch_qk`, :func:`torch_pv`).  Those GEMM orders are MKL's on the AMD
+CPUs the loops were built on; MKL picks other kernels on an Intel CPU (``gemm``
+"mkl_intel", :func:`intel_sgemm_blocks`, :data:`MKL_INTEL_LANES`, AMX tile dots
+for BF16), and where the CPU has AMX and ATen packs K and V for it
+(``need_pack``), both GEMMs are tile dots on every row (``gemm`` "amx",
+:mod:`fa_jax.tile_dot`): the ``gemm`` of :class:`Lanes`.
 
 ATen compiles that loop once per CPU capability, with ``Vectorized<float>``
 (``aten/src/ATen/cpu/vec``) of the capability's width; :class:`Lanes` says
@@ -25,7 +28,8 @@ what differs between the builds:
 - ``AVX512``: 16 lanes; ``vec_reduce_all`` halves four times
   (``_mm512_shuffle_f32x4`` by 256 and 128 bits, then ``_mm512_shuffle_ps``
   by 64 and 32): lane i meets i + 8, then i + 4, i + 2, i + 1; a · b + c fused.
-  ``torch_avx512_amx`` is that loop with its GEMMs on AMX.
+  ``torch_avx512_amx`` is that loop with its GEMMs on AMX; each build's
+  ``*_intel`` loop has MKL's Intel GEMMs.
 
 :data:`LANES` names each loop, as :func:`fa_jax.attention.flash_attention`
 takes it for ``variant``, with its :class:`Lanes`.  Where a build fuses, a bias
@@ -41,7 +45,7 @@ import jax.numpy as jnp
 
 from fa_jax import ops
 from fa_jax._checks import one_of
-from fa_jax.accumulation import vector
+from fa_jax.accumulation import lanes, tree, vector
 from fa_jax.exponential import GLIBC_EXPF
 from fa_jax.policy import Policy
 from fa_jax.softmax import rescale_factor, running_max, shifted_exp
@@ -49,10 +53,13 @@ from fa_jax.tile_dot import tile_dot
 
 __all__ = [
     "LANES",
+    "MKL_INTEL_GEMV_LANES",
+    "MKL_INTEL_LANES",
     "SMALL_ROWS",
     "Lanes",
     "gemm_accumulate",
     "gemm_k_blocks",
+    "intel_sgemm_blocks",
     "lane_sum",
     "query_block",
     "query_split",
@@ -63,7 +70,7 @@ __all__ = [
 ]
 
 _COMBINES = ("halving", "in_order")
-_GEMMS = ("blas", "amx")
+_GEMMS = ("blas", "mkl_intel", "amx")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,10 @@ class Lanes:
     ``vec_reduce_all`` combines them ("halving": lane i + lane i + count/2, then
     the halves again, down to one; "in_order": lanes 1, 2, … added into lane 0);
     ``fused``, whether the build computes a · b + c as one FMA; ``gemm``, the GEMMs
-    the loop calls ("blas": the CPU BLAS, :func:`torch_qk`, :func:`torch_pv`;
-    "amx": AMX tile dots on K and V packed for them, :mod:`fa_jax.tile_dot`)."""
+    the loop calls (:func:`torch_qk`, :func:`torch_pv`): "blas", MKL's as on the
+    AMD CPUs the loops were built on; "mkl_intel", MKL's on an Intel CPU with
+    AVX-512 and AMX; "amx", AMX tile dots on K and V packed for them
+    (:mod:`fa_jax.tile_dot`)."""
 
     count: int
     combine: str
@@ -87,12 +96,18 @@ class Lanes:
         one_of(self.gemm, _GEMMS, "Lanes.gemm")
 
 
-# The variants that model a vector loop, and their lanes (module docstring).
-LANES = {
+# The variants that model a vector loop, and their lanes (module docstring): each
+# build with MKL's GEMMs as on an AMD CPU and as on an Intel one, and the AVX512
+# build's loop with K and V packed for AMX.
+_BUILDS = {
     "torch_default": Lanes(8, "in_order", fused=False),
     "torch_avx2": Lanes(8, "halving", fused=True),
     "torch_avx512": Lanes(16, "halving", fused=True),
-    "torch_avx512_amx": Lanes(16, "halving", fused=True, gemm="amx"),
+}
+LANES = {
+    **_BUILDS,
+    **{f"{name}_intel": dataclasses.replace(b, gemm="mkl_intel") for name, b in _BUILDS.items()},
+    "torch_avx512_amx": dataclasses.replace(_BUILDS["torch_avx512"], gemm="amx"),
 }
 
 
@@ -164,6 +179,126 @@ def gemm_accumulate(c, a, b, fmt, k_blocks=gemm_k_blocks):
     return c
 
 
+# The inner dimensions up to which MKL's FP32 and FP16 GEMMs on an Intel CPU were
+# measured (1, 2 and 4 threads) to sum in :func:`intel_sgemm_blocks`; past it the
+# split depends on the threads.
+INTEL_GEMM_K = 768
+
+
+def intel_sgemm_blocks(k: int) -> list[tuple[int, int]]:
+    """The inner-dimension blocks of MKL's FP32 GEMM (torch-math's) and its FP16
+    GEMM with FP32 output (the flash loop's) on an Intel CPU, each an FMA chain
+    from 0, the sums added: one block up to 384 terms, else the halves ⌈k/2⌉ and
+    ⌊k/2⌋, as measured for k up to :data:`INTEL_GEMM_K` (FP32: 4 to 512 rows, 1, 2
+    and 4 threads; FP16: 1 to 256 rows of the flash loop's calls, one thread)."""
+    if not 1 <= k <= INTEL_GEMM_K:
+        raise ValueError(f"intel_sgemm_blocks: expected 1 <= k <= {INTEL_GEMM_K}, got {k}")
+    if k <= INTEL_GEMM_K // 2:
+        return [(0, k)]
+    half = -(-k // 2)
+    return [(0, half), (half, k)]
+
+
+# MKL's FP16 GEMM on an Intel CPU for Q Kᵀ over 2 to INTEL_F16_LANES_ROWS rows
+# (columns of its column-major call) and a head dimension of at least
+# INTEL_F16_LANES_PER_ROW per row: 16 lanes of FMA chains (lane i: terms i, i + 16,
+# …; the last d mod 16 terms a partial vector), the four 128-bit quarters added
+# lane by lane in order, then the quarter's lanes as (0 + 1) + (2 + 3).  Elsewhere
+# (1 row, 16 rows or more, a smaller d) :func:`intel_sgemm_blocks`.
+MKL_INTEL_LANES = lanes(
+    16, tree((((((0, 4), 8), 12), (((1, 5), 9), 13)), ((((2, 6), 10), 14), (((3, 7), 11), 15))))
+)
+INTEL_F16_LANES_ROWS = 15
+INTEL_F16_LANES_PER_ROW = 24
+# MKL's BF16 GEMM on an Intel CPU over 1 row, a matrix-vector product in
+# ``vdpbf16ps`` pairs (products of term 2i + 1, then 2i, each addition rounded):
+# Q Kᵀ holds pair i of each 32 terms in lane i mod 16, the lanes combined as
+# MKL_INTEL_GEMV_LANES' tree (lane i with i + 8, then i + 1, i + 2, i + 4); P V sums
+# each 8 keys in one chain from 0 and adds the sums into o in order.
+MKL_INTEL_GEMV_LANES = lanes(
+    16, tree(((((0, 8), (1, 9)), ((2, 10), (3, 11))), (((4, 12), (5, 13)), ((6, 14), (7, 15)))))
+)
+INTEL_GEMV_KEYS = 8
+
+
+def _odd_first(a, b, k_multiple: int):
+    """a (..., n, K), b (..., K, m) with K padded with zero terms to a multiple of
+    ``k_multiple`` (even) and each pair's odd term put first: ``vdpbf16ps``'s order."""
+    k = a.shape[-1]
+    pad = -k % k_multiple
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)])
+    order = jnp.arange(k + pad).reshape(-1, 2)[:, ::-1].reshape(-1)
+    return a[..., order], b[..., order, :]
+
+
+def _intel_gemv_qk(q, k_t, fmt):
+    """q (..., 1, d) · Kᵀ as MKL_INTEL_GEMV_LANES: term t' of the pair-ordered terms
+    in lane (t' // 2) mod 16, in order."""
+    a, b = _odd_first(q, k_t, 2 * 16)
+    chunks = a.shape[-1] // 32  # per chunk: lane i takes its pair's two terms
+    order = jnp.arange(32 * chunks).reshape(chunks, 16, 2).transpose(0, 2, 1).reshape(-1)
+    return ops.matmul(a[..., order], b[..., order, :], fmt, accumulation=MKL_INTEL_GEMV_LANES)
+
+
+def _intel_gemv_pv(o, p, v_j, fmt):
+    """o ⊕ p (..., 1, keys) V as MKL's BF16 matrix-vector product adds it."""
+    a, b = _odd_first(p, v_j, INTEL_GEMV_KEYS)
+    return gemm_accumulate(
+        o, a, b, fmt, lambda k: [(lo, lo + INTEL_GEMV_KEYS) for lo in range(0, k, INTEL_GEMV_KEYS)]
+    )
+
+
+def _bf16(policy: Policy) -> bool:
+    return policy.inputs.name == "bfloat16"
+
+
+def _intel_qk(q, k_t, policy: Policy):
+    """MKL's Intel GEMMs for Q Kᵀ: BF16 on AMX tile dots (K in blocks of 32), FP16
+    in :func:`intel_sgemm_blocks`, or :data:`MKL_INTEL_LANES` on a last block of 2
+    to 15 rows where d is large enough; a BF16 last block of 1 row as
+    MKL's matrix-vector product (:data:`MKL_INTEL_GEMV_LANES`)."""
+    n, d = q.shape[-2], q.shape[-1]
+    rows = small_block_rows(n)
+    if _bf16(policy):
+        if rows != 1:
+            return tile_dot(q, k_t, policy.qk_acc, chunking="blocks")
+        tail = _intel_gemv_qk(q[..., n - 1 :, :], k_t, policy.qk_acc)
+        if n == 1:
+            return tail
+        head = tile_dot(q[..., : n - 1, :], k_t, policy.qk_acc, chunking="blocks")
+        return jnp.concatenate([head, tail], axis=-2)
+    zero = jnp.zeros((*q.shape[:-1], k_t.shape[-1]), q.dtype)
+    rows = n - query_block(n) * ((n - 1) // query_block(n))  # the last block's
+    if not 2 <= rows <= INTEL_F16_LANES_ROWS or d < INTEL_F16_LANES_PER_ROW * rows:
+        return gemm_accumulate(zero, q, k_t, policy.qk_acc, intel_sgemm_blocks)
+    tail = ops.matmul(q[..., n - rows :, :], k_t, policy.qk_acc, accumulation=MKL_INTEL_LANES)
+    if rows == n:
+        return tail
+    head = gemm_accumulate(
+        zero[..., : n - rows, :], q[..., : n - rows, :], k_t, policy.qk_acc, intel_sgemm_blocks
+    )
+    return jnp.concatenate([head, tail], axis=-2)
+
+
+def _intel_pv(o, p, v_j, policy: Policy):
+    """MKL's Intel GEMMs for o ⊕ P V: BF16 on AMX tile dots from o (the keys in blocks
+    of 32), a last block of 1 row as its matrix-vector product; FP16 in
+    :func:`intel_sgemm_blocks` on every row."""
+    if not _bf16(policy):
+        return gemm_accumulate(o, p, v_j, policy.o_acc, intel_sgemm_blocks)
+    n = p.shape[-2]
+    if small_block_rows(n) != 1:
+        return tile_dot(p, v_j, policy.o_acc, chunking="blocks", initial=o)
+    tail = _intel_gemv_pv(o[..., n - 1 :, :], p[..., n - 1 :, :], v_j, policy.o_acc)
+    if n == 1:
+        return tail
+    head = tile_dot(
+        p[..., : n - 1, :], v_j, policy.o_acc, chunking="blocks", initial=o[..., : n - 1, :]
+    )
+    return jnp.concatenate([head, tail], axis=-2)
+
+
 def query_split(n: int) -> int:
     """The kernel's query tile (``q_split_size``) for N queries: 256 rows (N >= 768),
     64 (N >= 192), else 32."""
@@ -192,7 +327,8 @@ def small_block_rows(n: int) -> int:
 
 def torch_qk(q, k_t, policy: Policy, gemm: str = "blas"):
     """fl_qk_acc(Q Kᵀ) as the kernel's GEMM adds it: AMX tile dots where K is packed
-    for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); else each dot in index order
+    for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); MKL's Intel GEMMs
+    (``gemm`` "mkl_intel": :func:`_intel_qk`); else each dot in index order
     (``policy.accumulation``), except on the rows of :func:`small_block_rows`,
     where MKL's small-matrix path sums the head dimension in 4 lanes (lane i
     holding terms i, i + 4, …, the lanes combined by halving, the d mod 4 last
@@ -203,6 +339,8 @@ def torch_qk(q, k_t, policy: Policy, gemm: str = "blas"):
     to 512 keys, d = 8 to 256; BF16 by the kernel's outputs."""
     if gemm == "amx":
         return tile_dot(q, k_t, policy.qk_acc)
+    if gemm == "mkl_intel":
+        return _intel_qk(q, k_t, policy)
     n, width = q.shape[-2], k_t.shape[-1]
     rows = small_block_rows(n)
     if not rows:
@@ -221,12 +359,14 @@ def torch_qk(q, k_t, policy: Policy, gemm: str = "blas"):
 
 def torch_pv(o, p, v_j, policy: Policy, gemm: str = "blas"):
     """o ⊕ P V as the kernel's GEMM adds it into o: AMX tile dots from o where V is
-    packed for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); else
-    :func:`gemm_accumulate`, except
+    packed for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); MKL's Intel
+    GEMMs (``gemm`` "mkl_intel": :func:`_intel_pv`); else :func:`gemm_accumulate`, except
     on the rows of :func:`small_block_rows`, where MKL's small-matrix path runs one
     chain of fused multiply-adds from o over the keys in index order."""
     if gemm == "amx":
         return tile_dot(p, v_j, policy.o_acc, initial=o)
+    if gemm == "mkl_intel":
+        return _intel_pv(o, p, v_j, policy)
     n = p.shape[-2]
     rows = small_block_rows(n)
     if not rows:

@@ -4,6 +4,7 @@ each against a float32 loop written from ATen's source (``functional_base.h``'s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -13,7 +14,14 @@ import pytest
 from helpers import x64_enabled
 
 from fa_jax import FP32
-from fa_jax.vector_loop import LANES, Lanes, gemm_accumulate, gemm_k_blocks, lane_sum
+from fa_jax.vector_loop import (
+    LANES,
+    Lanes,
+    gemm_accumulate,
+    gemm_k_blocks,
+    intel_sgemm_blocks,
+    lane_sum,
+)
 
 
 def _reduce_all(v: np.ndarray, lanes: Lanes) -> np.float32:
@@ -58,7 +66,8 @@ def _loop_sum(e: np.ndarray, lanes: Lanes, accumulators: int, vector_tail: bool)
     return total
 
 
-@pytest.mark.parametrize("variant", sorted(LANES))
+# One loop per build: the other variants have a build's lanes, other GEMMs.
+@pytest.mark.parametrize("variant", sorted(v for v, lanes in LANES.items() if lanes.gemm == "blas"))
 @pytest.mark.parametrize("accumulators, vector_tail", [(2, False), (1, True)])
 def test_lane_sum_is_the_kernels_loop(variant, accumulators, vector_tail):
     """Terms spread over 2^-20 .. 2^20 so that any other order rounds differently;
@@ -83,6 +92,9 @@ def test_lanes_differ_between_builds():
     assert LANES["torch_avx2"] == Lanes(8, "halving", fused=True)
     assert LANES["torch_avx512"] == Lanes(16, "halving", fused=True)
     assert LANES["torch_avx512_amx"] == Lanes(16, "halving", fused=True, gemm="amx")
+    for build in ("torch_default", "torch_avx2", "torch_avx512"):
+        assert LANES[f"{build}_intel"].gemm == "mkl_intel"
+        assert dataclasses.replace(LANES[f"{build}_intel"], gemm="blas") == LANES[build]
     with pytest.raises(ValueError, match=r"Lanes\.gemm"):
         Lanes(16, "halving", fused=True, gemm="mkl")
     with pytest.raises(ValueError, match=r"Lanes\.count"):
@@ -146,3 +158,125 @@ def test_amx_gemms_are_tile_dots():
         got_o = np.asarray(pv(*(jnp.asarray(t, jnp.float64) for t in (o, p, v))))
     np.testing.assert_array_equal(got_s, _loop(q, k_t, None, 20))
     np.testing.assert_array_equal(got_o, _loop(p, v, o, 14))
+
+
+def test_intel_sgemm_blocks_as_measured():
+    assert intel_sgemm_blocks(1) == [(0, 1)]
+    assert intel_sgemm_blocks(384) == [(0, 384)]
+    assert intel_sgemm_blocks(385) == [(0, 193), (193, 385)]
+    assert intel_sgemm_blocks(768) == [(0, 384), (384, 768)]
+    for bad in (0, 769):
+        with pytest.raises(ValueError, match=r"expected 1 <= k <= 768, got"):
+            intel_sgemm_blocks(bad)
+
+
+def _chains(a: np.ndarray, b: np.ndarray, c: np.ndarray, blocks) -> np.ndarray:
+    """c + a @ b in float32: per block an FMA chain from 0, the block sums added into c."""
+    out = c.astype(np.float32)
+    for lo, hi in blocks:
+        block = np.zeros(out.shape, np.float32)
+        for j in range(lo, hi):  # products exact in float64; one rounding each step
+            block = (block + a[:, j : j + 1].astype(np.float64) * b[j]).astype(np.float32)
+        out = (out + block).astype(np.float32)
+    return out
+
+
+def _mkl_intel_lanes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b in MKL's 16 FP32 lanes (a zero-padded partial last vector), the four
+    128-bit quarters added lane by lane in order, then lanes (0 + 1) + (2 + 3)."""
+    k = a.shape[1]
+    pad = -k % 16
+    a, b = np.pad(a, ((0, 0), (0, pad))), np.pad(b, ((0, pad), (0, 0)))
+    lanes = np.zeros((16, a.shape[0], b.shape[1]), np.float32)
+    for j in range(k + pad):
+        lanes[j % 16] = (lanes[j % 16] + a[:, j : j + 1].astype(np.float64) * b[j]).astype(
+            np.float32
+        )
+    quarter = lanes[0:4]
+    for q in (1, 2, 3):
+        quarter = (quarter + lanes[4 * q : 4 * q + 4]).astype(np.float32)
+    return ((quarter[0] + quarter[1]).astype(np.float32) + (quarter[2] + quarter[3])).astype(
+        np.float32
+    )
+
+
+def _vdpbf16ps(acc, a, b, j: int):
+    """acc + the products of terms j + 1 then j (a zero past the end), each added in FP32."""
+    for t in (j + 1, j):
+        if t < a.shape[-1]:
+            acc = (acc + a[..., t : t + 1].astype(np.float64) * b[t]).astype(np.float32)
+    return acc
+
+
+def _gemv_qk(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (1, K) @ b: pair i of each 32 terms in lane i mod 16, the lanes then added
+    i + 8, i + 1, i + 2, i + 4 (MKL's BF16 matrix-vector product on an Intel CPU)."""
+    lanes = [np.zeros((1, b.shape[1]), np.float32) for _ in range(16)]
+    for j in range(0, a.shape[1], 2):
+        lanes[(j // 2) % 16] = _vdpbf16ps(lanes[(j // 2) % 16], a, b, j)
+    for step in (8, 1, 2, 4):
+        for i in range(16):
+            if i % (2 * step if step < 8 else 16) < step:
+                lanes[i] = (lanes[i] + lanes[i + step]).astype(np.float32)
+    return lanes[0]
+
+
+def _gemv_pv(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """c + a (1, K) @ b: each 8 terms a chain of pairs from 0, added into c in order."""
+    out = c.astype(np.float32)
+    for lo in range(0, a.shape[1], 8):
+        block = np.zeros(out.shape, np.float32)
+        for j in range(lo, min(lo + 8, a.shape[1]), 2):
+            block = _vdpbf16ps(block, a, b, j)
+        out = (out + block).astype(np.float32)
+    return out
+
+
+def test_intel_gemms_are_mkls():
+    """``gemm`` "mkl_intel", against float32 loops of what MKL was measured to do on
+    an Intel Xeon: BF16 on AMX's tile dots (K in blocks of 32, the last shorter),
+    Q Kᵀ from 0 and P V from o, on 2 or 3 rows too, a last query block of 1 row in
+    ``vdpbf16ps`` pairs; FP16 in intel_sgemm_blocks, but Q Kᵀ over 16 lanes on a
+    last query block of r = 2 to 15 rows from d = 24 r."""
+    from test_tile_dot import _bf16, _loop
+
+    from fa_jax.presets import fa2_kernel
+    from fa_jax.vector_loop import torch_pv, torch_qk
+
+    rng = np.random.default_rng(5)
+    bf16, fp16 = fa2_kernel("bf16"), fa2_kernel("fp16")
+
+    def run(fn, *arrays):
+        with x64_enabled():
+            return np.asarray(jax.jit(fn)(*(jnp.asarray(t, jnp.float64) for t in arrays)))
+
+    q, k_t = _bf16(rng, (34, 40)), _bf16(rng, (40, 70))  # 34 rows: 32 and 2
+    p, v, o = _bf16(rng, (34, 70)), _bf16(rng, (70, 24)), _bf16(rng, (34, 24))
+    got_s = run(lambda q, k_t: torch_qk(q, k_t, bf16, "mkl_intel"), q, k_t)
+    np.testing.assert_array_equal(got_s, _loop(q, k_t, None, 32))
+    got_o = run(lambda o, p, v: torch_pv(o, p, v, bf16, "mkl_intel"), o, p, v)
+    np.testing.assert_array_equal(got_o, _loop(p, v, o, 32))
+    # 33 rows: 32 and 1, the last row MKL's matrix-vector product
+    got_s = run(lambda q, k_t: torch_qk(q, k_t, bf16, "mkl_intel"), q[:33], k_t)
+    np.testing.assert_array_equal(got_s[:32], _loop(q[:32], k_t, None, 32))
+    np.testing.assert_array_equal(got_s[32:], _gemv_qk(q[32:33], k_t))
+    got_o = run(lambda o, p, v: torch_pv(o, p, v, bf16, "mkl_intel"), o[:33], p[:33], v)
+    np.testing.assert_array_equal(got_o[:32], _loop(p[:32], v, o[:32], 32))
+    np.testing.assert_array_equal(got_o[32:], _gemv_pv(o[32:33], p[32:33], v))
+
+    def fp16_values(shape):
+        x = rng.standard_normal(shape) * 2.0 ** rng.integers(-6, 6, shape)
+        return x.astype(np.float16).astype(np.float32)
+
+    shapes = [(66, 48), (66, 47), (67, 72), (67, 71), (75, 264), (79, 360), (5, 400), (33, 100)]
+    for n, d in [*shapes, (80, 700), (207, 400)]:  # 16 rows; 15 of 64 over 207
+        q, k_t = fp16_values((n, d)), fp16_values((d, 20))
+        rows = n - 32 * ((n - 1) // 32) if n < 192 else n - 64 * ((n - 1) // 64)
+        want = _chains(q, k_t, np.zeros((n, 20)), intel_sgemm_blocks(d))
+        if 2 <= rows <= 15 and d >= 24 * rows:
+            want[n - rows :] = _mkl_intel_lanes(q[n - rows :], k_t)
+        got = run(lambda q, k_t: torch_qk(q, k_t, fp16, "mkl_intel"), q, k_t)
+        np.testing.assert_array_equal(got, want, err_msg=f"Q Kᵀ {(n, d)}")
+    p, v, o = fp16_values((3, 500)), fp16_values((500, 8)), fp16_values((3, 8))
+    got_o = run(lambda o, p, v: torch_pv(o, p, v, fp16, "mkl_intel"), o, p, v)
+    np.testing.assert_array_equal(got_o, _chains(p, v, o, [(0, 250), (250, 500)]))

@@ -36,7 +36,8 @@ ATen builds both kernels once per CPU capability and dispatches to one
 (``torch.backends.cpu.get_cpu_capability()``; ``ATEN_CPU_CAPABILITY=default``
 or ``avx2``, set before torch is imported, forces a lower one).  The builds
 differ in ``Vectorized<float>`` (``aten/src/ATen/cpu/vec``), so each has its
-model (:data:`CAPABILITIES`; ``cpu_capability=`` picks another machine's):
+model (:data:`CAPABILITIES`; ``cpu_capability=`` below this CPU's is this CPU forced to it,
+above it another machine's):
 
 =========  =====  ==============================  ==================  ===========
 build      lanes  lanes combined                  exp (flash / math)  a · b + c
@@ -47,17 +48,16 @@ AVX512     16     halving (i+8, i+4, i+2, i+1)    fexp_u20 / Sleef    FMA
 =========  =====  ==============================  ==================  ===========
 
 Where torch-flash packs K and V for AMX (:func:`amx_packs`, ``need_pack``), its
-GEMMs are tile dots (:mod:`fa_jax.tile_dot`, the ``torch_avx512_amx`` loop).  Where
-this CPU runs another kernel, a model raises ``NotImplementedError`` with the
-reason (:func:`unmodelled_here`): fp16 packed for AMX-FP16, a lower build's failing
-packing, or MKL's Intel GEMMs past the shapes measured alike (docs/kernels.md).
+GEMMs are tile dots (:mod:`fa_jax.tile_dot`, the ``torch_avx512_amx`` loop); on an
+Intel CPU the GEMMs are MKL's Intel kernels (the ``*_intel`` loops).  Where this
+CPU runs a kernel not modelled, a model raises ``NotImplementedError`` with the
+reason (:func:`unmodelled_here`; docs/kernels.md).
 
 "glibc" is the C library's ``expf`` (``std::exp``), which the vector builds
 also call on the flash loop's tail and for α = exp(m − m_new); "Sleef" is
 ``Sleef_expf8_u10`` / ``Sleef_expf16_u10`` (the same bits on every FP32 input
 in [-104, 0], checked).  The GEMMs are the CPU BLAS's, the same under every
-capability.  PyTorch is imported only when a real kernel runs or the
-capability is read.
+capability.  PyTorch is imported only when a kernel runs or the capability is read.
 """
 
 from __future__ import annotations
@@ -91,14 +91,15 @@ from fa_jax.rounding import round_to
 from fa_jax.score_mods import add_bias
 from fa_jax.softmax import shifted_exp
 from fa_jax.vector_loop import (
+    INTEL_GEMM_K,
     LANES,
     SMALL_ROWS,
     gemm_accumulate,
     gemm_k_blocks,
+    intel_sgemm_blocks,
     lane_sum,
     query_block,
     query_split,
-    small_block_rows,
 )
 
 __all__ = [
@@ -109,7 +110,6 @@ __all__ = [
     "amx_packs",
     "flash_blocks",
     "flash_model",
-    "intel_sgemm_blocks",
     "math_model",
     "platform",
     "real_flash",
@@ -123,15 +123,20 @@ _DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
 @dataclasses.dataclass(frozen=True)
 class Build:
     """What one CPU capability's build of the kernels computes: the flash loop's
-    variant (:data:`fa_jax.vector_loop.LANES`), the flash loop's exp and the
-    softmax's exp; ``amx``, the flash loop's variant where it packs K and V for AMX
-    in bf16 (:func:`amx_packs`), or None where the build cannot (its packing code
-    is AVX-512's: the kernel fails)."""
+    variant (:data:`fa_jax.vector_loop.LANES`, with MKL's GEMMs as on an AMD CPU),
+    the flash loop's exp and the softmax's exp; ``amx``, the flash loop's variant
+    where it packs K and V for AMX in bf16 (:func:`amx_packs`), or None where the
+    build cannot (its packing code is AVX-512's: the kernel fails)."""
 
     variant: str
     flash_exp: ExpModel
     softmax_exp: ExpModel
     amx: str | None = None
+
+    @property
+    def intel(self) -> str:
+        """The flash loop's variant with MKL's GEMMs as on an Intel CPU."""
+        return f"{self.variant}_intel"
 
 
 CAPABILITIES: dict[str, Build] = {
@@ -244,30 +249,10 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
     return fa2_kernel(f).replace(name=f"{name}({f.name})", **changes)
 
 
-# The GEMMs whose orders an Intel Xeon's MKL was measured to share with the AMD
-# EPYCs' (docs/kernels.md, "On an Intel Xeon with AMX"): inner dimensions (d and
-# the keys) up to this, outside MKL's small-matrix path (1 to 3 rows).
-_INTEL_GEMM_K = 128
-# The inner dimensions up to which MKL's FP32 GEMM on an Intel CPU was measured
-# (1, 2 and 4 threads, more than 3 rows) to sum in :func:`intel_sgemm_blocks`;
-# past it the split depends on the threads.  With B transposed (torch-math's
-# Q Kᵀ) the bound is lower and depends on the shape (336 fails at 14 × 219
-# outputs): d up to _INTEL_QK_D.
-_INTEL_SGEMM_K = 768
+# The head dimension up to which MKL's FP32 GEMM on an Intel CPU with B transposed
+# (torch-math's Q Kᵀ) was measured to sum in intel_sgemm_blocks: the bound depends
+# on the shape past it (336 fails at 14 × 219 outputs).
 _INTEL_QK_D = 256
-
-
-def intel_sgemm_blocks(k: int) -> list[tuple[int, int]]:
-    """The inner-dimension blocks of MKL's FP32 GEMM on an Intel CPU (torch-math's
-    two GEMMs there), each an FMA chain from 0, the two sums added: one block up to
-    384 terms, else the halves ⌈k/2⌉ and ⌊k/2⌋, as measured for k up to
-    :data:`_INTEL_SGEMM_K` (4 to 512 rows; 1, 2 and 4 threads)."""
-    if not 1 <= k <= _INTEL_SGEMM_K:
-        raise ValueError(f"intel_sgemm_blocks: expected 1 <= k <= {_INTEL_SGEMM_K}, got {k}")
-    if k <= _INTEL_SGEMM_K // 2:
-        return [(0, k)]
-    half = -(-k // 2)
-    return [(0, half), (half, k)]
 
 
 def unmodelled_here(
@@ -281,70 +266,88 @@ def unmodelled_here(
 ) -> str | None:
     """Why this CPU runs ``kernel`` (torch-math or torch-flash) on these shapes,
     under ``cpu_capability`` (the one here by default), in a way the models do not
-    follow, or None where they do.  Two reasons:
+    follow, or None where they do:
 
     - torch-flash packs K and V for AMX (:func:`amx_packs`) and the build has no
       model of it (:attr:`Build.amx`: fp16 on AMX-FP16; the builds below AVX512,
       whose packing fails);
-    - elsewhere, MKL, which picks its GEMM kernels by CPU vendor, runs on an Intel
-      CPU kernels measured to order their sums as on the AMD CPUs the models were
-      built on only for inner dimensions (d, M) up to 128 and outside its
-      small-matrix path (1 to 3 rows: torch-flash's last query block, torch-math's
-      N).  A model of this CPU's torch-math follows MKL's Intel FP32 GEMM
-      (:func:`intel_sgemm_blocks`) for N > 3, d up to 256 and M up to 768; a model
-      of another capability's build is another machine's, with the AMD CPUs' GEMMs."""
+    - MKL, which picks its GEMM kernels by CPU vendor, runs other kernels on an
+      Intel CPU, measured on one with AVX-512 and AMX: torch-math's FP32 GEMM in
+      :func:`intel_sgemm_blocks` for N > 3, d up to 256 and M up to 768;
+      torch-flash's FP16 GEMM the same way for d up to 768 (the ``*_intel``
+      loops), which needs AVX-512; its BF16 GEMM on AMX's tile dots and
+      ``vdpbf16ps`` (a last query block of 1 row), which needs AMX-BF16.
+
+    A model of a capability this CPU cannot run is another machine's, with the AMD
+    CPUs' GEMMs: None."""
     n, d, m = int(q_shape[-2]), int(q_shape[-1]), int(k_shape[-2])
+    name = get_format(fmt).name
     if kernel == "torch-flash" and amx_packs(fmt, q_shape, k_shape, causal):
         build = CAPABILITIES.get(capability() if cpu_capability is None else cpu_capability)
-        if build is not None and build.amx is not None and get_format(fmt).name == "bfloat16":
+        if build is not None and build.amx is not None and name == "bfloat16":
             return None  # tile GEMMs on every row: no MKL
         return (
             f"{kernel}: expected a shape ATen runs without AMX packing, got "
-            f"{get_format(fmt).name} Q {tuple(q_shape)}, K {tuple(k_shape)} on a CPU with "
+            f"{name} Q {tuple(q_shape)}, K {tuple(k_shape)} on a CPU with "
             "AMX: K and V are packed for its tile GEMM there, which is modelled only for "
             "bf16 in the AVX512 build (the lower builds' packing fails)"
         )
-    small = small_block_rows(n) if kernel == "torch-flash" else (n if n <= SMALL_ROWS else 0)
-    if cpu.vendor() != "GenuineIntel" or (max(m, d) <= _INTEL_GEMM_K and not small):
+    if cpu.vendor() != "GenuineIntel" or not _here(cpu_capability):
         return None
-    if kernel == "torch-math" and _here(cpu_capability):
-        if d <= _INTEL_QK_D and m <= _INTEL_SGEMM_K and not small:
+    if kernel == "torch-math":
+        if n > SMALL_ROWS and d <= _INTEL_QK_D and m <= INTEL_GEMM_K:
             return None  # intel_sgemm_blocks
         return (
             f"{kernel}: expected N > {SMALL_ROWS}, d <= {_INTEL_QK_D} and M <= "
-            f"{_INTEL_SGEMM_K} (MKL's FP32 GEMM on an Intel CPU as measured), got N = {n}, "
+            f"{INTEL_GEMM_K} (MKL's FP32 GEMM on an Intel CPU as measured), got N = {n}, "
             f"d = {d}, M = {m}: MKL's small-matrix path and larger GEMMs sum otherwise "
             "(docs/kernels.md)"
         )
-    return (
-        f"{kernel}: expected GEMMs that MKL runs on an Intel CPU as on the AMD CPUs the "
-        f"model was measured on (d and M at most {_INTEL_GEMM_K}, no block of 1 to 3 "
-        f"query rows), got d = {d}, M = {m}"
-        + (f", {small} rows in MKL's small-matrix path" if small else "")
-        + ": MKL's Intel kernels order these sums otherwise (docs/kernels.md)"
+    needs = "amx_bf16" if name == "bfloat16" else "avx512f"
+    if needs not in cpu.flags():
+        return (
+            f"{kernel}: expected an Intel CPU with {needs}, where MKL's {name} GEMM was "
+            f"measured, got one without: its kernels there are not modelled (docs/kernels.md)"
+        )
+    if d > INTEL_GEMM_K:
+        return (
+            f"{kernel}: expected d <= {INTEL_GEMM_K} (MKL's {name} GEMM on an Intel CPU "
+            f"as measured), got d = {d}"
+        )
+    return None
+
+
+def _refuse_unmodelled(
+    cpu_capability: str | None, kernel: str, policy: Policy, q, k, causal
+) -> None:
+    """NotImplementedError with :func:`unmodelled_here`'s reason."""
+    reason = unmodelled_here(
+        kernel, policy.inputs, q.shape, k.shape, bool(causal), cpu_capability=cpu_capability
     )
-
-
-def _refuse_unmodelled(here: bool, kernel: str, policy: Policy, q, k, causal) -> None:
-    """NotImplementedError with :func:`unmodelled_here`'s reason, for a model of this
-    CPU's kernels."""
-    reason = here and unmodelled_here(kernel, policy.inputs, q.shape, k.shape, bool(causal))
     if reason:
         raise NotImplementedError(reason)
 
 
 def _flash_variant(build: Build, here: bool, policy: Policy, q, k, causal) -> str:
-    """The build's flash loop, or its AMX loop where this CPU packs K and V for it."""
-    amx = build.amx if here else None
-    if amx is not None and amx_packs(policy.inputs, q.shape, k.shape, bool(causal)):
-        return amx
-    return build.variant
+    """The build's flash loop: its AMX loop where this CPU packs K and V for it, its
+    loop with MKL's Intel GEMMs on an Intel CPU, else with the AMD CPUs'."""
+    if not here:
+        return build.variant
+    if build.amx is not None and amx_packs(policy.inputs, q.shape, k.shape, bool(causal)):
+        return build.amx
+    return build.intel if cpu.vendor() == "GenuineIntel" else build.variant
 
 
 def _here(cpu_capability: str | None) -> bool:
-    """Whether a model is of this CPU's kernels (its capability, named or not):
-    only then do this CPU's AMX and BLAS apply."""
-    return cpu_capability is None or cpu_capability == capability()
+    """Whether a model is of this CPU's kernels: its capability (named or not) or a
+    lower one ATen can be forced to (``ATEN_CPU_CAPABILITY``), whose kernels call
+    the same BLAS; only then do this CPU's AMX and BLAS apply."""
+    if cpu_capability is None:
+        return True
+    order = list(CAPABILITIES)
+    here = capability()
+    known = cpu_capability in order and here in order
+    return known and order.index(cpu_capability) <= order.index(here)
 
 
 def _modelled(cpu_capability: str | None, kernel: str) -> Build:
@@ -371,16 +374,26 @@ def math_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = None
         exp_model=build.softmax_exp,
         scale="q",
     )
-    forward = functools.partial(_math_call, variant=build.variant, here=_here(cpu_capability))
+    forward = functools.partial(_math_call, variant=build.variant, cpu_capability=cpu_capability)
     return KernelModel("torch-math", policy, "reference", forward=forward)
 
 
 def _math_call(
-    q, k, v, *, policy: Policy, variant: str, here: bool, causal, scale, bias=None, mask=None
+    q,
+    k,
+    v,
+    *,
+    policy: Policy,
+    variant: str,
+    cpu_capability: str | None,
+    causal,
+    scale,
+    bias=None,
+    mask=None,
 ):
     _check_causal("torch-math", causal, {"bias": bias, "mask": mask})
-    _refuse_unmodelled(here, "torch-math", policy, q, k, causal)
-    intel = here and cpu.vendor() == "GenuineIntel"
+    _refuse_unmodelled(cpu_capability, "torch-math", policy, q, k, causal)
+    intel = _here(cpu_capability) and cpu.vendor() == "GenuineIntel"
     return _math_jit(
         q,
         k,
@@ -529,13 +542,15 @@ def flash_model(fmt: Format, n: int, d: int, *, cpu_capability: str | None = Non
         normalise="reciprocal",
     )
     blocks = flash_blocks(n, n)
-    # The AMX path and the BLAS are this host's: a model of another capability's
-    # build (the one another machine runs) has neither.
-    forward = functools.partial(_flash_forward, build=build, here=_here(cpu_capability))
+    # The AMX path and the BLAS are this host's: a model of a build above this CPU's
+    # (the one another machine runs) has neither.
+    forward = functools.partial(_flash_forward, build=build, cpu_capability=cpu_capability)
     return KernelModel("torch-flash", policy, "flash", blocks, forward=forward)
 
 
-def _flash_forward(q, k, v, *, policy: Policy, build: Build, here: bool, causal, scale, **features):
+def _flash_forward(
+    q, k, v, *, policy: Policy, build: Build, cpu_capability: str | None, causal, scale, **features
+):
     """The kernel's loop (a flash_attention variant outside fa_jax.attention.VARIANTS;
     its AMX loop where this CPU packs K and V for it), with its tiles for the
     inputs' N and M (``blocks`` of the KernelModel are those for M = N); ``bias``
@@ -544,9 +559,9 @@ def _flash_forward(q, k, v, *, policy: Policy, build: Build, here: bool, causal,
     ``a * scale + mask``, contracted by the compiler), K/V with fewer heads as
     ``enable_gqa`` reads them."""
     _check_causal("torch-flash", causal, features)
-    _refuse_unmodelled(here, "torch-flash", policy, q, k, causal)
+    _refuse_unmodelled(cpu_capability, "torch-flash", policy, q, k, causal)
     blocks = flash_blocks(q.shape[-2], k.shape[-2])
-    variant = _flash_variant(build, here, policy, q, k, causal)
+    variant = _flash_variant(build, _here(cpu_capability), policy, q, k, causal)
     out = flash_attention(
         q, k, v, policy, blocks, variant=variant, causal=causal, scale=scale, **features
     )
