@@ -129,6 +129,7 @@ FLASH_LOOP_CHOSEN = "tests/test_kernels_torch.py::test_the_flash_loop_follows_th
 OV_AMX = "tests/test_kernels_openvino.py::test_the_model_follows_the_cpus_amx"
 INTEL_BLOCKS = "tests/test_vector_loop.py::test_intel_sgemm_blocks_as_measured"
 INTEL_GEMMS = "tests/test_vector_loop.py::test_intel_gemms_are_mkls"
+INTEL_MATH_LANES = "tests/test_kernels_torch.py::test_the_math_model_takes_mkls_intel_lanes"
 INTEL_CHOSEN = "tests/test_kernels_torch.py::test_the_math_model_takes_this_cpus_gemms"
 OV_AMX_STEPS = "tests/test_kernels_openvino.py::test_amx_prefill_is_its_steps"
 GEMV_REAL = f"{_OD}::test_gemv_is_xlas_matrix_vector_product"
@@ -1435,18 +1436,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "torch-math with the AMD CPUs' GEMM blocks on an Intel CPU",
         INTEL_CHOSEN,
     ),
+    _m(
+        "kernels/torch_cpu",
+        "if intel and intel_takes_lanes(n, q.shape[-1]):",
+        "if False:",
+        "torch-math's Q Kᵀ without MKL's Intel lanes",
+        INTEL_MATH_LANES,
+    ),
     # -- vector_loop.py: MKL's GEMMs on an Intel CPU -------------------------------
     _m(
         "vector_loop",
-        "INTEL_F16_LANES_PER_ROW = 24",
-        "INTEL_F16_LANES_PER_ROW = 25",
+        "INTEL_LANES_PER_ROW = 24",
+        "INTEL_LANES_PER_ROW = 25",
         "FP16's 16-lane Q Kᵀ from d = 25 per row",
         INTEL_GEMMS,
     ),
     _m(
         "vector_loop",
-        "INTEL_F16_LANES_ROWS = 15",
-        "INTEL_F16_LANES_ROWS = 16",
+        "INTEL_LANES_ROWS = 15",
+        "INTEL_LANES_ROWS = 16",
         "FP16's 16-lane Q Kᵀ on 16 rows",
         INTEL_GEMMS,
     ),

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from fa_jax import ops
 from fa_jax._checks import one_of
-from fa_jax.accumulation import lanes, tree, vector
+from fa_jax.accumulation import fma_chains, lanes, tree, vector
 from fa_jax.exponential import GLIBC_EXPF
 from fa_jax.policy import Policy
 from fa_jax.softmax import rescale_factor, running_max, shifted_exp
@@ -60,6 +60,7 @@ __all__ = [
     "gemm_accumulate",
     "gemm_k_blocks",
     "intel_sgemm_blocks",
+    "intel_takes_lanes",
     "lane_sum",
     "query_block",
     "query_split",
@@ -199,17 +200,20 @@ def intel_sgemm_blocks(k: int) -> list[tuple[int, int]]:
     return [(0, half), (half, k)]
 
 
-# MKL's FP16 GEMM on an Intel CPU for Q Kᵀ over 2 to INTEL_F16_LANES_ROWS rows
-# (columns of its column-major call) and a head dimension of at least
-# INTEL_F16_LANES_PER_ROW per row: 16 lanes of FMA chains (lane i: terms i, i + 16,
-# …; the last d mod 16 terms a partial vector), the four 128-bit quarters added
-# lane by lane in order, then the quarter's lanes as (0 + 1) + (2 + 3).  Elsewhere
-# (1 row, 16 rows or more, a smaller d) :func:`intel_sgemm_blocks`.
-MKL_INTEL_LANES = lanes(
-    16, tree((((((0, 4), 8), 12), (((1, 5), 9), 13)), ((((2, 6), 10), 14), (((3, 7), 11), 15))))
+# MKL's FP32 and FP16 GEMMs on an Intel CPU with B transposed (Q Kᵀ) over 2 to
+# INTEL_LANES_ROWS rows (columns of its column-major call) and an inner dimension
+# of at least INTEL_LANES_PER_ROW per row (:func:`intel_takes_lanes`): 16 lanes of
+# FMA chains from 0 (lane i: terms i, i + 16, …; the last K mod 16 terms a partial
+# vector), the four 128-bit quarters added lane by lane in order, then the
+# quarter's lanes as (0 + 1) + (2 + 3).  Elsewhere :func:`intel_sgemm_blocks`.
+MKL_INTEL_LANES = fma_chains(
+    lanes(
+        16,
+        tree((((((0, 4), 8), 12), (((1, 5), 9), 13)), ((((2, 6), 10), 14), (((3, 7), 11), 15)))),
+    )
 )
-INTEL_F16_LANES_ROWS = 15
-INTEL_F16_LANES_PER_ROW = 24
+INTEL_LANES_ROWS = 15
+INTEL_LANES_PER_ROW = 24
 # MKL's BF16 GEMM on an Intel CPU over 1 row, a matrix-vector product in
 # ``vdpbf16ps`` pairs (products of term 2i + 1, then 2i, each addition rounded):
 # Q Kᵀ holds pair i of each 32 terms in lane i mod 16, the lanes combined as
@@ -249,6 +253,13 @@ def _intel_gemv_pv(o, p, v_j, fmt):
     )
 
 
+def intel_takes_lanes(rows: int, k: int) -> bool:
+    """Whether MKL's FP32 or FP16 GEMM on an Intel CPU sums ``rows`` rows of A Bᵀ
+    over K = ``k`` in :data:`MKL_INTEL_LANES` (as measured: from K = 24 · rows, for
+    2 to 15 rows; the thresholds read at K = 24 r − 1 and 24 r for each)."""
+    return 2 <= rows <= INTEL_LANES_ROWS and k >= INTEL_LANES_PER_ROW * rows
+
+
 def _bf16(policy: Policy) -> bool:
     return policy.inputs.name == "bfloat16"
 
@@ -270,7 +281,7 @@ def _intel_qk(q, k_t, policy: Policy):
         return jnp.concatenate([head, tail], axis=-2)
     zero = jnp.zeros((*q.shape[:-1], k_t.shape[-1]), q.dtype)
     rows = n - query_block(n) * ((n - 1) // query_block(n))  # the last block's
-    if not 2 <= rows <= INTEL_F16_LANES_ROWS or d < INTEL_F16_LANES_PER_ROW * rows:
+    if not intel_takes_lanes(rows, d):
         return gemm_accumulate(zero, q, k_t, policy.qk_acc, intel_sgemm_blocks)
     tail = ops.matmul(q[..., n - rows :, :], k_t, policy.qk_acc, accumulation=MKL_INTEL_LANES)
     if rows == n:

@@ -37,7 +37,7 @@ from fa_jax.attention import Blocks  # noqa: E402
 from fa_jax.exponential import glibc_expf  # noqa: E402
 from fa_jax.kernels import torch_cpu  # noqa: E402
 from fa_jax.rounding import round_to  # noqa: E402
-from fa_jax.vector_loop import intel_sgemm_blocks  # noqa: E402
+from fa_jax.vector_loop import MKL_INTEL_LANES, intel_sgemm_blocks, intel_takes_lanes  # noqa: E402
 
 FORMATS = {"bf16": BF16, "fp16": FP16}
 KERNELS = {"math": torch_cpu.TORCH_MATH, "flash": torch_cpu.TORCH_FLASH}
@@ -220,8 +220,8 @@ def test_amx_packing_follows_atens_rule():
 
 def test_unmodelled_here_follows_the_cpu(monkeypatch):
     """The reasons a model of this CPU's kernels refuses: AMX packing without a
-    model; on an Intel CPU MKL's GEMMs where not measured (torch-math: N of 1 to 3,
-    d past 256, M past 768; torch-flash: bf16 without AMX-BF16 or with a last query
+    model; on an Intel CPU MKL's GEMMs where not measured (torch-math: N = 1, d or
+    M past 768; torch-flash: bf16 without AMX-BF16 or with a last query
     block of 1 row, fp16 without AVX-512 or d past 768); on an AMD CPU without AMX,
     none.  A model of a build above this CPU's is another machine's: none."""
     unmodelled = torch_cpu.unmodelled_here
@@ -238,12 +238,12 @@ def test_unmodelled_here_follows_the_cpu(monkeypatch):
     assert unmodelled("torch-flash", FP16, (1, 2, 1, 64), (1, 2, 900, 64), False) is None
     assert unmodelled("torch-flash", BF16, (1, 2, 33, 64), (1, 2, 33, 64), False) is None
     assert "d = 769" in unmodelled("torch-flash", FP16, (1, 2, 8, 769), (1, 2, 8, 769), False)
-    assert unmodelled("torch-math", FP16, (1, 2, 4, 40), (1, 1, 100, 40), False) is None
-    assert unmodelled("torch-math", FP16, (1, 2, 33, 256), (1, 2, 768, 256), False) is None
+    assert unmodelled("torch-math", FP16, (1, 2, 2, 40), (1, 1, 100, 40), False) is None
+    assert unmodelled("torch-math", FP16, (1, 2, 33, 768), (1, 2, 768, 768), False) is None
     for q_shape, k_shape, why in [
         ((1, 2, 8, 64), (1, 2, 769, 64), "M = 769"),
-        ((1, 2, 8, 257), (1, 2, 8, 257), "d = 257"),
-        ((1, 2, 3, 40), (1, 2, 9, 40), "N = 3"),
+        ((1, 2, 8, 769), (1, 2, 8, 769), "d = 769"),
+        ((1, 2, 1, 40), (1, 2, 9, 40), "N = 1"),
     ]:
         assert why in unmodelled("torch-math", FP16, q_shape, k_shape, False)
         # DEFAULT: this CPU forced to a lower build, the same BLAS; AVX512: another
@@ -334,6 +334,28 @@ def test_the_math_model_takes_this_cpus_gemms(monkeypatch):
                 lambda a, b: torch_cpu._gemm(jnp.zeros((3, 5)), a, b, FP32, intel_sgemm_blocks)
             )(jnp.asarray(a, jnp.float64), jnp.asarray(b, jnp.float64))
         np.testing.assert_array_equal(np.asarray(got), want.astype(np.float64), err_msg=f"k={k}")
+
+
+def test_the_math_model_takes_mkls_intel_lanes(monkeypatch):
+    """On any CPU: with MKL's Intel GEMMs, torch-math's Q Kᵀ over N = 2 to 15 rows
+    sums in MKL_INTEL_LANES from d = 24 N on, else in intel_sgemm_blocks."""
+    taken = []
+    matmul = ops.matmul
+
+    def spy(a, b, fmt, **kw):
+        taken.append(kw.get("accumulation") is MKL_INTEL_LANES)
+        return matmul(a, b, fmt, **kw)
+
+    monkeypatch.setattr(ops, "matmul", spy)
+    policy = torch_cpu.math_model(FP16, 8, 8, cpu_capability="AVX2").policy
+    for n, d in [(8, 192), (8, 191), (16, 400), (1, 64)]:
+        q = np.zeros((1, 1, n, d))
+        taken.clear()
+        with x64_enabled():
+            torch_cpu._math_forward(
+                q, q, q, policy=policy, variant="torch_avx2", intel=True, causal=False, scale=None
+            )
+        assert any(taken) == intel_takes_lanes(n, d) == ((n, d) == (8, 192)), (n, d)
 
 
 def test_the_flash_loop_follows_the_cpu(monkeypatch):

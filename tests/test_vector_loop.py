@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 from helpers import x64_enabled
 
-from fa_jax import FP32
+from fa_jax import FP32, ops
 from fa_jax.vector_loop import (
     LANES,
+    MKL_INTEL_LANES,
     Lanes,
     gemm_accumulate,
     gemm_k_blocks,
     intel_sgemm_blocks,
+    intel_takes_lanes,
     lane_sum,
 )
 
@@ -277,6 +279,13 @@ def test_intel_gemms_are_mkls():
             want[n - rows :] = _mkl_intel_lanes(q[n - rows :], k_t)
         got = run(lambda q, k_t: torch_qk(q, k_t, fp16, "mkl_intel"), q, k_t)
         np.testing.assert_array_equal(got, want, err_msg=f"Q Kᵀ {(n, d)}")
+    # FP32 values (torch-math's): FMA chains from 0, the first product rounded
+    a = (rng.standard_normal((3, 100)) * 2.0 ** rng.integers(-6, 6, (3, 100))).astype(np.float32)
+    b = rng.standard_normal((100, 5)).astype(np.float32)
+    got = run(lambda a, b: ops.matmul(a, b, FP32, accumulation=MKL_INTEL_LANES), a, b)
+    np.testing.assert_array_equal(got, _mkl_intel_lanes(a, b))
+    assert [intel_takes_lanes(r, 24 * r) for r in (1, 2, 15, 16)] == [False, True, True, False]
+    assert not intel_takes_lanes(15, 24 * 15 - 1)
     p, v, o = fp16_values((3, 500)), fp16_values((500, 8)), fp16_values((3, 8))
     got_o = run(lambda o, p, v: torch_pv(o, p, v, fp16, "mkl_intel"), o, p, v)
     np.testing.assert_array_equal(got_o, _chains(p, v, o, [(0, 250), (250, 500)]))

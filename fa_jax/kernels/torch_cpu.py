@@ -93,10 +93,11 @@ from fa_jax.softmax import shifted_exp
 from fa_jax.vector_loop import (
     INTEL_GEMM_K,
     LANES,
-    SMALL_ROWS,
+    MKL_INTEL_LANES,
     gemm_accumulate,
     gemm_k_blocks,
     intel_sgemm_blocks,
+    intel_takes_lanes,
     lane_sum,
     query_block,
     query_split,
@@ -249,12 +250,6 @@ def _stage_policy(fmt: Format, name: str, **changes) -> Policy:
     return fa2_kernel(f).replace(name=f"{name}({f.name})", **changes)
 
 
-# The head dimension up to which MKL's FP32 GEMM on an Intel CPU with B transposed
-# (torch-math's Q Kᵀ) was measured to sum in intel_sgemm_blocks: the bound depends
-# on the shape past it (336 fails at 14 × 219 outputs).
-_INTEL_QK_D = 256
-
-
 def unmodelled_here(
     kernel: str,
     fmt: Format,
@@ -273,7 +268,8 @@ def unmodelled_here(
       whose packing fails);
     - MKL, which picks its GEMM kernels by CPU vendor, runs other kernels on an
       Intel CPU, measured on one with AVX-512 and AMX: torch-math's FP32 GEMM in
-      :func:`intel_sgemm_blocks` for N > 3, d up to 256 and M up to 768;
+      :func:`intel_sgemm_blocks` (Q Kᵀ over 2 to 15 rows from d = 24 N in
+      ``MKL_INTEL_LANES``) for N > 1, d and M up to 768;
       torch-flash's FP16 GEMM the same way for d up to 768 (the ``*_intel``
       loops), which needs AVX-512; its BF16 GEMM on AMX's tile dots and
       ``vdpbf16ps`` (a last query block of 1 row), which needs AMX-BF16.
@@ -295,13 +291,12 @@ def unmodelled_here(
     if cpu.vendor() != "GenuineIntel" or not _here(cpu_capability):
         return None
     if kernel == "torch-math":
-        if n > SMALL_ROWS and d <= _INTEL_QK_D and m <= INTEL_GEMM_K:
-            return None  # intel_sgemm_blocks
+        if n > 1 and max(d, m) <= INTEL_GEMM_K:
+            return None  # intel_sgemm_blocks, MKL_INTEL_LANES
         return (
-            f"{kernel}: expected N > {SMALL_ROWS}, d <= {_INTEL_QK_D} and M <= "
-            f"{INTEL_GEMM_K} (MKL's FP32 GEMM on an Intel CPU as measured), got N = {n}, "
-            f"d = {d}, M = {m}: MKL's small-matrix path and larger GEMMs sum otherwise "
-            "(docs/kernels.md)"
+            f"{kernel}: expected N > 1, d <= {INTEL_GEMM_K} and M <= {INTEL_GEMM_K} (MKL's "
+            f"FP32 GEMM on an Intel CPU as measured), got N = {n}, d = {d}, M = {m}: its "
+            "matrix-vector product and larger GEMMs sum otherwise (docs/kernels.md)"
         )
     needs = "amx_bf16" if name == "bfloat16" else "avx512f"
     if needs not in cpu.flags():
@@ -426,7 +421,10 @@ def _math_forward(
     q, k = ops.mul(q, root, fp32), ops.mul(k, root, fp32)
     n, m = q.shape[-2], k.shape[-2]
     blocks = intel_sgemm_blocks if intel else gemm_k_blocks
-    s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32, blocks)
+    if intel and intel_takes_lanes(n, q.shape[-1]):
+        s = ops.matmul(q, jnp.swapaxes(k, -1, -2), fp32, accumulation=MKL_INTEL_LANES)
+    else:
+        s = _gemm(jnp.zeros((*q.shape[:-1], m)), q, jnp.swapaxes(k, -1, -2), fp32, blocks)
     if causal:
         s = jnp.where(jnp.arange(m)[None, :] <= jnp.arange(n)[:, None], s, -jnp.inf)
     if bias is not None:
