@@ -452,15 +452,22 @@ def cmd_attribute(args) -> int:
 def cmd_kernels(args) -> int:
     from fa_jax import kernels
 
-    rows = []
+    rows, refused = [], []
     for name in kernels.names():
         try:
             k = kernels.get(name)
         except (RuntimeError, ImportError) as err:
-            rows.append((name, "no", "", str(err)))
-        else:
-            rows.append((name, "yes", ", ".join(k.formats), k.description))
-    print_table(("kernel", "runs here", "formats", "what / why not"), rows)
+            rows.append((name, "no", "", "", str(err)))
+            continue
+        reason = k.unmodelled()
+        if reason is not None:
+            refused.append(f"- {reason}")
+        model = "modelled here" if reason is None else "refused (below)"
+        rows.append((name, "yes", model, ", ".join(k.formats), k.description))
+    print_table(("kernel", "runs here", "model here", "formats", "what / why not"), rows)
+    if refused:
+        print("\nWhere the real kernel runs code its model does not follow, the model raises:")
+        print("\n".join(refused))
     return 0
 
 

@@ -88,3 +88,16 @@ def largest_n_below(bound_at, longest: int, limit: float = 1.0) -> int:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if bound_at(mid) < limit else (lo, mid - 1)
     return lo
+
+
+def skip_unmodelled(kernel: str, fmt=None, **options) -> None:
+    """Skip the calling test with the model's own refusal where ``kernel``'s model
+    refuses the code this CPU runs (``Kernel.unmodelled``); nothing elsewhere.  A
+    refusal is itself checked in test_kernels_unmodelled, so a skip hides nothing."""
+    import pytest
+
+    from fa_jax.kernels.registry import _lookup
+
+    reason = _lookup(kernel).unmodelled(fmt, **options)
+    if reason is not None:
+        pytest.skip(f"the model refuses this CPU: {reason}")

@@ -1,10 +1,11 @@
 """The ``ggml`` kernel: llama.cpp's CPU flash attention against fa_jax's model of it.
 
 The real-kernel tests skip where ggml's libraries are absent (build them with
-``experiments/build_ggml.py`` or point ``FA_JAX_GGML_LIB`` at them), and on hosts
-without AVX-512: ggml builds for the host's CPU (``GGML_NATIVE``) and the model
-follows its AVX-512 build (BF16 K/V: AVX512-BF16's dot), the one validated.  There
-the models are bit-exact on every case, so each asserts 100 % identical elements.
+``experiments/build_ggml.py`` or point ``FA_JAX_GGML_LIB`` at them), and where the
+model refuses the loaded build's code, with its reason (:func:`ggml.unmodelled`:
+every K/V type on an AVX-512 build, BF16 with AVX512-BF16; Q8_0 and Q4_0 on AVX2
+builds too).  Where the model answers it is bit-exact on every case, so each
+asserts 100 % identical elements.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from host import cpu_flags, isa
 
 from fa_jax import kernels
 from fa_jax._x64 import float64_enabled
@@ -21,10 +21,6 @@ from fa_jax.kernels import ggml as G
 from fa_jax.kernels import ggml_lib
 
 _REASON = ggml_lib.unavailable()
-if _REASON is None and isa() != "avx512":
-    _REASON = f"the ggml model follows ggml's AVX-512 build; this host's CPU is {isa()}"
-if _REASON is None and "avx512fp16" in cpu_flags():
-    _REASON = "ggml's AVX512-FP16 build (this CPU's) is not modelled"
 needs_ggml = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 _FMT = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "fp32", "q4_0": "fp32"}
 
@@ -43,9 +39,10 @@ def _inputs(seed, h, n, m, d, kv):
 
 
 def _compare(h, n, m, d, kv, causal=False, threads=1, seed=0):
-    if kv == "bf16" and "avx512_bf16" not in cpu_flags():
-        pytest.skip("the bf16 model follows AVX512-BF16's dot, which this CPU lacks")
     fmt, q, k, v = _inputs(seed, h, n, m, d, kv)
+    refused = G.unmodelled(fmt, kv_type=kv)
+    if refused is not None:
+        pytest.skip(f"the model refuses this build's code: {refused}")
     options = {"kv_type": kv, "threads": threads}
     real = kernels.real("ggml", q, k, v, fmt=fmt, causal=causal, **options)
     emulated = kernels.emulate("ggml", q, k, v, fmt=fmt, causal=causal, **options)
@@ -112,6 +109,14 @@ def test_scalar_f16_accumulator_exact():
     """Decode-like rows, F16 K/V (FP16 accumulator, Q rounded to FP16), d = 80 (leftovers
     past the 64-element vector steps), causal."""
     _compare(2, 5, 5, 80, "f16", causal=True)
+
+
+@needs_ggml
+def test_scalar_quantized_exact():
+    """Q8_0 and Q4_0 K/V (the scalar path, Q as x86 Q8_0 blocks): modelled on AVX2
+    builds as on AVX-512 ones, so this runs on both kinds of CPU."""
+    _compare(2, 3, 37, 64, "q8_0")
+    _compare(2, 7, 7, 96, "q4_0", causal=True, seed=1)
 
 
 @needs_ggml

@@ -2,9 +2,10 @@
 MLAS's sgemm, exp and softmax (:mod:`fa_jax.mlas`) against the real library.
 
 Skipped where onnxruntime (and onnx) are absent.  The model-vs-real checks run
-only on hosts with AVX-512 (F, BW, VL, DQ): MLAS dispatches to its AVX-512F
-kernels there, the ones the models follow; elsewhere they skip saying so.  On
-such a host the models are bit-exact on every case, so each asserts 100 %.
+where the models answer (:func:`fa_jax.kernels.onnxruntime.unmodelled`: MLAS runs
+its AVX-512F kernels, the ones they follow); elsewhere they skip with the
+models' refusal.  Where they answer the models are bit-exact on every case, so
+each asserts 100 %.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from host import isa
 
 from fa_jax import kernels, mlas
 from fa_jax._x64 import float64_enabled
+from fa_jax.kernels import cpu
 from fa_jax.kernels import onnxruntime as O
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
 
 needs_avx512 = pytest.mark.skipif(
-    isa() != "avx512",
-    reason=f"the MLAS models follow its AVX-512F kernels; this host's CPU is {isa()}",
+    O.unmodelled() is not None, reason=f"the models refuse this CPU: {O.unmodelled()}"
 )
 
 
@@ -80,7 +80,10 @@ def test_flash_blocks_from_l2():
     assert O.flash_blocks(10, 10, 64, 64, 1) == (1, 1)
 
 
-def test_errors():
+def test_errors(monkeypatch):
+    """Bad arguments are ValueErrors on every CPU (an AVX-512 one assumed, so that
+    the models answer)."""
+    monkeypatch.setattr(cpu, "flags", lambda: cpu.AVX512)
     q, k, v = _inputs("fp32", 0, 1, 3, 3, 8)
     with pytest.raises(ValueError, match="causal"):
         kernels.emulate("onnxruntime-mha", q, k, v, fmt="fp32", causal=True)

@@ -1,11 +1,12 @@
 """OpenVINO's fused CPU ScaledDotProductAttention (``openvino-sdpa``) and its exp and
 softmax (:mod:`fa_jax.openvino_sdpa`) against the real library.
 
-Skipped where openvino is absent.  The model-vs-real checks run only on hosts
-whose CPU has AVX-512 with BF16 dot products (``avx512_bf16``): the plugin's
-BF16 brgemm and its softmax take the ``vdpbf16ps`` (or, with AMX, the tile dot's)
-and AVX-512 paths there, the ones the model follows; elsewhere they skip saying
-so.  On such a host the model is bit-exact on every case here, so each asserts
+Skipped where openvino is absent.  The model-vs-real checks run where the model
+answers in both precisions (:func:`fa_jax.kernels.openvino.unmodelled`: AVX-512
+with BF16 dot products, ``avx512_bf16``, or AMX: the plugin's BF16 brgemm and
+its softmax take the ``vdpbf16ps`` (or the tile dot's) and AVX-512 paths there,
+the ones the model follows); elsewhere they skip with the model's refusal.
+Where it answers the model is bit-exact on every case here, so each asserts
 100 %.
 """
 
@@ -16,21 +17,20 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from host import cpu_flags, isa
 from numpy.typing import DTypeLike
 
 from fa_jax import BF16, FP32, kernels, ops
 from fa_jax import openvino_sdpa as ovs
 from fa_jax._x64 import float64_enabled
+from fa_jax.kernels import cpu
 from fa_jax.kernels import openvino as O
 from fa_jax.tile_dot import tile_dot
 
 ov = pytest.importorskip("openvino", reason="openvino is not installed")
 
+_REFUSED = O.unmodelled(precision="bf16")
 needs_bf16_cpu = pytest.mark.skipif(
-    isa() != "avx512" or "avx512_bf16" not in cpu_flags(),
-    reason="the model follows OpenVINO's AVX-512 BF16 kernels; this host's CPU is "
-    f"{isa()}, avx512_bf16 {'avx512_bf16' in cpu_flags()}",
+    _REFUSED is not None, reason=f"the model refuses this CPU: {_REFUSED}"
 )
 
 
@@ -71,7 +71,9 @@ def test_options_checked():
         kernels.real("openvino-sdpa", q, k, v, fmt="fp32")
 
 
-def test_model_refuses_what_it_does_not_model():
+def test_model_refuses_what_it_does_not_model(monkeypatch):
+    """BF16 decoding on a u8 cache with d mod 16 != 0, on a CPU whose code is modelled."""
+    monkeypatch.setattr(cpu, "flags", lambda: cpu.AVX512 | {"avx512_bf16"})
     q, k, v = _inputs(1, 1, 1, 20, 40)
     with pytest.raises(NotImplementedError, match="scalar tail"):
         kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", kv_cache="u8")
@@ -81,10 +83,8 @@ def test_the_model_follows_the_cpus_amx(monkeypatch):
     """On any CPU: the BF16 prefill's brgemm is the tile dot in blocks of 32 where the
     CPU has AMX (fa_jax.tile_dot), the vdpbf16ps pair chain elsewhere; the two
     differ on these inputs (d = 80 = 32 + 32 + 16)."""
-    from fa_jax.kernels import cpu
-
     for amx in (False, True):
-        flags = frozenset({"avx512f", "avx512_bf16"} | ({"amx_bf16"} if amx else set()))
+        flags = cpu.AVX512 | {"avx512_bf16"} | ({"amx_bf16"} if amx else set())
         monkeypatch.setattr(cpu, "flags", lambda flags=flags: flags)
         forward = kernels.model("openvino-sdpa", "fp32", 8, 80).forward
         assert forward.keywords["amx"] is amx  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
@@ -103,9 +103,7 @@ def test_amx_prefill_is_its_steps(monkeypatch):
     softmax, and each head's N · d outputs stored as one run, so that only the
     last row's last (N · d) mod 16 = 8 go through ov::bfloat16 (which differs from
     nearest even on these inputs)."""
-    from fa_jax.kernels import cpu
-
-    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    monkeypatch.setattr(cpu, "flags", lambda: cpu.AVX512 | {"avx512_bf16", "amx_bf16"})
     q, k, v = _inputs(3, 2, 13, 13, 40)
     got = np.asarray(kernels.emulate("openvino-sdpa", q, k, v, fmt="fp32", precision="bf16"))
 

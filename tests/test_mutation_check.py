@@ -66,6 +66,50 @@ def test_summary_counts_equivalent_mutants_apart():
     assert not ok
 
 
+def test_a_mutant_whose_tests_skip_here_is_neither_killed_nor_a_survivor():
+    """Its checks did not run on this host: reported apart, and the run's verdict
+    rests on the mutants judged."""
+    live = mc.Mutant("fa_jax/ops.py", "a", "b", "live", ("t",))
+    unrun = mc.Mutant("fa_jax/ops.py", "a", "b", "unrun", ("t",))
+    line, ok = mc.summary([mc.Outcome(live, "killed", 1.0), mc.Outcome(unrun, "skipped", 1.0)])
+    assert ok and "1 / 1 killed" in line and "1 not judged on this host" in line
+    line, ok = mc.summary([mc.Outcome(live, "survived", 1.0), mc.Outcome(unrun, "skipped", 1.0)])
+    assert not ok and "0 / 1 killed" in line
+
+
+def test_run_mutant_tells_skipped_checks_from_passed_ones(tmp_path):
+    """pytest passing with a skip is "skipped" (not judged), passing without one is
+    "survived", failing is "killed"."""
+    (tmp_path / "fa_jax").mkdir()
+    (tmp_path / "fa_jax" / "m.py").write_text("X = 1\n")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_m.py").write_text(
+        "import pytest\n"
+        "def test_runs():\n    assert True\n"
+        "def test_skips():\n    pytest.skip('no such CPU here')\n"
+        "def test_fails_on_the_mutant():\n    import fa_jax.m\n    assert fa_jax.m.X == 1\n"
+    )
+    (tmp_path / "pyproject.toml").write_text("")
+    cases = {
+        ("tests/test_m.py::test_runs", "tests/test_m.py::test_skips"): "skipped",
+        ("tests/test_m.py::test_runs",): "survived",
+        ("tests/test_m.py::test_fails_on_the_mutant",): "killed",
+    }
+    for tests_, status in cases.items():
+        mutant = mc.Mutant("fa_jax/m.py", "X = 1", "X = 2", "x", tests_)
+        outcome = mc.run_mutant(mutant, tmp_path, timeout=120)
+        assert outcome.status == status, outcome
+    assert (
+        "no such CPU here"
+        in mc.run_mutant(
+            mc.Mutant("fa_jax/m.py", "X = 1", "X = 2", "x", ("tests/test_m.py::test_skips",)),
+            tmp_path,
+            timeout=120,
+        ).detail
+    )
+
+
 @pytest.mark.parametrize("mutant", mc.MUTANTS, ids=lambda m: m.name)
 def test_each_named_test_is_defined_in_its_file(mutant):
     """A renamed test would make pytest exit with a usage error (reported as an

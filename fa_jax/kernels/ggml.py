@@ -11,6 +11,15 @@ Keywords beyond the common calling convention (:mod:`fa_jax.kernels.model`):
 ``kv_type`` (default: ``f32`` for fp32 inputs, ``f16`` for fp16, ``bf16`` for bf16)
 and ``threads`` (default 1).  Quantized K/V take FP32 inputs; ggml's reference
 quantizer makes the blocks (:mod:`fa_jax.ggml_blocks`).
+
+Which code is modelled (:func:`unmodelled`): ggml picks its code when it is built,
+so the loaded build's features decide (:func:`fa_jax.kernels.ggml_lib.build_features`;
+without the libraries, those of a native build for this CPU).  The model follows
+the AVX-512 build (BF16 K/V: AVX512-BF16's dot) for every K/V type, and for Q8_0
+and Q4_0 K/V the AVX2 code that AVX2 and AVX-512 builds share
+(:mod:`fa_jax.ggml_blocks`; glibc's expf and FMAs otherwise).  The AVX2 build's
+F32/F16/BF16 dots and 8-lane exp, and builds without AVX2, FMA and F16C, are
+refused.
 """
 
 from __future__ import annotations
@@ -25,11 +34,11 @@ import numpy as np
 from fa_jax import ggml_attention as ga
 from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import FP32, Format, get_format
-from fa_jax.kernels import ggml_lib
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels import cpu, ggml_lib
+from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
 
-__all__ = ["GGML", "KV_TYPES", "model", "path", "real"]
+__all__ = ["GGML", "KV_TYPES", "model", "path", "real", "unmodelled"]
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 _DEFAULT_KV = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
@@ -143,12 +152,58 @@ def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int):
     return out.reshape(*lead, n, d_v)
 
 
+_QUANTIZED = ("q8_0", "q4_0")  # the AVX2 code of every x86 build with AVX2, FMA and F16C
+
+
+def _build() -> frozenset[str]:
+    """The features of the ggml whose code runs here: the loaded build's, else those
+    a native build (``experiments/build_ggml.py``) takes from this CPU."""
+    if ggml_lib.library_dir() is not None:
+        try:
+            return ggml_lib.build_features()
+        except OSError:
+            pass
+    flags = cpu.flags()
+    named = {"avx512": "avx512f", "sse3": "pni", "amx_int8": "amx_int8"}
+    return frozenset(f for f in ggml_lib.BUILD_FEATURES if named.get(f, f) in flags)
+
+
+def _modelled(build: frozenset[str]) -> tuple[str, ...]:
+    """The K/V types whose code in a build with these features the model follows."""
+    if "avx512" in build:
+        return KV_TYPES if "avx512_bf16" in build else tuple(k for k in KV_TYPES if k != "bf16")
+    if {"avx2", "fma", "f16c"} <= build:
+        return _QUANTIZED
+    return ()
+
+
+def unmodelled(fmt=None, *, kv_type: str | None = None, threads=1) -> str | None:
+    """None where the model follows the code ggml's build here runs for ``fmt`` K/V
+    stored as ``kv_type`` (every K/V type where ``fmt`` is None), else why not
+    (module docstring)."""
+    del threads
+    asked = KV_TYPES if fmt is None else (_kv_type(get_format(fmt), kv_type),)
+    build = _build()
+    kept = _modelled(build)
+    refused = [kv for kv in asked if kv not in kept]
+    if not refused:
+        return None
+    return (
+        f"ggml: {', '.join(refused)} K/V: the ggml build here (features: "
+        f"{' '.join(sorted(build)) or 'none'}; this CPU: {cpu.describe()}) runs code "
+        "the model does not follow; modelled: the AVX-512 build (bf16 K/V with "
+        "AVX512-BF16) for every K/V type, and q8_0, q4_0 K/V on AVX2 builds too"
+    )
+
+
 def model(fmt: Format, n: int, d: int, *, kv_type: str | None = None, threads=1) -> KernelModel:
     """fa_jax's model of ``ggml`` for ``fmt`` inputs stored as ``kv_type`` with
-    ``threads`` threads (the split-KV path's output depends on it)."""
+    ``threads`` threads (the split-KV path's output depends on it); NotImplementedError
+    where the build here runs other code (:func:`unmodelled`)."""
     del n, d
     kv = _kv_type(fmt, kv_type)
     threads = positive_int(threads, "ggml: threads")
+    refuse(unmodelled(fmt, kv_type=kv))
     policy = fa2_kernel(FP32).replace(name=f"ggml_cpu({kv})")
     forward = functools.partial(_forward, kv=kv, threads=threads)
     return KernelModel("ggml", policy, "reference", forward=forward)
@@ -174,4 +229,5 @@ GGML = Kernel(
     platform=_platform_facts,
     formats=("fp32", "fp16", "bf16"),
     options=("kv_type", "threads"),
+    unmodelled=unmodelled,
 )

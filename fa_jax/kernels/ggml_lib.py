@@ -13,6 +13,9 @@ q, k, v, mask, scale, max_bias, logit_softcap)`` with q ``[D, N, H, B]`` F32, k 
 ``[D, M, H_kv, B]`` of the K/V type, mask ``[M, N, 1, 1]`` F16 and the result
 ``[D_v, H, N, B]`` (permuted), ``ggml_graph_compute_with_ctx(ctx, graph, n_threads)``.
 Quantized K/V are made by ggml's own ``ggml_quantize_chunk`` from F32 values.
+:func:`build_features` reads the x86 features the loaded ``libggml-cpu`` was
+compiled for (``ggml_cpu_has_avx512`` and the like): its code is chosen when it is
+built (``GGML_NATIVE``: the building CPU's), not when it runs.
 """
 
 from __future__ import annotations
@@ -24,11 +27,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["GGML_TYPES", "flash_attn_ext", "library_dir", "unavailable"]
+__all__ = [
+    "BUILD_FEATURES",
+    "GGML_TYPES",
+    "build_features",
+    "flash_attn_ext",
+    "library_dir",
+    "unavailable",
+]
 
 # enum ggml_type (ggml.h)
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
 _NAMES = ("ggml-base", "ggml-cpu", "ggml")
+# The x86 features a build reports (ggml-cpu.h: ggml_cpu_has_<name>), by those names.
+BUILD_FEATURES = ("sse3", "avx", "avx2", "fma", "f16c", "avx512", "avx512_bf16", "amx_int8")
 
 
 class _InitParams(ctypes.Structure):
@@ -118,6 +130,20 @@ def _libs():
     cpu.ggml_cpu_init()
     del main
     return base, cpu
+
+
+@functools.cache
+def build_features() -> frozenset[str]:
+    """The features of :data:`BUILD_FEATURES` the loaded ``libggml-cpu`` was compiled
+    for (OSError where the libraries do not load)."""
+    _, cpu = _libs()
+    out = set()
+    for name in BUILD_FEATURES:
+        fn = getattr(cpu, f"ggml_cpu_has_{name}")
+        fn.argtypes, fn.restype = [], ctypes.c_int
+        if fn():
+            out.add(name)
+    return frozenset(out)
 
 
 def _fill(base, tensor, x: np.ndarray, kind: str) -> None:

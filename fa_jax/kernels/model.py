@@ -20,6 +20,11 @@ to (..., H, N, M), values exact in the kernel's format or -inf), ``mask``
 and V with H_kv heads dividing H (:mod:`fa_jax.heads`).  A kernel declares the
 features it supports (``Kernel.features``) and any keyword options of its own
 (``Kernel.options``), which reach its ``real`` and its ``model`` unchanged.
+
+A model answers only for the CPU code it follows: ``Kernel.unmodelled`` names the
+code the real kernel runs on this CPU where the model does not follow it, and the
+model then raises NotImplementedError with that reason (:func:`refuse`), never an
+answer for code it was not checked against.
 """
 
 from __future__ import annotations
@@ -34,13 +39,25 @@ from fa_jax._x64 import float64_enabled
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.policy import Policy
 
-__all__ = ["ALGORITHMS", "FEATURES", "Kernel", "KernelModel", "flat_heads"]
+__all__ = ["ALGORITHMS", "FEATURES", "Kernel", "KernelModel", "flat_heads", "refuse"]
 
 ALGORITHMS = ("reference", "flash")
 
 # The features a kernel may support beyond (q, k, v, causal, scale): the keyword
 # arguments of reference_attention, and "gqa" for K/V with fewer heads.
 FEATURES = ("bias", "mask", "window", "kv_lengths", "gqa")
+
+
+def _everything_modelled(fmt=None, **options) -> str | None:
+    del fmt, options
+    return None
+
+
+def refuse(reason: str | None) -> None:
+    """NotImplementedError(``reason``) where there is one: a model's answer to a call
+    on CPU code it does not follow (module docstring)."""
+    if reason is not None:
+        raise NotImplementedError(reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +141,12 @@ class Kernel:
     the real kernel runs natively; ``features`` the names of :data:`FEATURES` it
     supports (both ``real`` and the model then take them); ``options`` the names
     of keyword options of its own (e.g. a thread count), passed to ``real`` and
-    to ``model``.
+    to ``model``.  ``unmodelled(fmt=None, **options)`` is None where the model
+    follows the code the real kernel runs on this CPU for that format and those
+    options (for every format and option it offers where ``fmt`` is None), else
+    why not: the code that runs here and the code modelled; ``model`` then raises
+    NotImplementedError with it (limits that depend on the shape are the model's
+    own, raised when it is called).
     """
 
     name: str
@@ -136,6 +158,7 @@ class Kernel:
     formats: tuple[str, ...] = ("bf16", "fp16")
     features: frozenset[str] = frozenset()
     options: tuple[str, ...] = ()
+    unmodelled: Callable[..., str | None] = _everything_modelled
 
     def __post_init__(self):
         unknown = set(self.features) - set(FEATURES)

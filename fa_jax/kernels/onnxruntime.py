@@ -32,6 +32,11 @@ Keywords beyond the common calling convention (:mod:`fa_jax.kernels.model`):
 ``threads`` (the session's ``intra_op_num_threads``, default 1; both models take
 it, and neither output depends on it: heads and query chunks are split over the
 threads, each GEMM runs on one) and, for the MHA model, ``l2_cache_size``.
+
+MLAS picks its kernels when it starts, from CPUID (``platform.cpp``): the models
+follow its AVX-512F kernels (:mod:`fa_jax.mlas`), which it runs where the CPU has
+AVX-512F and the OS saves the ZMM registers; elsewhere (its FMA3/AVX2 or SSE
+kernels) they raise NotImplementedError (:func:`unmodelled`).
 """
 
 from __future__ import annotations
@@ -48,10 +53,19 @@ from fa_jax._checks import positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels import cpu
+from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
 
-__all__ = ["ONNXRUNTIME_ATTENTION", "attention_model", "real_attention"]
+__all__ = [
+    "ONNXRUNTIME_ATTENTION",
+    "ONNXRUNTIME_MHA",
+    "attention_model",
+    "mha_model",
+    "real_attention",
+    "real_mha",
+    "unmodelled",
+]
 
 _OPSET = 23
 _FORMATS = ("fp32", "fp16")
@@ -64,6 +78,19 @@ def _unavailable() -> str | None:
     except ImportError:
         return "onnxruntime and onnx are not installed (pip install fa_jax[onnxruntime])"
     return None
+
+
+def unmodelled(fmt=None, **options) -> str | None:
+    """None where MLAS runs its AVX-512F kernels here (the ones modelled), else why
+    not (module docstring); the same for every format and option."""
+    del fmt, options
+    if "avx512f" in cpu.flags():
+        return None
+    return (
+        f"onnxruntime: MLAS on this CPU ({cpu.describe()}) runs its AVX2/FMA3 or SSE "
+        "kernels (GEMM, exp, softmax), which are not modelled; modelled: its AVX-512F "
+        "kernels, on a CPU with AVX-512F"
+    )
 
 
 def _platform_facts() -> dict[str, str]:
@@ -170,6 +197,7 @@ def attention_model(fmt: Format, n: int, d: int, *, threads: int = 1) -> KernelM
     del n, d
     f = _fmt(fmt)
     positive_int(threads, "onnxruntime: threads")
+    refuse(unmodelled(f))
     fp16 = f.name == FP16.name
     policy = fa2_kernel(f).replace(
         name=f"onnxruntime_attention({f.name})",
@@ -194,6 +222,7 @@ ONNXRUNTIME_ATTENTION = Kernel(
     platform=_platform_facts,
     formats=_FORMATS,
     options=("threads",),
+    unmodelled=unmodelled,
 )
 
 
@@ -365,6 +394,7 @@ def mha_model(
         if l2_cache_size is None
         else positive_int(l2_cache_size, "onnxruntime-mha: l2_cache_size")
     )
+    refuse(unmodelled(f))
     policy = fa2_kernel(f).replace(
         name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=mlas.MLAS_SUM_EXP
     )
@@ -384,4 +414,5 @@ ONNXRUNTIME_MHA = Kernel(
     platform=_platform_facts,
     formats=("fp32",),
     options=("threads",),
+    unmodelled=unmodelled,
 )

@@ -47,6 +47,12 @@ Which code runs (``nodes/scaled_attn.cpp``):
 (``1.0f / std::sqrt(float(d))``: d = 24, 72, 96, 112 differ from fl32(1/sqrt(d))); a
 scale is given to the graph as the node's scale input (with the one-element
 attention mask the plugin then ignores).
+
+The plugin and oneDNN pick their code from CPUID as they run: the model follows
+their AVX-512 code (``avx512_core``: AVX-512 F, BW, DQ and VL), with AVX512-BF16's
+``vdpbf16ps`` or AMX's tile dots for ``precision="bf16"``; on other CPUs (their
+AVX2 kernels, or BF16 without those instructions) it raises NotImplementedError
+(:func:`unmodelled`).
 """
 
 from __future__ import annotations
@@ -65,10 +71,10 @@ from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.formats import BF16, FP32, Format, get_format
 from fa_jax.kernels import cpu
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
 
-__all__ = ["KV_CACHES", "OPENVINO_SDPA", "PRECISIONS", "real_sdpa", "sdpa_model"]
+__all__ = ["KV_CACHES", "OPENVINO_SDPA", "PRECISIONS", "real_sdpa", "sdpa_model", "unmodelled"]
 
 _FORMATS = ("fp32", "bf16")
 PRECISIONS = ("bf16", "f32")
@@ -80,6 +86,26 @@ def _unavailable() -> str | None:
         import openvino  # noqa: F401
     except ImportError:
         return "openvino is not installed (pip install fa_jax[openvino])"
+    return None
+
+
+def unmodelled(fmt=None, *, precision: str = "bf16", **options) -> str | None:
+    """None where OpenVINO runs the code the model follows here for ``precision``
+    (both precisions where ``fmt`` is None), else why not (module docstring)."""
+    del fmt, options
+    have = cpu.flags()
+    if not cpu.AVX512 <= have:
+        return (
+            f"openvino-sdpa: the CPU plugin on this CPU ({cpu.describe()}) runs its AVX2 "
+            "or SSE kernels (exp, dot products, MLAS GEMMs, softmax), which are not "
+            "modelled; modelled: its AVX-512 (avx512_core) kernels"
+        )
+    if precision == "bf16" and not {"avx512_bf16", "amx_bf16"} & have:
+        return (
+            f"openvino-sdpa: precision bf16 on this CPU ({cpu.describe()}), without "
+            "AVX512-BF16 or AMX-BF16, is not modelled; modelled: bf16 with vdpbf16ps or "
+            "AMX's tile dots, and f32"
+        )
     return None
 
 
@@ -356,6 +382,7 @@ def sdpa_model(
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
     kv_cache = one_of(kv_cache, KV_CACHES, "openvino-sdpa: kv_cache")
     threads = positive_int(threads, "openvino-sdpa: threads")
+    refuse(unmodelled(f, precision=precision))
     stage = BF16 if precision == "bf16" else FP32
     policy = fa2_kernel(stage).replace(
         name=f"openvino_sdpa({f.name}, {precision})",
@@ -383,4 +410,5 @@ OPENVINO_SDPA = Kernel(
     platform=_platform_facts,
     formats=_FORMATS,
     options=("precision", "kv_cache", "threads"),
+    unmodelled=unmodelled,
 )

@@ -84,7 +84,7 @@ from fa_jax.exponential import (
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.heads import kv_groups, repeat_kv
 from fa_jax.kernels import cpu
-from fa_jax.kernels.model import Kernel, KernelModel
+from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
@@ -115,6 +115,7 @@ __all__ = [
     "platform",
     "real_flash",
     "real_math",
+    "runs_here",
     "unmodelled_here",
 ]
 
@@ -145,6 +146,23 @@ CAPABILITIES: dict[str, Build] = {
     "AVX2": Build("torch_avx2", TORCH_FLASH_AVX2, SLEEF_U10),
     "AVX512": Build("torch_avx512", TORCH_FLASH_AVX512, SLEEF_U10, amx="torch_avx512_amx"),
 }
+
+
+# The CPU features ATen requires of each capability's kernels before it picks them
+# (aten/src/ATen/native/DispatchStub.cpp, compute_cpu_capability).
+_CAPABILITY_NEEDS = {
+    "DEFAULT": frozenset(),
+    "AVX2": frozenset({"avx2", "fma"}),
+    "AVX512": frozenset({"avx512vl", "avx512bw", "avx512dq", "fma"}),
+}
+
+
+def runs_here(cpu_capability: str) -> bool:
+    """Whether this CPU can run ATen's kernels of ``cpu_capability``: ATen takes
+    ``ATEN_CPU_CAPABILITY`` without checking it, and a capability above the CPU's
+    dies on its first illegal instruction."""
+    needs = _CAPABILITY_NEEDS.get(cpu_capability)
+    return needs is not None and needs <= cpu.flags()
 
 
 def _unavailable() -> str | None:
@@ -298,18 +316,45 @@ def unmodelled_here(
             f"FP32 GEMM on an Intel CPU as measured), got N = {n}, d = {d}, M = {m}: its "
             "matrix-vector product and larger GEMMs sum otherwise (docs/kernels.md)"
         )
-    needs = "amx_bf16" if name == "bfloat16" else "avx512f"
-    if needs not in cpu.flags():
-        return (
-            f"{kernel}: expected an Intel CPU with {needs}, where MKL's {name} GEMM was "
-            f"measured, got one without: its kernels there are not modelled (docs/kernels.md)"
-        )
+    reason = _kernel_unmodelled(kernel)(fmt, cpu_capability=cpu_capability)
+    if reason is not None:
+        return reason  # MKL's GEMMs on an Intel CPU without the features measured
     if d > INTEL_GEMM_K:
         return (
             f"{kernel}: expected d <= {INTEL_GEMM_K} (MKL's {name} GEMM on an Intel CPU "
             f"as measured), got d = {d}"
         )
     return None
+
+
+def _kernel_unmodelled(kernel: str):
+    """``Kernel.unmodelled`` of ``kernel``: the limits that hold for every shape (the
+    capability here; on an Intel CPU the features MKL's measured GEMMs need), the
+    shape's own being :func:`unmodelled_here`'s."""
+
+    def unmodelled(fmt=None, *, cpu_capability: str | None = None, **options) -> str | None:
+        del options
+        cap = capability() if cpu_capability is None else cpu_capability
+        if cap not in CAPABILITIES:
+            return (
+                f"{kernel}: ATen's {cap} kernels (this CPU: {cpu.describe()}) are not "
+                f"modelled; modelled: the {', '.join(CAPABILITIES)} builds"
+            )
+        if kernel != "torch-flash" or cpu.vendor() != "GenuineIntel" or not _here(cpu_capability):
+            return None
+        names = ["bfloat16", "float16"] if fmt is None else [get_format(fmt).name]
+        needs = {"bfloat16": "amx_bf16", "float16": "avx512f"}
+        lacking = [name for name in names if needs[name] not in cpu.flags()]
+        if not lacking:
+            return None
+        return (
+            f"{kernel}: {', '.join(lacking)} on an Intel CPU without "
+            f"{', '.join(needs[name] for name in lacking)} ({cpu.describe()}): MKL's GEMMs "
+            "there are not modelled; modelled on Intel CPUs: bf16 with AMX-BF16, fp16 "
+            "with AVX-512 (docs/kernels.md)"
+        )
+
+    return unmodelled
 
 
 def _refuse_unmodelled(
@@ -348,6 +393,8 @@ def _here(cpu_capability: str | None) -> bool:
 def _modelled(cpu_capability: str | None, kernel: str) -> Build:
     """The build of the capability (the one here by default)."""
     cap = capability() if cpu_capability is None else cpu_capability
+    if cpu_capability is None and cap not in CAPABILITIES:
+        refuse(_kernel_unmodelled(kernel)())  # ATen's capability here has no model
     if cap not in CAPABILITIES:
         raise ValueError(
             f"{kernel} model: cpu_capability: expected one of {sorted(CAPABILITIES)} "
@@ -577,6 +624,7 @@ TORCH_MATH = Kernel(
     unavailable=_unavailable,
     platform=platform,
     features=frozenset({"bias", "mask", "gqa"}),
+    unmodelled=_kernel_unmodelled("torch-math"),
 )
 
 TORCH_FLASH = Kernel(
@@ -590,4 +638,5 @@ TORCH_FLASH = Kernel(
     unavailable=_unavailable,
     platform=platform,
     features=frozenset({"bias", "mask", "gqa"}),
+    unmodelled=_kernel_unmodelled("torch-flash"),
 )

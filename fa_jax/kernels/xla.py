@@ -58,6 +58,13 @@ by an ulp on a few percent of inputs.
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
 probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla_own_dots`).
+
+Which code is modelled (:func:`unmodelled`): XLA's CPU backend targets the features
+CPUID reports, capped by ``--xla_cpu_max_isa``, and YNNPACK picks its kernels by
+them.  The model follows the AVX-512 code (F, BW, DQ, VL; bf16 with AVX512-BF16's
+pairs or AMX's tile dots), measured on an AMD EPYC with AVX-512 and an Intel Xeon
+with AMX; on other CPUs (YNNPACK's 8-lane AVX2 kernels), under a lower
+``--xla_cpu_max_isa``, or off the CPU backend it raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -80,12 +87,21 @@ from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels import cpu
 from fa_jax.kernels import xla_own_dots as own_dots
-from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
+from fa_jax.kernels.model import Kernel, KernelModel, flat_heads, refuse
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 
-__all__ = ["XLA", "XLA_CPU_EXP", "model", "platform", "real", "xla_cpu_exp", "xla_cpu_exp_model"]
+__all__ = [
+    "XLA",
+    "XLA_CPU_EXP",
+    "model",
+    "platform",
+    "real",
+    "unmodelled",
+    "xla_cpu_exp",
+    "xla_cpu_exp_model",
+]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
@@ -1757,12 +1773,54 @@ def _model_core(
     return ops.cast(o, policy.out)
 
 
+# --xla_cpu_max_isa's values (xla/backends/cpu/codegen/cpu_features.cc), narrowest
+# first: a cap below AVX512 keeps XLA from the code modelled, below AVX512_BF16
+# from bf16's pair instruction.
+_MAX_ISAS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
+
+
+def _max_isa() -> str | None:
+    """The ``--xla_cpu_max_isa`` in ``XLA_FLAGS`` (upper case), or None."""
+    import os
+
+    found = re.findall(r"--xla_cpu_max_isa=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    return found[-1].upper() if found else None
+
+
+def unmodelled(fmt=None, **options) -> str | None:
+    """None where XLA's CPU backend here runs the code the model follows for ``fmt``
+    (every format where None), else why not (module docstring)."""
+    del options
+    backend = jax.default_backend()
+    if backend != "cpu":
+        return f"xla: the model is of XLA's CPU backend; jax's default backend is {backend!r}"
+    have = cpu.flags()
+    cap = _max_isa()
+    rank = _MAX_ISAS.index(cap) if cap in _MAX_ISAS else len(_MAX_ISAS)
+    modelled = "modelled: AVX-512 (F, BW, DQ, VL; bf16 with AVX512-BF16 or AMX-BF16)"
+    here = cpu.describe() + (f", --xla_cpu_max_isa={cap}" if cap else "")
+    if not cpu.AVX512 <= have or rank < _MAX_ISAS.index("AVX512"):
+        return (
+            f"xla: XLA and YNNPACK on this CPU ({here}) run code below AVX-512 "
+            f"(YNNPACK's 8-lane kernels), which is not modelled; {modelled}"
+        )
+    bf16 = fmt is None or get_format(fmt).name == "bfloat16"
+    if bf16 and (not {"avx512_bf16", "amx_bf16"} & have or rank < _MAX_ISAS.index("AVX512_BF16")):
+        return (
+            f"xla: bf16 on this CPU ({here}) runs its dots without AVX512-BF16 or AMX, "
+            f"which is not modelled; {modelled}"
+        )
+    return None
+
+
 def model(fmt: Format, n: int, d: int) -> KernelModel:
     """fa_jax's model of XLA's attention in ``fmt`` (module docstring); ``algorithm``
     names the closest attention function, the reference.  The policy's exp is the
     one the jitted formats run on most shapes, YNNPACK's (XLA's own for fp16); the
-    model swaps it for the other where XLA's program does."""
+    model swaps it for the other where XLA's program does.  NotImplementedError on
+    code it does not follow (:func:`unmodelled`)."""
     del n, d
+    refuse(unmodelled(fmt))
     exp = XLA_CPU_EXP if fmt.name == "float16" else YNNPACK
     policy = fa2_kernel(fmt).replace(name=f"xla({fmt.name})", exp_model=exp, normalise="reciprocal")
     return KernelModel("xla", policy, "reference", forward=_forward)
@@ -1809,4 +1867,5 @@ XLA = Kernel(
     platform=platform,
     formats=("bf16", "fp16", "fp32"),
     features=frozenset({"bias", "mask", "window", "kv_lengths", "gqa"}),
+    unmodelled=unmodelled,
 )
