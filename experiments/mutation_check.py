@@ -13,7 +13,11 @@ in that folder with PYTHONPATH pointing at the copy (checked: the copy is the
 fa_jax that is imported).  The working checkout is never modified.  A mutant is
 killed when pytest fails, survives when it passes, and times out past
 ``--timeout`` seconds.  Mutants that cannot change any result carry an
-``equivalent`` reason and are reported but not counted as survivors.
+``equivalent`` reason and are reported but not counted as survivors.  A mutant
+whose tests pass with some of them skipped (a real kernel absent here, or a model
+that refuses this CPU's code) is not judged on this host: it is reported with
+the skips' reasons and counted neither as killed nor as a survivor, so that a
+CPU which cannot run a check neither fails the run nor passes it for that check.
 
     python experiments/mutation_check.py [--list] [--only PATTERN] [--jobs N] [--timeout S]
 
@@ -127,6 +131,13 @@ TILE_LOOP = "tests/test_tile_dot.py::test_tile_dot_is_the_sdm_loop"
 AMX_GEMMS = "tests/test_vector_loop.py::test_amx_gemms_are_tile_dots"
 FLASH_LOOP_CHOSEN = "tests/test_kernels_torch.py::test_the_flash_loop_follows_the_cpu"
 OV_AMX = "tests/test_kernels_openvino.py::test_the_model_follows_the_cpus_amx"
+_U = "tests/test_kernels_unmodelled.py"
+CPUS_NAMED = f"{_U}::test_models_follow_the_cpus_they_name"
+XLA_CAPPED = f"{_U}::test_xla_refuses_a_capped_isa"
+GGML_BUILDS = f"{_U}::test_ggml_follows_the_loaded_builds_features"
+_CPU = "tests/test_kernels_cpu.py"
+XCR0 = f"{_CPU}::test_features_count_only_where_the_os_saves_their_registers"
+ISA_CLASSES = f"{_CPU}::test_isa_classes"
 INTEL_BLOCKS = "tests/test_vector_loop.py::test_intel_sgemm_blocks_as_measured"
 INTEL_GEMMS = "tests/test_vector_loop.py::test_intel_gemms_are_mkls"
 INTEL_MATH_LANES = "tests/test_kernels_torch.py::test_the_math_model_takes_mkls_intel_lanes"
@@ -1514,6 +1525,70 @@ MUTANTS: tuple[Mutant, ...] = (
         "the AMX prefill stores its BF16 outputs a row at a time",
         OV_AMX_STEPS,
     ),
+    # -- which CPU code each model follows: kernels/cpu and the refusals -----------------
+    _m(
+        "kernels/cpu",
+        "if xcr0 & _XCR0_AVX512 != _XCR0_AVX512:",
+        "if False:",
+        "AVX-512 counted where the OS does not save the ZMM registers",
+        XCR0,
+    ),
+    _m(
+        "kernels/cpu",
+        'if {"avx2", "fma", "f16c"} <= have:',
+        'if "avx2" in have:',
+        "AVX2 without FMA counted as the AVX2 class",
+        ISA_CLASSES,
+    ),
+    _m(
+        "kernels/xla",
+        'if not cpu.AVX512 <= have or rank < _MAX_ISAS.index("AVX512"):',
+        'if rank < _MAX_ISAS.index("AVX512"):',
+        "the model answers for YNNPACK's AVX2 kernels",
+        CPUS_NAMED,
+    ),
+    _m(
+        "kernels/xla",
+        'not {"avx512_bf16", "amx_bf16"} & have or rank < _MAX_ISAS.index("AVX512_BF16")',
+        'rank < _MAX_ISAS.index("AVX512_BF16")',
+        "bf16 answered without AVX512-BF16's or AMX's dots",
+        CPUS_NAMED,
+    ),
+    _m(
+        "kernels/xla",
+        'if not cpu.AVX512 <= have or rank < _MAX_ISAS.index("AVX512"):',
+        "if not cpu.AVX512 <= have:",
+        "a --xla_cpu_max_isa below AVX512 ignored",
+        XLA_CAPPED,
+    ),
+    _m(
+        "kernels/onnxruntime",
+        'if "avx512f" in cpu.flags():',
+        "if True:",
+        "MLAS's FMA3 kernels answered as its AVX-512F ones",
+        CPUS_NAMED,
+    ),
+    _m(
+        "kernels/openvino",
+        'if precision == "bf16" and not {"avx512_bf16", "amx_bf16"} & have:',
+        "if False:",
+        "OpenVINO's bf16 answered without AVX512-BF16 or AMX",
+        CPUS_NAMED,
+    ),
+    _m(
+        "kernels/ggml",
+        "        return _QUANTIZED\n",
+        "        return KV_TYPES\n",
+        "an AVX2 build's float K/V answered as the AVX-512 build's",
+        GGML_BUILDS,
+    ),
+    _m(
+        "kernels/ggml",
+        'return KV_TYPES if "avx512_bf16" in build else',
+        "return KV_TYPES if True else",
+        "bf16 K/V answered without AVX512-BF16's dot",
+        GGML_BUILDS,
+    ),
     # -- kernels/xla_own_dots: XLA's GEMVs ------------------------------------------------
     _m(
         "kernels/xla_own_dots",
@@ -1699,7 +1774,7 @@ def check_unique(mutant: Mutant, root: Path = REPO) -> None:
 
 class Outcome(NamedTuple):
     mutant: Mutant
-    status: str  # killed, survived, timeout, error
+    status: str  # killed, survived, skipped (not judged here), timeout, error
     seconds: float
     detail: str = ""
 
@@ -1743,7 +1818,7 @@ def run_mutant(mutant: Mutant, root: Path, timeout: float) -> Outcome:
     check_unique(mutant, root)
     path.write_text(original.replace(mutant.original, mutant.replacement, 1))
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0"]
     try:
         proc = subprocess.Popen(
             [*cmd, *mutant.tests],
@@ -1765,6 +1840,9 @@ def run_mutant(mutant: Mutant, root: Path, timeout: float) -> Outcome:
     seconds = time.perf_counter() - start
     last = out.strip().splitlines()[-1] if out.strip() else ""
     if proc.returncode == 0:
+        skips = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+        if skips:  # passed with checks this host cannot run: not judged here
+            return Outcome(mutant, "skipped", seconds, f"{last}; {skips[0]}")
         return Outcome(mutant, "survived", seconds, last)
     if proc.returncode in (1, 2):  # failures, or errors the mutant caused at collection
         return Outcome(mutant, "killed", seconds, last)
@@ -1804,12 +1882,15 @@ def _line(o: Outcome) -> str:
 
 def summary(outcomes: list[Outcome]) -> tuple[str, bool]:
     """(the score line, whether every mutant is killed or listed as equivalent)."""
-    counted = [o for o in outcomes if o.mutant.equivalent is None]
+    unjudged = [o for o in outcomes if o.status == "skipped" and o.mutant.equivalent is None]
+    counted = [o for o in outcomes if o.mutant.equivalent is None and o not in unjudged]
     killed = sum(o.status == "killed" for o in counted)
-    equivalent = len(outcomes) - len(counted)
+    equivalent = sum(o.mutant.equivalent is not None for o in outcomes)
     bad = [o for o in counted if o.status != "killed"]
-    line = f"score: {killed} / {len(counted)} killed ({equivalent} listed as equivalent)"
-    return line, not bad
+    line = f"score: {killed} / {len(counted)} killed ({equivalent} listed as equivalent"
+    if unjudged:
+        line += f"; {len(unjudged)} not judged on this host: their tests skip here"
+    return line + ")", not bad
 
 
 def main(argv=None) -> int:
@@ -1841,6 +1922,8 @@ def main(argv=None) -> int:
     for o in outcomes:
         if o.mutant.equivalent is not None and o.status != "killed":
             print(f"equivalent: {o.mutant.name}: {o.mutant.equivalent}")
+        elif o.status == "skipped":
+            print(f"not judged here: {o.mutant.name}: {o.detail}")
         elif o.status != "killed":
             print(f"{o.status}: {o.mutant.name} (tests: {' '.join(o.mutant.tests)})")
     print(f"wall time: {time.perf_counter() - start:.0f} s")
