@@ -58,13 +58,6 @@ by an ulp on a few percent of inputs.
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
 probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla_own_dots`).
-
-Which code is modelled (:func:`unmodelled`): XLA's CPU backend targets the features
-CPUID reports, capped by ``--xla_cpu_max_isa``, and YNNPACK picks its kernels by
-them.  The model follows the AVX-512 code (F, BW, DQ, VL; bf16 with AVX512-BF16's
-pairs or AMX's tile dots), measured on an AMD EPYC with AVX-512 and an Intel Xeon
-with AMX; on other CPUs (YNNPACK's 8-lane AVX2 kernels), under a lower
-``--xla_cpu_max_isa``, or off the CPU backend it raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -1789,7 +1782,10 @@ def _max_isa() -> str | None:
 
 def unmodelled(fmt=None, **options) -> str | None:
     """None where XLA's CPU backend here runs the code the model follows for ``fmt``
-    (every format where None), else why not (module docstring)."""
+    (every format where None), else why not.  XLA targets the features CPUID reports,
+    capped by ``--xla_cpu_max_isa``, and YNNPACK picks its kernels by them; the model
+    follows their AVX-512 code (bf16 with AVX512-BF16's pairs or AMX's tile dots), as
+    measured on an AMD EPYC and an Intel Xeon with AMX, and only on the CPU backend."""
     del options
     backend = jax.default_backend()
     if backend != "cpu":
