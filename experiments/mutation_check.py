@@ -7,7 +7,7 @@ the tests that must fail on it.  For every mutant the script copies fa_jax/,
 tests/ and pyproject.toml into a temporary folder, applies the mutant there
 (the original snippet must occur exactly once), and runs
 
-    python -m pytest -x -q -p no:cacheprovider -n 0 <the mutant's tests>
+    python -m pytest -x -q -rs -p no:cacheprovider -n 0 -m "not slow" <the mutant's tests>
 
 in that folder with PYTHONPATH pointing at the copy (checked: the copy is the
 fa_jax that is imported).  The working checkout is never modified.  A mutant is
@@ -1818,7 +1818,9 @@ def run_mutant(mutant: Mutant, root: Path, timeout: float) -> Outcome:
     check_unique(mutant, root)
     path.write_text(original.replace(mutant.original, mutant.replacement, 1))
     start = time.perf_counter()
+    # -m "not slow": the named tests run whichever tier the default run keeps them in.
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0"]
+    cmd += ["-m", "not slow"]
     try:
         proc = subprocess.Popen(
             [*cmd, *mutant.tests],

@@ -1,8 +1,10 @@
-"""Shared test configuration: bounded hypothesis profiles, x64 toggling, and a
-compilation cache of the test run's own (never the user's)."""
+"""Shared test configuration: bounded hypothesis profiles, x64 toggling, a
+compilation cache of the test run's own (never the user's), and the tests kept
+out of the default run for its time (extended_for_time.txt)."""
 
 import atexit
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -51,3 +53,28 @@ def _x64_setting_does_not_leak():
     after = jax.config.read("jax_enable_x64")
     jax.config.update("jax_enable_x64", before)
     assert after == before, f"jax_enable_x64 left changed ({before} -> {after})"
+
+
+_FOR_TIME = pathlib.Path(__file__).with_name("extended_for_time.txt")
+
+
+def _for_time() -> set[str]:
+    lines = _FOR_TIME.read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark ``extended`` the tests listed in extended_for_time.txt, before ``-m``
+    selects; a listed test of a collected file that is not collected fails the run
+    (a stale entry would leave its test in the default run unnoticed)."""
+    listed = _for_time()
+    files = {item.nodeid.split("::")[0] for item in items}
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.extended)
+    collected = {item.nodeid for item in items}
+    whole = not any("::" in str(arg) for arg in config.args)  # files, not picked tests
+    stale = sorted(n for n in listed if n.split("::")[0] in files and n not in collected)
+    if stale and whole:
+        raise pytest.UsageError(f"{_FOR_TIME.name} names tests that are not collected: {stale}")
