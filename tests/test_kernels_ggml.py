@@ -10,6 +10,9 @@ asserts 100 % identical elements.
 
 from __future__ import annotations
 
+import json
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -49,6 +52,86 @@ def _compare(h, n, m, d, kv, causal=False, threads=1, seed=0):
     assert real.shape == emulated.shape == (h, n, d)
     np.testing.assert_array_equal(emulated, real)
     return real
+
+
+# Run in the AVX2 lab (tests/lab.py): ggml_lib loaded on its own (numpy only, no jax),
+# ggml's AVX2 build named by FA_JAX_GGML_LIB; inputs, masks and scales as G.real
+# prepares them; the build's features and each case's output back.
+_LAB_CHILD = """
+import importlib.util, json, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("ggml_lib", sys.argv[1])
+lib = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lib)
+out = {"features": np.array(sorted(lib.build_features()))}
+with np.load(sys.argv[2]) as f:
+    for i, (kv, threads) in enumerate(json.loads(sys.argv[3])):
+        mask = f[f"mask{i}"] if f"mask{i}" in f else None
+        out[f"o{i}"] = lib.flash_attn_ext(
+            f[f"q{i}"], f[f"k{i}"], f[f"v{i}"], mask, float(f[f"scale{i}"]), kv, threads
+        )
+np.savez(sys.argv[4], **out)
+"""
+
+
+def _avx2_build_dir():
+    from helpers import load_experiment
+
+    build = load_experiment("build_ggml")
+    lib = build.lib_dir(build.default_cache(), "avx2")
+    if not all((lib / name).exists() for name in build.LIBS):
+        pytest.skip(
+            f"ggml's AVX2 build is absent from {lib} "
+            "(python experiments/build_ggml.py --variant avx2)"
+        )
+    return lib
+
+
+@pytest.mark.extended  # 20 s natively on an AVX2 host, 23 s under qemu-user
+def test_the_avx2_build_is_modelled_where_the_model_answers(tmp_path, monkeypatch):
+    """ggml's AVX2 build run as an AVX2 CPU (natively, or under qemu-user on an
+    AVX-512 host): Q8_0 and Q4_0 K/V bit for bit as modelled; F16 K/V refused by
+    the model, and indeed not the AVX-512 build's bits."""
+    from lab import run_as_avx2
+
+    lib = _avx2_build_dir()
+    # (kv, threads, h, n, m, d, causal, seed)
+    cases = [
+        ("q8_0", 1, 2, 3, 37, 64, False, 0),
+        ("q4_0", 2, 2, 7, 7, 96, True, 1),
+        ("f16", 1, 2, 3, 37, 80, False, 2),
+    ]
+    arrays, inputs = {}, []
+    for i, (kv, _, h, n, m, d, causal, seed) in enumerate(cases):
+        fmt, q, k, v = _inputs(seed, h, n, m, d, kv)
+        inputs.append((fmt, q, k, v))
+        arrays.update({f"q{i}": G._as4(q), f"k{i}": G._as4(k), f"v{i}": G._as4(v)})
+        arrays[f"scale{i}"] = np.float32(G._scale(None, d))
+        if causal:
+            arrays[f"mask{i}"] = G._mask(n, m, True)
+    np.savez(tmp_path / "in.npz", **arrays)
+    env = {**os.environ, "FA_JAX_GGML_LIB": str(lib)}
+    spec = json.dumps([[kv, threads] for kv, threads, *_ in cases])
+    out = tmp_path / "out.npz"
+    run_as_avx2(_LAB_CHILD, ggml_lib.__file__, str(tmp_path / "in.npz"), spec, str(out), env=env)
+    with np.load(out) as got:
+        features = frozenset(str(f) for f in got["features"])
+        real = [got[f"o{i}"].reshape(inputs[i][1].shape).astype(np.float64) for i in range(3)]
+    assert {"avx2", "fma", "f16c"} <= features and "avx512" not in features
+    monkeypatch.setattr(G, "_build", lambda: features)
+    for (kv, threads, *_, causal, _), (fmt, q, k, v), r in zip(cases, inputs, real):
+        options = {"kv_type": kv, "threads": threads}
+        if G.unmodelled(fmt, kv_type=kv) is None:
+            emulated = G.model(get_format(fmt), q.shape[-2], q.shape[-1], **options)(
+                q, k, v, causal=causal
+            )
+            np.testing.assert_array_equal(emulated, r, err_msg=kv)
+            continue
+        assert kv in ("f32", "f16", "bf16")
+        monkeypatch.setattr(G, "_build", lambda: features | {"avx512", "avx512_bf16"})
+        avx512 = G.model(get_format(fmt), q.shape[-2], q.shape[-1], **options)(q, k, v)
+        monkeypatch.setattr(G, "_build", lambda: features)
+        assert np.mean(avx512 == r) < 1.0, kv  # the AVX-512 build's bits are not these
 
 
 def test_registered():
