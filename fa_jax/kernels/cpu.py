@@ -84,14 +84,16 @@ AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
 ISAS = ("AVX512", "AVX2", "SSE")  # the classes of :func:`isa`, widest first
 
 
+_PAGES: list[mmap.mmap] = []  # the functions' pages, mapped for the process's life
+
+
 def _function(code: bytes, restype, argtypes):
     """``code`` as a C function in a page of its own, mapped executable."""
     page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     page.write(code)
+    _PAGES.append(page)
     address = ctypes.addressof(ctypes.c_char.from_buffer(page))
-    fn = ctypes.CFUNCTYPE(restype, *argtypes)(address)
-    fn.page = page  # keep the mapping alive as long as the function
-    return fn
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
 
 
 @functools.cache
