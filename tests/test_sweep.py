@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from helpers import csv_has_rows
+from helpers import csv_has_rows, skip_unmodelled
 
 from fa_jax import metrics
 from fa_jax.attention import Blocks, flash_attention, reference_attention
@@ -205,10 +205,6 @@ def test_lengths_far_apart_share_flash_programs_and_equal_direct_calls(x64, tmp_
     g = Grid(formats=("bf16",), seq_lens=(8, 20), blocks=(Blocks(8, 8),), d=8)
     assert chunks_of(g, True) == [(8,), (20,)]
     assert flash_chunks_of(g, True) == [(8, 20)]
-    kernel = Grid(
-        formats=("bf16",), seq_lens=(32, 512), blocks=(Blocks(8, 8),), d=8, policies=("kernel:xla",)
-    )
-    assert flash_chunks_of(kernel, True) == chunks_of(kernel, True) == [(32,), (512,)]
     rows = read_rows(run_sweep(g, tmp_path, quiet=True))
     pol = paper_uniform("bf16")
     for n in g.seq_lens:
@@ -228,6 +224,11 @@ def test_lengths_far_apart_share_flash_programs_and_equal_direct_calls(x64, tmp_
             a, b = comp.split("_vs_")
             want.update({(comp, m): float(getattr(metrics, m)(outs[a], outs[b])) for m in METRICS})
         assert got == want, n
+    skip_unmodelled("xla", "bf16")  # a kernel grid's policies are its model's
+    kernel = Grid(
+        formats=("bf16",), seq_lens=(32, 512), blocks=(Blocks(8, 8),), d=8, policies=("kernel:xla",)
+    )
+    assert flash_chunks_of(kernel, True) == chunks_of(kernel, True) == [(32,), (512,)]
 
 
 def test_causal_sweep_equals_direct_call(x64, tmp_path):
