@@ -35,10 +35,13 @@ a last single product for the K mod 4 rest
 (measured with :func:`fa_jax.kernels.reveal.reveal_matmul_order` on ONNX
 Runtime's MatMul).  ``MlasSgemmKernelM1TransposeBAvx`` (one row, B transposed,
 alpha = 1, beta = 0): products rounded, product i into AVX lane i mod 8 in index
-order (the K mod 8 rest too), then (((l0 + l1) + l2) + l3) + (((l4 + l5) + l6) +
-l7) (revealed with :func:`fa_jax.kernels.reveal.reveal_order` through OpenVINO's
-F32 SDPA, whose last query row takes it where N mod 4 = 1; K = 16, 20, 64);
-with beta = 1 it is not modelled (:func:`sgemm` raises).
+order (the K mod 8 rest too), then for columns in blocks of 4 (((l0 + l1) + l2) +
+l3) + (((l4 + l5) + l6) + l7) (revealed with :func:`fa_jax.kernels.reveal.reveal_order`
+through OpenVINO's F32 SDPA, whose last query row takes it where N mod 4 = 1; K =
+16, 20, 64), for the N mod 4 last columns the trees of its blocks of 2 and 1
+(``SgemmKernelM1TransposeBAvx.S``; checked against ONNX Runtime's Gemm); with beta
+= 1 it is not modelled (:func:`sgemm` raises).  MLAS runs both one-row kernels
+(AVX) on every x86 CPU with AVX, AVX-512F or not.
 """
 
 from __future__ import annotations
@@ -183,19 +186,42 @@ M1T_LANES = 8  # MlasSgemmKernelM1TransposeBAvx: one 8-lane AVX accumulator
 def _m1_transpose_b(a, b):
     """``MlasSgemmKernelM1TransposeBAvx`` on each row of A (..., M, K) alone, times B
     (..., K, N) given transposed, beta = 0: products rounded, product i into lane
-    i mod 8 in index order (the K mod 8 tail too), then (((l0 + l1) + l2) + l3) +
-    (((l4 + l5) + l6) + l7)."""
-    k = a.shape[-1]
+    i mod 8 in index order (the K mod 8 tail too), then a tree that depends on the
+    output column's block (SgemmKernelM1TransposeBAvx.S): columns in blocks of 4
+    (((l0 + l1) + l2) + l3) + (((l4 + l5) + l6) + l7); a block of 2 where N & 2,
+    ((l0 + l2) + (l4 + l6)) + ((l1 + l3) + (l5 + l7)); a last column where N & 1,
+    two horizontal adds, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); then
+    + C (+0 for beta = 0: a -0 becomes +0).  The same AVX code on every x86 CPU
+    (MLAS never replaces it)."""
+    k, n = a.shape[-1], b.shape[-1]
     prod = ops.mul(a[..., :, None, :], jnp.swapaxes(b, -1, -2)[..., None, :, :], FP32)
     prod = jnp.pad(prod, [(0, 0)] * (prod.ndim - 1) + [(0, -k % M1T_LANES)])  # + 0: exact
-    lanes = ops.sum(
+    l = ops.sum(
         prod.reshape(*prod.shape[:-1], -1, M1T_LANES), FP32, axis=-2, accumulation="sequential"
     )
-    low, high = lanes[..., 0], lanes[..., 4]
-    for j in range(1, 4):
-        low = ops.add(low, lanes[..., j], FP32)
-        high = ops.add(high, lanes[..., 4 + j], FP32)
-    return ops.add(low, high, FP32)
+
+    def add(x, y):
+        return ops.add(x, y, FP32)
+
+    def chain(i, j):  # ((li + li+1) + li+2) + li+3 over the lanes i..j
+        acc = l[..., i]
+        for lane in range(i + 1, j):
+            acc = add(acc, l[..., lane])
+        return acc
+
+    fours = add(chain(0, 4), chain(4, 8))
+    pairs = add(
+        add(add(l[..., 0], l[..., 2]), add(l[..., 4], l[..., 6])),
+        add(add(l[..., 1], l[..., 3]), add(l[..., 5], l[..., 7])),
+    )
+    halves = add(
+        add(add(l[..., 0], l[..., 1]), add(l[..., 2], l[..., 3])),
+        add(add(l[..., 4], l[..., 5]), add(l[..., 6], l[..., 7])),
+    )
+    column = jnp.arange(n)
+    tail = jnp.where(column < n - n % 2, pairs, halves) if n & 2 else halves
+    out = jnp.where(column < n - n % 4, fours, tail)
+    return add(out, jnp.zeros_like(out))
 
 
 def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart: bool = False):

@@ -153,6 +153,25 @@ def test_mlas_sgemm_is_bit_exact(m, k, n):
     assert _identical(real, model) == 1.0
 
 
+def test_one_row_transposed_gemm_is_bit_exact_on_any_cpu():
+    """``MlasSgemmKernelM1TransposeBAvx`` through Gemm(transB) with one row of A: the
+    same AVX code on every x86 CPU, so checked on AVX2 and AVX-512 hosts alike;
+    columns in blocks of 4, then the blocks of 2 and 1 of N mod 4, each its own
+    lane tree (all three meet at N = 7; 13 and 50 add more blocks)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(7)
+    sess = _session(helper.make_node("Gemm", ["A", "B"], ["Y"], transB=1), "AB", "Y")
+    model = jax.jit(lambda a, b: mlas.sgemm(a, b, trans_b=True))
+    for k, n in [(5, 7), (37, 13), (64, 50), (300, 6), (16, 1)]:
+        a = rng.standard_normal((1, k)).astype(np.float32)
+        bt = rng.standard_normal((n, k)).astype(np.float32)
+        real = sess.run(None, {"A": a, "B": bt})[0]
+        with float64_enabled():
+            got = np.asarray(model(a.astype(np.float64), bt.T.astype(np.float64)))
+        assert _identical(real, got) == 1.0, (k, n)
+
+
 @needs_avx512
 @pytest.mark.parametrize(
     ("fmt", "h", "n", "m", "d", "causal"),
