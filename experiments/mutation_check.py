@@ -18,8 +18,12 @@ whose tests pass with some of them skipped (a real kernel absent here, or a mode
 that refuses this CPU's code) is not judged on this host: it is reported with
 the skips' reasons and counted neither as killed nor as a survivor, so that a
 CPU which cannot run a check neither fails the run nor passes it for that check.
+``--budget`` bounds the whole run's time: past it no mutant is started, and
+those left are listed as not run (counted neither way), so that CI on a slow
+host ends within its limit and says which mutants it did not judge.
 
     python experiments/mutation_check.py [--list] [--only PATTERN] [--jobs N] [--timeout S]
+                                         [--budget S]
 
 Prints one line per mutant and the score (killed / counted); exits 0 when every
 mutant is killed or listed as equivalent, else 1.  The last run's score and its
@@ -131,6 +135,9 @@ TILE_LOOP = "tests/test_tile_dot.py::test_tile_dot_is_the_sdm_loop"
 AMX_GEMMS = "tests/test_vector_loop.py::test_amx_gemms_are_tile_dots"
 FLASH_LOOP_CHOSEN = "tests/test_kernels_torch.py::test_the_flash_loop_follows_the_cpu"
 OV_AMX = "tests/test_kernels_openvino.py::test_the_model_follows_the_cpus_amx"
+ONE_ROW_T = (
+    "tests/test_kernels_onnxruntime.py::test_one_row_transposed_gemm_is_bit_exact_on_any_cpu"
+)
 _U = "tests/test_kernels_unmodelled.py"
 CPUS_NAMED = f"{_U}::test_models_follow_the_cpus_they_name"
 XLA_CAPPED = f"{_U}::test_xla_refuses_a_capped_isa"
@@ -1525,6 +1532,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "the AMX prefill stores its BF16 outputs a row at a time",
         OV_AMX_STEPS,
     ),
+    _m(
+        "mlas",
+        "tail = jnp.where(column < n - n % 2, pairs, halves) if n & 2 else halves",
+        "tail = fours",
+        "the one-row transposed GEMM's last N mod 4 columns in the blocks-of-4 tree",
+        ONE_ROW_T,
+    ),
+    _m(
+        "mlas",
+        "tail = jnp.where(column < n - n % 2, pairs, halves) if n & 2 else halves",
+        "tail = halves",
+        "its block of 2 columns in the last column's tree",
+        ONE_ROW_T,
+    ),
     # -- which CPU code each model follows: kernels/cpu and the refusals -----------------
     _m(
         "kernels/cpu",
@@ -1851,8 +1872,12 @@ def run_mutant(mutant: Mutant, root: Path, timeout: float) -> Outcome:
     return Outcome(mutant, "error", seconds, f"pytest exit {proc.returncode}: {last}")
 
 
-def run_all(mutants, jobs: int, timeout: float, report=print) -> list[Outcome]:
-    """Run the mutants on ``jobs`` workers, each with a copy of its own."""
+def run_all(
+    mutants, jobs: int, timeout: float, report=print, budget: float | None = None
+) -> list[Outcome]:
+    """Run the mutants on ``jobs`` workers, each with a copy of its own; past
+    ``budget`` seconds none is started any more (each left is "not run")."""
+    end = None if budget is None else time.perf_counter() + budget
     spaces: queue.Queue[Path] = queue.Queue()
     roots = [_workspace() for _ in range(min(jobs, len(mutants)))]
     for root in roots:
@@ -1862,7 +1887,10 @@ def run_all(mutants, jobs: int, timeout: float, report=print) -> list[Outcome]:
     def one(mutant: Mutant) -> Outcome:
         root = spaces.get()
         try:
-            outcome = run_mutant(mutant, root, timeout)
+            if end is not None and time.perf_counter() > end:
+                outcome = Outcome(mutant, "not run", 0.0, f"the {budget:.0f} s budget was spent")
+            else:
+                outcome = run_mutant(mutant, root, timeout)
         finally:
             spaces.put(root)
         with lock:
@@ -1884,14 +1912,19 @@ def _line(o: Outcome) -> str:
 
 def summary(outcomes: list[Outcome]) -> tuple[str, bool]:
     """(the score line, whether every mutant is killed or listed as equivalent)."""
-    unjudged = [o for o in outcomes if o.status == "skipped" and o.mutant.equivalent is None]
+    unrun = [o for o in outcomes if o.status == "not run"]
+    unjudged = [
+        o for o in outcomes if (o.status == "skipped" and o.mutant.equivalent is None) or o in unrun
+    ]
     counted = [o for o in outcomes if o.mutant.equivalent is None and o not in unjudged]
     killed = sum(o.status == "killed" for o in counted)
     equivalent = sum(o.mutant.equivalent is not None for o in outcomes)
     bad = [o for o in counted if o.status != "killed"]
     line = f"score: {killed} / {len(counted)} killed ({equivalent} listed as equivalent"
-    if unjudged:
-        line += f"; {len(unjudged)} not judged on this host: their tests skip here"
+    if len(unjudged) > len(unrun):
+        line += f"; {len(unjudged) - len(unrun)} not judged on this host: their tests skip here"
+    if unrun:
+        line += f"; {len(unrun)} not run: the time budget was spent"
     return line + ")", not bad
 
 
@@ -1901,6 +1934,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", metavar="PATTERN", help="run mutants whose name matches (regex)")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run in parallel")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="seconds after which no mutant is started (those left are listed as not run)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
@@ -1918,7 +1956,7 @@ def main(argv=None) -> int:
         print(f"no mutant matches {args.only!r}", file=sys.stderr)
         return 1
     start = time.perf_counter()
-    outcomes = run_all(mutants, args.jobs, args.timeout)
+    outcomes = run_all(mutants, args.jobs, args.timeout, budget=args.budget)
     line, ok = summary(outcomes)
     print(line)
     for o in outcomes:
@@ -1926,6 +1964,8 @@ def main(argv=None) -> int:
             print(f"equivalent: {o.mutant.name}: {o.mutant.equivalent}")
         elif o.status == "skipped":
             print(f"not judged here: {o.mutant.name}: {o.detail}")
+        elif o.status == "not run":
+            print(f"not run: {o.mutant.name}: {o.detail}")
         elif o.status != "killed":
             print(f"{o.status}: {o.mutant.name} (tests: {' '.join(o.mutant.tests)})")
     print(f"wall time: {time.perf_counter() - start:.0f} s")

@@ -77,6 +77,16 @@ def test_a_mutant_whose_tests_skip_here_is_neither_killed_nor_a_survivor():
     assert not ok and "0 / 1 killed" in line
 
 
+def test_mutants_left_when_the_budget_is_spent_are_listed_not_counted():
+    live = mc.Mutant("fa_jax/ops.py", "a", "b", "live", ("t",))
+    late = mc.Mutant("fa_jax/ops.py", "a", "b", "late", ("t",))
+    line, ok = mc.summary([mc.Outcome(live, "killed", 1.0), mc.Outcome(late, "not run", 0.0)])
+    assert ok and "1 / 1 killed" in line and "1 not run: the time budget was spent" in line
+    assert "not judged" not in line
+    outcomes = mc.run_all([late], jobs=1, timeout=60, budget=-1.0)  # spent before it starts
+    assert [o.status for o in outcomes] == ["not run"]
+
+
 def test_run_mutant_tells_skipped_checks_from_passed_ones(tmp_path):
     """pytest passing with a skip is "skipped" (not judged), passing without one is
     "survived", failing is "killed"."""
