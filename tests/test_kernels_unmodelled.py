@@ -140,3 +140,21 @@ def test_an_avx512_host_models_every_engine_in_fp32():
     for name in ("xla", "onnxruntime-attention", "onnxruntime-mha"):
         assert _lookup(name).unmodelled("fp32") is None, name
     assert _lookup("openvino-sdpa").unmodelled("fp32", precision="f32") is None
+
+
+def test_cli_kernels_says_which_models_answer_here(monkeypatch, capsys):
+    """`fa-jax kernels`: "modelled here" or "refused", and each refusal in full."""
+    from fa_jax.cli import main
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setattr(cpu, "flags", lambda: _AVX2)
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    xla_row = next(line for line in out.splitlines() if line.startswith("xla "))
+    assert "refused (below)" in xla_row
+    assert f"- {_lookup('xla').unmodelled()}" in out
+    monkeypatch.setattr(cpu, "flags", lambda: _AMX)
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    xla_row = next(line for line in out.splitlines() if line.startswith("xla "))
+    assert "modelled here" in xla_row and "- xla:" not in out
