@@ -18,7 +18,7 @@ from fa_jax.kernels import cpu
 
 
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    """The CPU's feature flags as the kernels' libraries read them (CPUID)."""
     return cpu.flags()
 
 
@@ -34,18 +34,10 @@ def amd() -> bool:
     return vendor() == "AuthenticAMD"
 
 
-_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
-
-
 def isa() -> str:
     """ "avx512" (F, BW, VL and DQ: what ATen's and YNNPACK's AVX-512 kernels need),
-    "avx2" (with FMA), else "other"."""
-    flags = cpu_flags()
-    if _AVX512 <= flags:
-        return "avx512"
-    if {"avx2", "fma"} <= flags:
-        return "avx2"
-    return "other"
+    "avx2" (with FMA and F16C), else "other": :func:`fa_jax.kernels.cpu.isa`."""
+    return {"AVX512": "avx512", "AVX2": "avx2"}.get(cpu.isa(), "other")
 
 
 @functools.cache
