@@ -101,3 +101,18 @@ def skip_unmodelled(kernel: str, fmt=None, **options) -> None:
     reason = _lookup(kernel).unmodelled(fmt, **options)
     if reason is not None:
         pytest.skip(f"the model refuses this CPU: {reason}")
+
+
+def skip_unless_aten_runs(capability: str) -> None:
+    """Skip, saying why, where this CPU cannot run ATen's ``capability`` kernels: ATen
+    takes ATEN_CPU_CAPABILITY unchecked, and a child forced above the CPU dies on
+    its first illegal instruction (:func:`fa_jax.kernels.torch_cpu.runs_here`)."""
+    import pytest
+
+    from fa_jax.kernels import cpu, torch_cpu
+
+    if not torch_cpu.runs_here(capability):
+        pytest.skip(
+            f"this CPU ({cpu.describe()}) cannot run ATen's {capability} kernels: "
+            "ATEN_CPU_CAPABILITY would force them onto it and die on an illegal instruction"
+        )

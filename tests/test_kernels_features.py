@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from helpers import skip_unmodelled, x64_enabled
+from helpers import skip_unless_aten_runs, skip_unmodelled, x64_enabled
 
 from fa_jax import BF16, FP16, FP32, kernels
 from fa_jax.rounding import round_to
@@ -98,11 +98,7 @@ def torch_real(capability: str, kernel: str, fmt: str, q, k, v, features: dict) 
 
     if capability == torch_cpu.capability():
         return kernels.real(kernel, q, k, v, fmt=fmt, **features)
-    if not torch_cpu.runs_here(capability):
-        pytest.skip(
-            f"this CPU ({torch_cpu.cpu.describe()}) cannot run ATen's {capability} kernels: "
-            "ATEN_CPU_CAPABILITY would force them onto it and die on an illegal instruction"
-        )
+    skip_unless_aten_runs(capability)
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(os.path.join(tmp, "inputs.npz"), q=q, k=k, v=v, **features)
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability.lower()}

@@ -30,12 +30,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
-from helpers import x64_enabled  # noqa: E402
+from helpers import skip_unless_aten_runs, x64_enabled  # noqa: E402
 
 from fa_jax import BF16, FP16, FP32, ops  # noqa: E402
 from fa_jax.attention import Blocks  # noqa: E402
 from fa_jax.exponential import glibc_expf  # noqa: E402
-from fa_jax.kernels import cpu, torch_cpu  # noqa: E402
+from fa_jax.kernels import torch_cpu  # noqa: E402
 from fa_jax.rounding import round_to  # noqa: E402
 from fa_jax.vector_loop import MKL_INTEL_LANES, intel_sgemm_blocks, intel_takes_lanes  # noqa: E402
 
@@ -101,11 +101,7 @@ def _real_outputs(capability: str, cases: tuple) -> tuple[np.ndarray | None, ...
     """The real kernels' outputs for ``cases`` under ``capability``: in this process
     if it is the capability here, else in a subprocess with ATEN_CPU_CAPABILITY
     set; skips where this CPU cannot run that capability's kernels."""
-    if not torch_cpu.runs_here(capability):
-        pytest.skip(
-            f"this CPU ({cpu.describe()}) cannot run ATen's {capability} kernels: "
-            "ATEN_CPU_CAPABILITY would force them onto it and die on an illegal instruction"
-        )
+    skip_unless_aten_runs(capability)
     inputs = [_inputs(shape, FORMATS[fmt], seed) for _, fmt, shape, _, seed in cases]
     runs = [_unmodelled(case, capability) is None for case in cases]
     if capability == torch_cpu.capability():
