@@ -1,27 +1,37 @@
-"""MLAS (ONNX Runtime's math library) on x86-64 with AVX-512F: its FP32 GEMM, exp and softmax.
+"""MLAS (ONNX Runtime's math library) on x86-64: its FP32 GEMM, exp and softmax, as its
+AVX-512F and its FMA3 (AVX2) kernels round them.
 
 Step by step in :mod:`fa_jax.ops`, every step rounded as the vector instructions
-round (sources: ``onnxruntime/core/mlas/lib``, ONNX Runtime 1.2x):
+round (sources: ``onnxruntime/core/mlas/lib``, ONNX Runtime 1.2x–1.3x).  MLAS picks
+its kernels once, from CPUID (``platform.cpp``): the AVX-512F ones where the CPU has
+AVX-512F, else the FMA3 ones where it has AVX2 and FMA; the two differ only in the
+sum-exp kernel (:class:`SumExpKernel`: :data:`AVX512F`, :data:`FMA3`).
 
-``sum_exp`` (``MlasComputeSumExpF32KernelAvx512F``, ``x86_64/TransKernelAvx512F.S``;
-constants ``MlasExpConstants`` in ``compute.cpp``), on x = fl(s + (-max))::
+``sum_exp`` on x = fl(s + (-max)) (``MlasComputeSumExpF32KernelAvx512F``,
+``x86_64/TransKernelAvx512F.S``; ``MlasComputeSumExpF32KernelFma3``,
+``x86_64/TransKernelFma3.S``; constants ``MlasExpConstants`` in ``compute.cpp``)::
 
-    x' = max(x, -103.9720840454)          b = fma(x', log2 e, 1.5·2^23)
+    x' = max(x, lower_range)              b = fma(x', log2 e, 1.5·2^23)
     m = b - 1.5·2^23                      r = fma(m, ln2_lo, fma(m, ln2_hi, x'))
     p = poly_0;  p = fma(p, r, c) for c in poly_1 … poly_4, 1, 1
-    e = vscalefps(p, m) = fl(p · 2^m)    (one rounding, into the subnormals too)
+    e = fl(p · 2^m)                       (one rounding, into the subnormals too)
 
-(``LowerRange``, not the portable kernel's ``LowerRangeSumExp``; checked against
-ONNX Runtime's Softmax op, whose exps fall into the subnormals.)
+AVX-512F: lower_range = ``LowerRange`` (-103.9720840454), 2^m by ``vscalefps``
+(m >= -150).  FMA3: lower_range = ``LowerRangeSumExp`` (-88.3762626647949), so
+m >= -127, and 2^m built from its bits, ((m + 127) << 23): m = -127 gives +0, so
+e = +0 there (checked against ONNX Runtime's Softmax op, whose exps fall into the
+subnormals).
 
-and Σ e in 16 lanes (entry i into lane i mod 16, each lane in index order),
-the lanes reduced as lane i + lane i+8 (i < 8), then ((b0+b1)+(b2+b3)) +
-((b4+b5)+(b6+b7)) (``vextractf64x4``, two ``vhaddps``, ``vextractf128``).
+Σ e in lanes (entry i into lane i mod L, each lane in index order): AVX-512F's
+16 lanes first folded as lane i + lane i+8 (i < 8, ``vextractf64x4``), FMA3's 8
+lanes as they are; then ((b0+b1)+(b2+b3)) + ((b4+b5)+(b6+b7)) (two ``vhaddps``,
+``vextractf128``).
 
 ``softmax`` (``MlasComputeSoftmaxThreaded``, ``compute.cpp``): the row max,
-``sum_exp``, then P = fl(e · fl(1 / Σ)).
+``sum_exp``, then P = fl(e · fl(1 / Σ)) (the output kernel is AVX on both).
 
-``sgemm`` (``MlasSgemmOperation``, ``sgemm.cpp``; kernel ``SgemmKernelAvx512F``):
+``sgemm`` (``MlasSgemmOperation``, ``sgemm.cpp``; kernels ``SgemmKernelAvx512F``,
+``SgemmKernelFma3``, which round alike: no sum crosses lanes):
 C = alpha·A B + beta·C with beta 0 or 1.  The K axis is cut in slices of
 StrideK (128, doubled while StrideN = 128 halves for a narrow B: N < K and
 StrideN / 2 >= N, down to StrideN = 16; halved while StrideK / 2 >= K for
@@ -46,6 +56,8 @@ through OpenVINO's F32 SDPA, whose last query row takes it where N mod 4 = 1; K 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -54,9 +66,13 @@ from fa_jax.exponential import ExpModel, _pow2, register_exp_model
 from fa_jax.formats import FP32
 
 __all__ = [
+    "AVX512F",
+    "FMA3",
     "MLAS_SUM_EXP",
+    "MLAS_SUM_EXP_FMA3",
     "STRIDE_K",
     "STRIDE_N",
+    "SumExpKernel",
     "lane_sum",
     "sgemm",
     "softmax",
@@ -73,7 +89,6 @@ def _f32(literal: float) -> float:
     return float(np.float32(literal))
 
 
-_LOWER_RANGE = _f32(-103.9720840454)  # the AVX-512F kernel clamps at LowerRange
 _ROUNDING_BIAS = _f32(12582912.0)  # MLAS_ROUNDING_BIAS_MAGIC, 1.5 · 2^23
 _LOG2_RECIPROCAL = _f32(1.44269504088896341)
 _LOG2_HIGH = _f32(-6.93145752e-1)
@@ -87,7 +102,6 @@ _POLY = (
     1.0,  # poly_56, applied twice
     1.0,
 )
-LANES = 16
 STRIDE_N = 128  # MLAS_SGEMM_STRIDEN
 STRIDE_K = 128  # MLAS_SGEMM_STRIDEK
 
@@ -96,10 +110,29 @@ def _full(x, value: float):
     return jnp.full_like(x, value)
 
 
-def sum_exp(x):
+@dataclasses.dataclass(frozen=True)
+class SumExpKernel:
+    """One ISA's ``MlasComputeSumExpF32Kernel`` (module docstring): where it clamps x,
+    how it scales by 2^m, and its lanes."""
+
+    name: str
+    lower_range: float  # x' = max(x, lower_range)
+    scale_from_bits: bool  # 2^m from ((m + 127) << 23): m = -127 gives +0
+    lanes: int  # 16 folded to 8 (lane i + lane i+8), or 8
+
+    def __post_init__(self):
+        if self.lanes not in (8, 16):
+            raise ValueError(f"SumExpKernel.lanes: expected 8 or 16, got {self.lanes!r}")
+
+
+AVX512F = SumExpKernel("avx512f", _f32(-103.9720840454), scale_from_bits=False, lanes=16)
+FMA3 = SumExpKernel("fma3", _f32(-88.3762626647949), scale_from_bits=True, lanes=8)
+
+
+def sum_exp(x, kernel: SumExpKernel = AVX512F):
     """e = MLAS's exp of the FP32 values ``x`` (the shifted scores s - max, already
-    rounded), as the AVX-512F softmax kernel computes it (module docstring)."""
-    x = jnp.maximum(x, _LOWER_RANGE)
+    rounded), as ``kernel``'s softmax kernel computes it (module docstring)."""
+    x = jnp.maximum(x, kernel.lower_range)
     bias = _full(x, _ROUNDING_BIAS)
     b = ops.fma(x, _full(x, _LOG2_RECIPROCAL), bias, FP32)
     m = ops.sub(b, bias, FP32)
@@ -108,27 +141,33 @@ def sum_exp(x):
     p = _full(r, _POLY[0])
     for c in _POLY[1:]:
         p = ops.fma(p, r, _full(r, c), FP32)
-    # vscalefps: p · 2^m rounded once (m >= -150); 2^(m + 64) keeps the first step exact.
-    return ops.mul(ops.mul(p, _pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
+    # p · 2^m rounded once (m >= -150); 2^(m + 64) keeps the first step exact.
+    e = ops.mul(ops.mul(p, _pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
+    if kernel.scale_from_bits:  # exponent field m + 127 = 0: the scale is +0
+        e = jnp.where(m <= -127, jnp.zeros_like(e), e)
+    return e
 
 
-def lane_sum(e):
-    """Σ e over the last axis in MLAS's 16 lanes and its final reduction (module docstring)."""
+def lane_sum(e, kernel: SumExpKernel = AVX512F):
+    """Σ e over the last axis in ``kernel``'s lanes and its final reduction (module
+    docstring)."""
     n = e.shape[-1]
-    e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % LANES)])  # + 0 is exact (e >= 0)
-    vectors = e.reshape(*e.shape[:-1], -1, LANES)
-    lanes = ops.sum(vectors, FP32, axis=-2, accumulation="sequential")
-    b = ops.add(lanes[..., 8:], lanes[..., :8], FP32)
+    e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % kernel.lanes)])  # + 0: exact (e >= 0)
+    vectors = e.reshape(*e.shape[:-1], -1, kernel.lanes)
+    b = ops.sum(vectors, FP32, axis=-2, accumulation="sequential")
+    if kernel.lanes == 16:
+        b = ops.add(b[..., 8:], b[..., :8], FP32)
     pairs = ops.add(b[..., 0::2], b[..., 1::2], FP32)  # b0+b1, b2+b3, b4+b5, b6+b7
     quads = ops.add(pairs[..., 0::2], pairs[..., 1::2], FP32)
     return ops.add(quads[..., 0], quads[..., 1], FP32)
 
 
-def softmax(s):
-    """MLAS's FP32 softmax over the last axis of FP32 scores ``s`` (module docstring)."""
+def softmax(s, kernel: SumExpKernel = AVX512F):
+    """MLAS's FP32 softmax over the last axis of FP32 scores ``s`` with ``kernel``'s
+    sum-exp (module docstring)."""
     row_max = jnp.max(s, axis=-1, keepdims=True)
-    e = sum_exp(ops.add(s, -row_max, FP32))
-    total = lane_sum(e)
+    e = sum_exp(ops.add(s, -row_max, FP32), kernel)
+    total = lane_sum(e, kernel)
     reciprocal = ops.div(jnp.ones_like(total), total, FP32)
     return ops.mul(e, reciprocal[..., None], FP32)
 
@@ -265,4 +304,6 @@ def sgemm(a, b, *, alpha: float = 1.0, c=None, trans_b: bool = False, rows_apart
 
 
 MLAS_SUM_EXP = ExpModel("mlas_sum_exp_avx512f", lambda x, fmt: ops.cast(sum_exp(x), fmt))
+MLAS_SUM_EXP_FMA3 = ExpModel("mlas_sum_exp_fma3", lambda x, fmt: ops.cast(sum_exp(x, FMA3), fmt))
 register_exp_model(MLAS_SUM_EXP)
+register_exp_model(MLAS_SUM_EXP_FMA3)

@@ -3,9 +3,10 @@ MLAS's sgemm, exp and softmax (:mod:`fa_jax.mlas`) against the real library.
 
 Skipped where onnxruntime (and onnx) are absent.  The model-vs-real checks run
 where the models answer (:func:`fa_jax.kernels.onnxruntime.unmodelled`: MLAS runs
-its AVX-512F kernels, the ones they follow); elsewhere they skip with the
-models' refusal.  Where they answer the models are bit-exact on every case, so
-each asserts 100 %.
+its AVX-512F or its FMA3 kernels, the ones they follow), against the kernels of
+this CPU; elsewhere they skip with the models' refusal.  Where they answer the
+models are bit-exact on every case, so each asserts 100 %.  The FMA3 models are
+checked on AVX-512 hosts too, in the AVX2 lab (:mod:`lab`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fa_jax.kernels import onnxruntime as O
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
 
-needs_avx512 = pytest.mark.skipif(
+modelled_here = pytest.mark.skipif(
     O.unmodelled() is not None, reason=f"the models refuse this CPU: {O.unmodelled()}"
 )
 
@@ -107,28 +108,35 @@ def test_softmax_jit_matches_eager():
     np.testing.assert_array_equal(eager, jitted)
 
 
-@needs_avx512
+@modelled_here
 @pytest.mark.parametrize(
     "width",
     [pytest.param(1, marks=pytest.mark.slow), 7, pytest.param(48, marks=pytest.mark.slow), 250],
 )
 def test_mlas_softmax_is_bit_exact(width):
-    """MLAS's exp (its AVX-512F SumExp kernel), its 16-lane sum and the reciprocal,
-    through ONNX Runtime's Softmax op (MlasComputeSoftmax)."""
+    """MLAS's exp (the SumExp kernel this CPU runs: AVX-512F or FMA3), its lanes' sum
+    and the reciprocal, through ONNX Runtime's Softmax op (MlasComputeSoftmax)."""
     from onnx import helper
 
     rng = np.random.default_rng(width)
     x = (rng.standard_normal((64, width)) * rng.uniform(0.1, 30, (64, 1))).astype(np.float32)
-    x[0, : min(width, 3)] = -1e30  # the clamp at -103.97
-    x[1, : min(width, 3)] = x[1].max() - 95  # exps in the subnormals
+    x[0, : min(width, 3)] = -1e30  # the clamp at -103.97 (AVX-512F), -88.38 (FMA3)
+    x[1, : min(width, 3)] = x[1].max() - 95  # exps in the subnormals (AVX-512F)
+    x[2, : min(width, 3)] = x[2].max() - 87.7  # m = -127: +0 (FMA3)
     sess = _session(helper.make_node("Softmax", ["X"], ["Y"], axis=-1), "X", "Y")
     real = sess.run(None, {"X": x})[0]
+    here = O.sum_exp_kernel()
     with float64_enabled():
-        model = np.asarray(jax.jit(mlas.softmax)(x.astype(np.float64)))
+        model = np.asarray(jax.jit(mlas.softmax, static_argnums=1)(x.astype(np.float64), here))
     assert _identical(real, model) == 1.0
+    if width > 1:  # the other ISA's kernel is not these bits
+        other = mlas.FMA3 if here == mlas.AVX512F else mlas.AVX512F
+        with float64_enabled():
+            wrong = np.asarray(mlas.softmax(x.astype(np.float64), other))
+        assert _identical(real, wrong) < 1.0
 
 
-@needs_avx512
+@modelled_here
 @pytest.mark.parametrize(
     ("m", "k", "n"),
     [
@@ -172,7 +180,7 @@ def test_one_row_transposed_gemm_is_bit_exact_on_any_cpu():
         assert _identical(real, got) == 1.0, (k, n)
 
 
-@needs_avx512
+@modelled_here
 @pytest.mark.parametrize(
     ("fmt", "h", "n", "m", "d", "causal"),
     [
@@ -187,7 +195,7 @@ def test_attention_model_is_bit_exact(fmt, h, n, m, d, causal):
     assert _identical(real, model) == 1.0
 
 
-@needs_avx512
+@modelled_here
 def test_mha_model_is_bit_exact():
     q, k, v = _inputs("fp32", 1, 2, 5, 9, 8)
     real = kernels.real("onnxruntime-mha", q, k, v, fmt="fp32", threads=2)
@@ -204,7 +212,7 @@ def test_threads_do_not_change_the_output():
 
 
 @pytest.mark.slow
-@needs_avx512
+@modelled_here
 @pytest.mark.parametrize(
     ("fmt", "h", "n", "m", "d", "causal"),
     [
@@ -225,16 +233,19 @@ def test_attention_model_is_bit_exact_slow(fmt, h, n, m, d, causal):
 
 
 @pytest.mark.slow
-@needs_avx512
+@modelled_here
 @pytest.mark.parametrize(
-    ("h", "n", "m", "d"),
-    [(2, 1, 600, 64), (2, 129, 300, 64), (2, 200, 700, 64), (3, 1, 1100, 32)],
+    ("h", "n", "blocks", "d"),
+    [(2, 1, 2.3, 64), (2, 129, 1.2, 64), (2, 200, 2.7, 64), (3, 1, 2.1, 32)],
 )
-def test_mha_model_is_bit_exact_slow(h, n, m, d):
-    """Several key blocks (L2 = 1 MiB: Bc = 512 for d = 64), a last chunk of one
-    query row, decode (N = 1: MLAS's one-row sgemm adding onto C)."""
-    if O.l2_cache_bytes() != 1 << 20:
-        pytest.skip(f"the cases are sized for a 1 MiB L2; this host's is {O.l2_cache_bytes()}")
+def test_mha_model_is_bit_exact_slow(h, n, blocks, d):
+    """Several key blocks (``blocks`` of this host's Bc), a last chunk of one query
+    row (N = 129: Br = d + d_v = 128), decode (N = 1: MLAS's one-row sgemm adding
+    onto C)."""
+    l2 = O.l2_cache_bytes()
+    if l2 < 1 << 18:
+        pytest.skip(f"the cases are sized for an L2 of 256 KiB or more; this host's is {l2}")
+    m = int(blocks * O.flash_blocks(1 << 20, 1 << 20, d, d, l2)[1])
     q, k, v = _inputs("fp32", 6, h, n, m, d)
     real = kernels.real("onnxruntime-mha", q, k, v, fmt="fp32")
     model = kernels.emulate("onnxruntime-mha", q, k, v, fmt="fp32")

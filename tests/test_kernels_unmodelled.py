@@ -19,20 +19,21 @@ from fa_jax.kernels import cpu, ggml
 from fa_jax.kernels.model import KernelModel
 from fa_jax.kernels.registry import _lookup
 
-_AVX2 = frozenset({"avx", "avx2", "fma", "f16c"})
+_SSE = frozenset({"sse", "sse2", "sse4_2"})
+_AVX2 = _SSE | {"avx", "avx2", "fma", "f16c"}
 _AVX512 = _AVX2 | cpu.AVX512
 _ZEN4 = _AVX512 | {"avx512_bf16"}
 _AMX = _ZEN4 | {"amx_bf16", "amx_tile", "amx_int8"}
-CPUS = {"avx2": _AVX2, "avx512": _AVX512, "zen4": _ZEN4, "amx": _AMX}
+CPUS = {"sse": _SSE, "avx2": _AVX2, "avx512": _AVX512, "zen4": _ZEN4, "amx": _AMX}
 
 # (kernel, format, options) -> the CPUs whose code its model follows.
 VERDICTS = [
-    ("xla", "fp32", {}, {"avx512", "zen4", "amx"}),
-    ("xla", "fp16", {}, {"avx512", "zen4", "amx"}),
-    ("xla", "bf16", {}, {"zen4", "amx"}),
-    ("onnxruntime-attention", "fp32", {}, {"avx512", "zen4", "amx"}),
-    ("onnxruntime-attention", "fp16", {}, {"avx512", "zen4", "amx"}),
-    ("onnxruntime-mha", "fp32", {}, {"avx512", "zen4", "amx"}),
+    ("xla", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
+    ("xla", "fp16", {}, {"avx2", "avx512", "zen4", "amx"}),
+    ("xla", "bf16", {}, {"avx2", "zen4", "amx"}),
+    ("onnxruntime-attention", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
+    ("onnxruntime-attention", "fp16", {}, {"avx2", "avx512", "zen4", "amx"}),
+    ("onnxruntime-mha", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
     ("openvino-sdpa", "fp32", {"precision": "f32"}, {"avx512", "zen4", "amx"}),
     ("openvino-sdpa", "bf16", {"precision": "bf16"}, {"zen4", "amx"}),
 ]
@@ -59,9 +60,19 @@ def test_models_follow_the_cpus_they_name(monkeypatch, name, fmt, options, model
             assert isinstance(model, KernelModel)
 
 
-def test_xla_refuses_a_capped_isa(monkeypatch):
-    monkeypatch.setattr(cpu, "flags", lambda: _AMX)
-    for cap, modelled in [("AVX2", set()), ("AVX512", {"fp32"}), ("AMX", {"fp32", "bf16"})]:
+@pytest.mark.parametrize(
+    ("flags", "caps"),
+    [
+        # An AVX-512 CPU capped to AVX2 runs XLA's AVX2 code beside YNNPACK's
+        # AVX-512 kernels (no flag caps YNNPACK): neither model's code.
+        (_AMX, [("AVX2", set()), ("AVX512", {"fp32"}), ("AMX", {"fp32", "bf16"})]),
+        # An AVX2 CPU: a cap at or above AVX2 changes nothing; below, no FMA.
+        (_AVX2, [("AVX", set()), ("AVX2", {"fp32", "bf16"}), ("AMX", {"fp32", "bf16"})]),
+    ],
+)
+def test_xla_refuses_a_capped_isa(monkeypatch, flags, caps):
+    monkeypatch.setattr(cpu, "flags", lambda: flags)
+    for cap, modelled in caps:
         monkeypatch.setenv(
             "XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=false --xla_cpu_max_isa={cap}"
         )
@@ -147,7 +158,7 @@ def test_cli_kernels_says_which_models_answer_here(monkeypatch, capsys):
     from fa_jax.cli import main
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    monkeypatch.setattr(cpu, "flags", lambda: _AVX2)
+    monkeypatch.setattr(cpu, "flags", lambda: _SSE)
     assert main(["kernels"]) == 0
     out = capsys.readouterr().out
     xla_row = next(line for line in out.splitlines() if line.startswith("xla "))

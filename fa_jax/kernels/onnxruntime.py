@@ -33,10 +33,13 @@ Keywords beyond the common calling convention (:mod:`fa_jax.kernels.model`):
 it, and neither output depends on it: heads and query chunks are split over the
 threads, each GEMM runs on one) and, for the MHA model, ``l2_cache_size``.
 
-MLAS picks its kernels when it starts, from CPUID (``platform.cpp``): the models
-follow its AVX-512F kernels (:mod:`fa_jax.mlas`), which it runs where the CPU has
-AVX-512F and the OS saves the ZMM registers; elsewhere (its FMA3/AVX2 or SSE
-kernels) they raise NotImplementedError (:func:`unmodelled`).
+MLAS picks its kernels when it starts, from CPUID (``platform.cpp``): its AVX-512F
+kernels where the CPU has AVX-512F and the OS saves the ZMM registers, else its
+FMA3 kernels where it has AVX2 and FMA, else SSE ones.  The models follow the
+first two (:mod:`fa_jax.mlas`: :data:`~fa_jax.mlas.AVX512F`,
+:data:`~fa_jax.mlas.FMA3`), the ones MLAS runs here unless ``isa`` ("AVX512",
+"AVX2") names one; on a CPU that runs the SSE kernels they raise
+NotImplementedError (:func:`unmodelled`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import mlas, ops
-from fa_jax._checks import positive_int
+from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
@@ -62,8 +65,10 @@ __all__ = [
     "ONNXRUNTIME_MHA",
     "attention_model",
     "mha_model",
+    "mlas_isa",
     "real_attention",
     "real_mha",
+    "sum_exp_kernel",
     "unmodelled",
 ]
 
@@ -80,17 +85,42 @@ def _unavailable() -> str | None:
     return None
 
 
+# The sum-exp kernel of the MLAS code each ISA runs (platform.cpp's CPUID tests).
+_SUM_EXP = {"AVX512": mlas.AVX512F, "AVX2": mlas.FMA3}
+_EXP_MODEL = {mlas.AVX512F: mlas.MLAS_SUM_EXP, mlas.FMA3: mlas.MLAS_SUM_EXP_FMA3}
+
+
+def mlas_isa() -> str | None:
+    """The ISA whose kernels MLAS runs on this CPU ("AVX512" or "AVX2"), None for its
+    SSE kernels (module docstring)."""
+    have = cpu.flags()
+    if "avx512f" in have:
+        return "AVX512"
+    if {"avx2", "fma"} <= have:
+        return "AVX2"
+    return None
+
+
 def unmodelled(fmt=None, **options) -> str | None:
-    """None where MLAS runs its AVX-512F kernels here (the ones modelled), else why
+    """None where MLAS runs kernels the models follow here (AVX-512F, FMA3), else why
     not (module docstring); the same for every format and option."""
     del fmt, options
-    if "avx512f" in cpu.flags():
+    if mlas_isa() is not None:
         return None
     return (
-        f"onnxruntime: MLAS on this CPU ({cpu.describe()}) runs its AVX2/FMA3 or SSE "
-        "kernels (GEMM, exp, softmax), which are not modelled; modelled: its AVX-512F "
-        "kernels, on a CPU with AVX-512F"
+        f"onnxruntime: MLAS on this CPU ({cpu.describe()}) runs its SSE kernels (GEMM, "
+        "exp, softmax), which are not modelled; modelled: its AVX-512F kernels (a CPU "
+        "with AVX-512F) and its FMA3 kernels (AVX2 and FMA)"
     )
+
+
+def sum_exp_kernel(isa: str | None = None) -> mlas.SumExpKernel:
+    """The sum-exp kernel of the MLAS code ``isa`` names, or (None) of the code MLAS
+    runs here, refusing where that is not modelled."""
+    if isa is None:
+        refuse(unmodelled())
+        isa = mlas_isa()
+    return _SUM_EXP[one_of(isa, tuple(_SUM_EXP), "onnxruntime: isa")]
 
 
 def _platform_facts() -> dict[str, str]:
@@ -156,7 +186,7 @@ def real_attention(
     return np.asarray(out, np.float64).reshape(*lead, q.shape[-2], v.shape[-1])
 
 
-def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool):
+def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool, kernel):
     """The op's three stages, each compiled on its own (one program for all three
     compiles several times slower at N = 2048)."""
     del policy
@@ -168,7 +198,7 @@ def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool):
         mask = np.where(np.arange(m)[None, :] <= np.arange(n)[:, None], 0.0, lowest)
         c = jnp.asarray(np.broadcast_to(mask, (*q.shape[:-1], m)))
     s = _scores(q, k, c, scale=_scale(scale, q.shape[-1]), fp16=fp16)
-    p = _probabilities(s, fp16=fp16)
+    p = _probabilities(s, fp16=fp16, kernel=kernel)
     return _output(p, v, fp16=fp16)
 
 
@@ -178,9 +208,9 @@ def _scores(q, k, c, *, scale: float, fp16: bool):
     return ops.cast(s, FP16) if fp16 else s
 
 
-@functools.partial(jax.jit, static_argnames=("fp16",))
-def _probabilities(s, *, fp16: bool):
-    p = mlas.softmax(s)
+@functools.partial(jax.jit, static_argnames=("fp16", "kernel"))
+def _probabilities(s, *, fp16: bool, kernel):
+    p = mlas.softmax(s, kernel)
     return ops.cast(p, FP16) if fp16 else p
 
 
@@ -190,23 +220,25 @@ def _output(p, v, *, fp16: bool):
     return ops.cast(o, FP16) if fp16 else o
 
 
-def attention_model(fmt: Format, n: int, d: int, *, threads: int = 1) -> KernelModel:
-    """fa_jax's model of ``onnxruntime-attention`` in ``fmt`` (module docstring);
-    ``threads`` is accepted for symmetry with :func:`real_attention` (the output
-    does not depend on it)."""
+def attention_model(
+    fmt: Format, n: int, d: int, *, threads: int = 1, isa: str | None = None
+) -> KernelModel:
+    """fa_jax's model of ``onnxruntime-attention`` in ``fmt`` for the MLAS code of
+    ``isa`` (None: the code here; module docstring); ``threads`` is accepted for
+    symmetry with :func:`real_attention` (the output does not depend on it)."""
     del n, d
     f = _fmt(fmt)
     positive_int(threads, "onnxruntime: threads")
-    refuse(unmodelled(f))
+    kernel = sum_exp_kernel(isa)
     fp16 = f.name == FP16.name
     policy = fa2_kernel(f).replace(
         name=f"onnxruntime_attention({f.name})",
         p=f,
         accumulation=SEQUENTIAL,
-        exp_model=mlas.MLAS_SUM_EXP,
+        exp_model=_EXP_MODEL[kernel],
         normalise="reciprocal",
     )
-    forward = functools.partial(_attention_forward, fp16=fp16)
+    forward = functools.partial(_attention_forward, fp16=fp16, kernel=kernel)
     return KernelModel("onnxruntime-attention", policy, "reference", forward=forward)
 
 
@@ -318,24 +350,24 @@ def real_mha(q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1
     return out.reshape(*lead, n, d_v)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "rows_apart"))
-def _mha_first(q, kb, vb, *, scale: float, rows_apart: bool):
+@functools.partial(jax.jit, static_argnames=("scale", "rows_apart", "kernel"))
+def _mha_first(q, kb, vb, *, scale: float, rows_apart: bool, kernel):
     """The first key block of ``MlasFlashAttentionThreaded`` (``core/mlas/lib/flashattn.cpp``):
     (m, l, O)."""
     s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart)
     row_m = jnp.max(s, axis=-1, keepdims=True)  # max(lowest, rowmax)
-    p = mlas.sum_exp(ops.add(s, -row_m, FP32))
-    return row_m, mlas.lane_sum(p)[..., None], mlas.sgemm(p, vb, rows_apart=rows_apart)
+    p = mlas.sum_exp(ops.add(s, -row_m, FP32), kernel)
+    return row_m, mlas.lane_sum(p, kernel)[..., None], mlas.sgemm(p, vb, rows_apart=rows_apart)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "rows_apart"))
-def _mha_next(q, kb, vb, row_m, l, o, *, scale: float, rows_apart: bool):
+@functools.partial(jax.jit, static_argnames=("scale", "rows_apart", "kernel"))
+def _mha_next(q, kb, vb, row_m, l, o, *, scale: float, rows_apart: bool, kernel):
     """A later key block: the rescale by std::exp(m_old - m) and O += P V (beta = 1)."""
     s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=scale, trans_b=True, rows_apart=rows_apart)
     new_m = jnp.maximum(row_m, jnp.max(s, axis=-1, keepdims=True))
     m_diff = ops.sub(row_m, new_m, FP32)  # old - new
-    p = mlas.sum_exp(ops.add(s, -new_m, FP32))
-    rowsum = mlas.lane_sum(p)[..., None]
+    p = mlas.sum_exp(ops.add(s, -new_m, FP32), kernel)
+    rowsum = mlas.lane_sum(p, kernel)[..., None]
     exp_diff = glibc_expf(m_diff)  # std::exp
     l = ops.add(ops.mul(exp_diff, l, FP32), rowsum, FP32)
     o = mlas.sgemm(p, vb, c=ops.mul(exp_diff, o, FP32), rows_apart=rows_apart)
@@ -347,27 +379,29 @@ def _divide(o, l):
     return ops.div(o, l, FP32)
 
 
-def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool):
+def _mha_rows(q, k, v, *, scale: float, kv_block: int, rows_apart: bool, kernel):
     """MLAS flash attention on rows of Q whose chunks hold more than one row, or
     (``rows_apart``) one row each: the GEMMs then take MLAS's one-row kernel.
     Each key block's step is compiled on its own."""
-    step = functools.partial(_mha_next, scale=scale, rows_apart=rows_apart)
+    step = functools.partial(_mha_next, scale=scale, rows_apart=rows_apart, kernel=kernel)
     kb, vb = k[..., :kv_block, :], v[..., :kv_block, :]
-    row_m, l, o = _mha_first(q, kb, vb, scale=scale, rows_apart=rows_apart)
+    row_m, l, o = _mha_first(q, kb, vb, scale=scale, rows_apart=rows_apart, kernel=kernel)
     for lo in range(kv_block, k.shape[-2], kv_block):
         kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
         row_m, l, o = step(q, kb, vb, row_m, l, o)
     return _divide(o, l)
 
 
-def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int):
+def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int, kernel):
     del policy
     if causal:
         raise ValueError("onnxruntime-mha: causal: expected False (the flash path is not causal)")
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m, d_v = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     q_block, kv_block = flash_blocks(n, m, d, d_v, l2_cache_size)
-    rows = functools.partial(_mha_rows, k=k, v=v, scale=_scale(scale, d), kv_block=kv_block)
+    rows = functools.partial(
+        _mha_rows, k=k, v=v, scale=_scale(scale, d), kv_block=kv_block, kernel=kernel
+    )
     if q_block == 1:
         return rows(q, rows_apart=True)
     if n % q_block != 1:
@@ -379,11 +413,18 @@ def _mha_forward(q, k, v, *, policy, causal, scale, l2_cache_size: int):
 
 
 def mha_model(
-    fmt: Format, n: int, d: int, *, threads: int = 1, l2_cache_size: int | None = None
+    fmt: Format,
+    n: int,
+    d: int,
+    *,
+    threads: int = 1,
+    l2_cache_size: int | None = None,
+    isa: str | None = None,
 ) -> KernelModel:
     """fa_jax's model of ``onnxruntime-mha`` (FP32): MLAS flash attention with the
     blocks :func:`flash_blocks` derives from ``l2_cache_size`` (this host's by
-    default); ``threads`` is accepted (the output does not depend on it)."""
+    default), for the MLAS code of ``isa`` (None: the code here); ``threads`` is
+    accepted (the output does not depend on it)."""
     del n, d
     f = _fmt(fmt)
     if f.name != FP32.name:
@@ -394,11 +435,11 @@ def mha_model(
         if l2_cache_size is None
         else positive_int(l2_cache_size, "onnxruntime-mha: l2_cache_size")
     )
-    refuse(unmodelled(f))
+    kernel = sum_exp_kernel(isa)
     policy = fa2_kernel(f).replace(
-        name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=mlas.MLAS_SUM_EXP
+        name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=_EXP_MODEL[kernel]
     )
-    forward = functools.partial(_mha_forward, l2_cache_size=l2)
+    forward = functools.partial(_mha_forward, l2_cache_size=l2, kernel=kernel)
     return KernelModel("onnxruntime-mha", policy, "reference", forward=forward)
 
 
