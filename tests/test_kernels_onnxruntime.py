@@ -253,3 +253,50 @@ def test_mha_model_is_bit_exact_slow(h, n, blocks, d):
     # the model for a 64 KiB L2 (the real kernel takes its host's; the registry has no option)
     other = O.mha_model(O.FP32, n, d, l2_cache_size=1 << 16)(q, k, v)
     assert _identical(real, other) < 1.0  # the blocks matter
+
+
+# Run in the AVX2 lab (tests/lab.py): the real ops on the inputs saved by the test,
+# with the kernels MLAS picks on an AVX2 CPU; their outputs back.
+_LAB_CHILD = """
+import sys
+import numpy as np
+from fa_jax.kernels import cpu
+from fa_jax.kernels import onnxruntime as O
+out = {"isa": np.array(O.mlas_isa() or "")}
+with np.load(sys.argv[1]) as f:
+    out["attention"] = O.real_attention(f["q"], f["k"], f["v"], fmt="fp32", causal=True)
+    out["attention16"] = O.real_attention(f["q16"], f["k16"], f["v16"], fmt="fp16")
+    out["mha"] = O.real_mha(f["q"], f["k"], f["v"], fmt="fp32")
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.mark.extended
+def test_the_fma3_models_are_the_avx2_kernels_bits(tmp_path):
+    """ONNX Runtime run as an AVX2 CPU (natively, or under qemu-user on an AVX-512
+    host): MLAS runs its FMA3 kernels, and the models for ``isa="AVX2"`` give their
+    bits; the AVX-512F models do not.  The MHA case keeps one key block and a last
+    one-row chunk for any L2 of 160 KiB or more (d = 16: Br = 32)."""
+    from lab import run_as_avx2
+
+    q, k, v = _inputs("fp32", 8, 2, 33, 300, 16)
+    q16, k16, v16 = _inputs("fp16", 9, 2, 37, 37, 64)
+    np.savez(tmp_path / "in.npz", q=q, k=k, v=v, q16=q16, k16=k16, v16=v16)
+    run_as_avx2(_LAB_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"))
+    with np.load(tmp_path / "out.npz") as got:
+        isa, real = (
+            str(got["isa"]),
+            {name: got[name] for name in ("attention", "attention16", "mha")},
+        )
+    assert isa == "AVX2"
+    models = {
+        "attention": (O.attention_model, O.FP32, (q, k, v), True),
+        "attention16": (O.attention_model, O.FP16, (q16, k16, v16), False),
+        "mha": (O.mha_model, O.FP32, (q, k, v), False),
+    }
+    for name, (factory, fmt, qkv, causal) in models.items():
+        n, d = qkv[0].shape[-2:]
+        fma3 = factory(fmt, n, d, isa="AVX2")(*qkv, causal=causal)
+        assert _identical(real[name], fma3) == 1.0, name
+    avx512f = O.attention_model(O.FP32, 33, 16, isa="AVX512")(q, k, v, causal=True)
+    assert _identical(real["attention"], avx512f) < 1.0

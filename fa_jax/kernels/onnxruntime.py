@@ -120,7 +120,9 @@ def sum_exp_kernel(isa: str | None = None) -> mlas.SumExpKernel:
     if isa is None:
         refuse(unmodelled())
         isa = mlas_isa()
-    return _SUM_EXP[one_of(isa, tuple(_SUM_EXP), "onnxruntime: isa")]
+    name = one_of(isa, tuple(_SUM_EXP), "onnxruntime: isa")
+    assert name is not None  # one of _SUM_EXP's keys
+    return _SUM_EXP[name]
 
 
 def _platform_facts() -> dict[str, str]:
