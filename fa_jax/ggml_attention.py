@@ -15,9 +15,9 @@ picks one of:
   FMA per element of d, in order, Q not rounded), scaled, masked; per row the tile's
   maximum, ``expf`` (glibc) of the old minus the new maximum where it grows, rescale
   of ``o`` and ``S``, ``ggml_vec_soft_max_f32`` (vec.cpp:531: :func:`fa_jax.ggml_vec.v_expf`
-  on 16 lanes, each vector's sum by ``_mm512_reduce_add_ps`` added in double; ``S``
-  (FP32) plus that double sum rounded to FP32); ``o += P·V`` by ``simd_gemm`` (one FMA
-  per key, in order): :func:`tiled`.
+  on 16 lanes (AVX-512) or 8 (AVX2), each vector's sum by a halving tree added in
+  double; ``S`` (FP32) plus that double sum rounded to FP32); ``o += P·V`` by
+  ``simd_gemm`` (one FMA per key, in order, whatever its register blocking): :func:`tiled`.
 * the **scalar** path (ops.cpp:8843) otherwise (few query rows, or quantized K/V):
   Q rounded to K's dot type (FP16 for F16 K, BF16 for BF16 K, Q8_0 blocks for
   quantized K), for every key in order ``s = fl(fl(dot(k, q)) · scale) + mask``; where
@@ -30,6 +30,9 @@ picks one of:
 ``expf`` is glibc's (:func:`fa_jax.exponential.glibc_expf`).  Arrays: q (R, D) FP32
 values (R query rows), k (R, M, D), v (R, M, D_v) as the K/V type's values (already
 dequantized), mask (R, M) of additive F16 values or None; float64 carriers, x64 on.
+The build's vector code (:class:`fa_jax.ggml_vec.VecCode`, ``code``) changes only the
+dots and the tiled path's softmax: the scalar loop's ``ggml_vec_scale_*`` and
+``ggml_vec_mad_*`` and ``simd_gemm`` round each element alike on any lane count.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import jax.numpy as jnp
 from fa_jax import ops
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP32, get_format
-from fa_jax.ggml_vec import dot_bf16, dot_f16, dot_f32, reduce_add_16, v_expf
+from fa_jax.ggml_vec import AVX512, VecCode, dot_bf16, dot_f16, dot_f32, reduce_add, v_expf
 
 __all__ = ["TILE", "merge_chunks", "scalar", "scalar_chunk", "split_kv", "tiled"]
 
@@ -98,14 +101,15 @@ def _normalise(o, big_s):
     return ops.mul(o, inv[:, None], FP32)
 
 
-def dot(q, k, dot_type: str):
-    """K·q by K's ``vec_dot`` for the float types (``f32``, ``f16``, ``bf16``)."""
+def dot(q, k, dot_type: str, code: VecCode = AVX512):
+    """K·q by K's ``vec_dot`` for the float types (``f32``, ``f16``, ``bf16``) in the
+    build's vector ``code``."""
     if dot_type == "f32":
-        return dot_f32(k, q[:, None, :])
+        return dot_f32(k, q[:, None, :], code)
     if dot_type == "f16":
-        return dot_f16(k, q[:, None, :])
+        return dot_f16(k, q[:, None, :], code)
     if dot_type == "bf16":
-        return dot_bf16(k, q[:, None, :])
+        return dot_bf16(k, q[:, None, :], code)
     raise ValueError(f"dot: dot_type: expected 'f32', 'f16' or 'bf16', got {dot_type!r}")
 
 
@@ -168,8 +172,9 @@ def _gemm_scores(q, k):
     return acc
 
 
-def tiled(q, k, v, mask, *, scale: float):
-    """The tiled path's output (R, D_v) (ops.cpp:9081)."""
+def tiled(q, k, v, mask, *, scale: float, code: VecCode = AVX512):
+    """The tiled path's output (R, D_v) (ops.cpp:9081) in the build's vector ``code``
+    (``ggml_vec_soft_max_f32``'s exp and sums)."""
     r, m, _ = k.shape
     big_m = jnp.full((r,), -jnp.inf)
     big_s = jnp.zeros((r,))
@@ -187,11 +192,12 @@ def tiled(q, k, v, mask, *, scale: float):
         big_s = jnp.where(grow, ops.mul(big_s, ms, FP32), big_s)
         big_m = jnp.where(skip, big_m, m_new)
         x = ops.sub(s, jnp.where(skip, 0.0, big_m)[:, None], FP32)
-        p = jnp.where(jnp.isneginf(x), 0.0, v_expf(jnp.where(jnp.isneginf(x), 0.0, x)))
-        sums = reduce_add_16(p.reshape(r, TILE // 16, 16))  # (R, 4) FP32
+        p = jnp.where(jnp.isneginf(x), 0.0, v_expf(jnp.where(jnp.isneginf(x), 0.0, x), code))
+        groups = TILE // code.lanes
+        sums = reduce_add(p.reshape(r, groups, code.lanes), code)  # (R, groups) FP32
         # S += (double sum) in double, rounded to FP32; sum = ((0 + g0) + g1) + ...
         dsum = sums[:, 0]
-        for g in range(1, TILE // 16):
+        for g in range(1, groups):
             dsum = ops.add(dsum, sums[:, g], FP64)
         big_s = jnp.where(skip, big_s, ops.cast(ops.add(big_s, dsum, FP64), FP32))
         p = jnp.where(skip[:, None], 0.0, p)[:, : hi - lo]

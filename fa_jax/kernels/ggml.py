@@ -15,11 +15,12 @@ quantizer makes the blocks (:mod:`fa_jax.ggml_blocks`).
 Which code is modelled (:func:`unmodelled`): ggml picks its code when it is built,
 so the loaded build's features decide (:func:`fa_jax.kernels.ggml_lib.build_features`;
 without the libraries, those of a native build for this CPU).  The model follows
-the AVX-512 build (BF16 K/V: AVX512-BF16's dot) for every K/V type, and for Q8_0
-and Q4_0 K/V the AVX2 code that AVX2 and AVX-512 builds share
-(:mod:`fa_jax.ggml_blocks`; glibc's expf and FMAs otherwise).  The AVX2 build's
-F32/F16/BF16 dots and 8-lane exp, and builds without AVX2, FMA and F16C, are
-refused.
+an AVX-512 build (:data:`fa_jax.ggml_vec.AVX512`; BF16 K/V: AVX512-BF16's dot) and
+an AVX2 build with FMA and F16C (:data:`fa_jax.ggml_vec.AVX2`: 8-lane dots and exp)
+for every K/V type; for Q8_0 and Q4_0 K/V both run the same AVX2 code
+(:mod:`fa_jax.ggml_blocks`; glibc's expf and FMAs otherwise).  Builds without AVX2,
+FMA and F16C, and BF16 K/V on an AVX-512 build without AVX512-BF16, are refused.
+:func:`model`'s ``isa`` (``"AVX512"`` or ``"AVX2"``) names the build's code instead.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ggml_attention as ga
+from fa_jax import ggml_vec
 from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels import cpu, ggml_lib
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
 
-__all__ = ["GGML", "KV_TYPES", "model", "path", "real", "unmodelled"]
+__all__ = ["GGML", "ISAS", "KV_TYPES", "model", "path", "real", "unmodelled"]
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 _DEFAULT_KV = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
@@ -112,14 +114,16 @@ def _stored(x, kv: str):
     return ggml_blocks.dequantize(*ggml_blocks.quantize_ref(x, kv), kv)
 
 
-def _forward(q, k, v, *, policy, causal, scale, kv: str, threads: int):
+def _forward(q, k, v, *, policy, causal, scale, kv: str, threads: int, code: ggml_vec.VecCode):
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
-    return _forward_jit(q, k, v, causal=bool(causal), scale=scale, kv=kv, threads=threads)
+    return _forward_jit(
+        q, k, v, causal=bool(causal), scale=scale, kv=kv, threads=threads, code=code
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "kv", "threads"))
-def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int):
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "kv", "threads", "code"))
+def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int, code):
     from fa_jax.rounding import round_to
 
     lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
@@ -135,11 +139,11 @@ def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int):
     sc = _scale(scale, d)
     which = path(n, m, 1, kv)
     if which == "tiled":
-        out = ga.tiled(qf, kr, vr, mr, scale=sc)
+        out = ga.tiled(qf, kr, vr, mr, scale=sc, code=code)
     else:
         if kv in ("f32", "f16", "bf16"):
             qd = qf if kv == "f32" else round_to(qf, get_format("fp16" if kv == "f16" else "bf16"))
-            scores = ga.dot(qd, kr, kv)
+            scores = ga.dot(qd, kr, kv, code)
         else:
             from fa_jax import ggml_blocks
 
@@ -152,7 +156,7 @@ def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int):
     return out.reshape(*lead, n, d_v)
 
 
-_QUANTIZED = ("q8_0", "q4_0")  # the AVX2 code of every x86 build with AVX2, FMA and F16C
+ISAS = tuple(ggml_vec.CODES)  # the builds' vector code the model follows, by cpu.isa()'s names
 
 
 def _build() -> frozenset[str]:
@@ -173,8 +177,14 @@ def _modelled(build: frozenset[str]) -> tuple[str, ...]:
     if "avx512" in build:
         return KV_TYPES if "avx512_bf16" in build else tuple(k for k in KV_TYPES if k != "bf16")
     if {"avx2", "fma", "f16c"} <= build:
-        return _QUANTIZED
+        return KV_TYPES
     return ()
+
+
+def _code(build: frozenset[str]) -> ggml_vec.VecCode:
+    """The vector code of a build with these features (one :func:`_modelled` accepts):
+    ``__AVX512F__`` decides (simd-mappings.h:446)."""
+    return ggml_vec.AVX512 if "avx512" in build else ggml_vec.AVX2
 
 
 def unmodelled(fmt=None, *, kv_type: str | None = None, threads=1) -> str | None:
@@ -191,21 +201,34 @@ def unmodelled(fmt=None, *, kv_type: str | None = None, threads=1) -> str | None
     return (
         f"ggml: {', '.join(refused)} K/V: the ggml build here (features: "
         f"{' '.join(sorted(build)) or 'none'}; this CPU: {cpu.describe()}) runs code "
-        "the model does not follow; modelled: the AVX-512 build (bf16 K/V with "
-        "AVX512-BF16) for every K/V type, and q8_0, q4_0 K/V on AVX2 builds too"
+        "the model does not follow; modelled: AVX-512 builds (bf16 K/V with "
+        "AVX512-BF16) and AVX2 builds with FMA and F16C, for every K/V type"
     )
 
 
-def model(fmt: Format, n: int, d: int, *, kv_type: str | None = None, threads=1) -> KernelModel:
+def model(
+    fmt: Format,
+    n: int,
+    d: int,
+    *,
+    kv_type: str | None = None,
+    threads=1,
+    isa: str | None = None,
+) -> KernelModel:
     """fa_jax's model of ``ggml`` for ``fmt`` inputs stored as ``kv_type`` with
-    ``threads`` threads (the split-KV path's output depends on it); NotImplementedError
-    where the build here runs other code (:func:`unmodelled`)."""
+    ``threads`` threads (the split-KV path's output depends on it), following the
+    vector code of the build ``isa`` names (``"AVX512"`` or ``"AVX2"``); None: the
+    build here, NotImplementedError where it runs other code (:func:`unmodelled`)."""
     del n, d
     kv = _kv_type(fmt, kv_type)
     threads = positive_int(threads, "ggml: threads")
-    refuse(unmodelled(fmt, kv_type=kv))
+    if isa is None:
+        refuse(unmodelled(fmt, kv_type=kv))
+        code = _code(_build())
+    else:
+        code = ggml_vec.CODES[one_of(isa, ISAS, "ggml: isa")]
     policy = fa2_kernel(FP32).replace(name=f"ggml_cpu({kv})")
-    forward = functools.partial(_forward, kv=kv, threads=threads)
+    forward = functools.partial(_forward, kv=kv, threads=threads, code=code)
     return KernelModel("ggml", policy, "reference", forward=forward)
 
 
