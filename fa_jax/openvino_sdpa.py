@@ -1,5 +1,6 @@
-"""OpenVINO's CPU ScaledDotProductAttention numerics on x86-64 with AVX-512: its exp,
-its softmax and the BF16 dot products of its oneDNN brgemm.
+"""OpenVINO's CPU ScaledDotProductAttention numerics on x86-64 with AVX-512 or AVX2:
+its exp, its softmax, its decoding dot product and the BF16 dot products of its
+oneDNN brgemm.
 
 Step by step in :mod:`fa_jax.ops`, every step rounded as the vector instructions
 round (sources: ``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/softmax_kernel.hpp``
@@ -28,6 +29,23 @@ padded with a zero).  On a CPU with AMX the brgemm runs AMX's tile dot instead,
 on K in chunks of 32, the last one K mod 32 (:mod:`fa_jax.tile_dot`, "blocks").
 Denormal inputs and outputs of the instructions, which they flush, are not
 modelled.
+
+The CPU plugin builds its attention kernels three times (``cross_compiled_file``
+in its CMake: namespaces ``ANY``, ``AVX2`` and ``AVX512F``) and runs the widest the
+CPU has (``with_cpu_x86_avx512f()``, else ``with_cpu_x86_avx2()``).  The
+:class:`VectorCode` of each, :data:`AVX512F` and :data:`AVX2`, gives what differs
+between them here: the lanes (16 or 8, ``vec_len_f32_avx512`` /
+``vec_len_f32_avx2`` of ``scaled_attn/common.hpp``) and the two horizontal sums.
+On AVX2 the softmax's Σ e is 8 lanes (entry j into lane j mod 8) summed by
+``hsum`` (``common.hpp``: ``_mm256_permute_ps`` 0x39 and 0x4e, then
+``_mm256_permute2f128_ps``): ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
+the decoding dot product runs ``simd::simd_loop_reduce<4>`` (``simd/simd_loop.hpp``)
+over blocks of 8 and ends in ``simd::reduce`` (``simd/simd_avx2.hpp``: the two
+halves added, then two ``_mm_hadd_ps``): ((l0 + l4) + (l1 + l5)) + ((l2 + l6) +
+(l3 + l7)), its scalar tail d mod 8.  ``exp_ps_avx2`` is ``exp_ps_avx512`` on 8
+lanes (the same constants and steps: the same bits), and the FMA chains over
+keys of the P V product are the same per column.  The BF16 code of the AVX2
+variant is not modelled.
 
 ``dot_product`` (``mha_single_token.cpp``'s ``dot_product``, AVX-512, the decoding
 kernel's Q·K on a BF16, FP32 or u8 cache): blocks of 16 entries of d, four at a
@@ -58,6 +76,8 @@ candidates against the real kernel: this one gave every output).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,7 +88,10 @@ from fa_jax.formats import BF16, FP32
 from fa_jax.tile_dot import tile_dot
 
 __all__ = [
+    "AVX2",
+    "AVX512F",
     "OPENVINO_EXP",
+    "VectorCode",
     "bf16_matmul",
     "bf16_scalar",
     "dequantize_u8",
@@ -80,7 +103,56 @@ __all__ = [
     "store_bf16",
 ]
 
-LANES = 16
+LANES = 16  # the AVX-512 code's lanes (the BF16 stores and the u8 paths)
+
+
+def _halving_tree(lanes: int) -> tuple:
+    """``_mm512_reduce_add_ps`` as GCC expands it: lane i + lane i + n/2, then the
+    same on the n/2 sums, down to one."""
+    tree: list = list(range(lanes))
+    while len(tree) > 1:
+        half = len(tree) // 2
+        tree = [(tree[i], tree[i + half]) for i in range(half)]
+    return tree[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class VectorCode:
+    """One of the plugin's cross-compiled variants of its attention kernels (module
+    docstring): ``lanes`` FP32 lanes, ``softmax_sum`` the tree that adds the lanes
+    of ``exp_reduce_sum``'s Σ e, ``dot_sum`` the one that ends the decoding dot
+    product (nested pairs of lane indices, each pair one rounded addition);
+    ``f32_u8`` how FP32 queries score u8 keys (``"dequantize"``: K read as
+    :func:`dequantize_u8`, then the FP32 dot product; ``"affine"``:
+    :func:`u8_dot_product`); V is read as :func:`dequantize_u8` in both."""
+
+    name: str
+    lanes: int
+    softmax_sum: tuple
+    dot_sum: tuple
+    f32_u8: str
+
+
+AVX512F = VectorCode("AVX512F", 16, _halving_tree(16), _halving_tree(16), "dequantize")
+"""The ``AVX512F`` build: ``_mm512_reduce_add_ps`` for both sums."""
+
+AVX2 = VectorCode(
+    "AVX2",
+    8,
+    (((0, 1), (2, 3)), ((4, 5), (6, 7))),  # hsum (common.hpp)
+    (((0, 4), (1, 5)), ((2, 6), (3, 7))),  # simd::reduce (simd_avx2.hpp)
+    "affine",
+)
+"""The ``AVX2`` build (FMA3 on 8 lanes): ``hsum`` and ``simd::reduce``; FP32 queries
+score u8 keys in the affine form (``use_affine_k``, ``is_avx2`` in
+``mha_kv_cache_codec.cpp``: this build only)."""
+
+
+def _tree_sum(lanes, tree):
+    """The lanes (..., L) added as ``tree`` says, FP32: (...)."""
+    if isinstance(tree, int):
+        return lanes[..., tree]
+    return ops.add(_tree_sum(lanes, tree[0]), _tree_sum(lanes, tree[1]), FP32)
 
 
 def _f32_bits(bits: int) -> float:
@@ -116,27 +188,27 @@ def exp_ps(x):
     return ops.mul(y, _full(y, 2.0), FP32)
 
 
-def lane_sum(e):
-    """Σ e over the last axis in 16 lanes and ``_mm512_reduce_add_ps`` (module docstring)."""
-    n = e.shape[-1]
-    e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % LANES)])  # + 0 is exact (e >= 0)
-    lanes = ops.sum(e.reshape(*e.shape[:-1], -1, LANES), FP32, axis=-2, accumulation="sequential")
-    b = ops.add(lanes[..., 8:], lanes[..., :8], FP32)
-    c = ops.add(b[..., 4:], b[..., :4], FP32)
-    d = ops.add(c[..., 2:], c[..., :2], FP32)
-    return ops.add(d[..., 1], d[..., 0], FP32)
+def lane_sum(e, code: VectorCode = AVX512F, tree: tuple | None = None):
+    """Σ e over the last axis in ``code.lanes`` lanes (entry j into lane j mod lanes,
+    each lane in index order), the lanes added by ``tree`` (default: the softmax's,
+    ``code.softmax_sum``; module docstring)."""
+    n, width = e.shape[-1], code.lanes
+    e = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, -n % width)])  # + 0 is exact (e >= 0)
+    lanes = ops.sum(e.reshape(*e.shape[:-1], -1, width), FP32, axis=-2, accumulation="sequential")
+    return _tree_sum(lanes, code.softmax_sum if tree is None else tree)
 
 
-def softmax(s, scale: float, keep=None, *, bf16: bool = False):
+def softmax(s, scale: float, keep=None, *, bf16: bool = False, code: VectorCode = AVX512F):
     """OpenVINO's softmax of FP32 raw scores ``s`` (..., N, M) over the last axis,
     the scores times ``scale`` first; ``keep`` (broadcastable boolean, True = the
-    key is seen; None: all) gives P = 0 elsewhere; ``bf16`` rounds P to BF16."""
+    key is seen; None: all) gives P = 0 elsewhere; ``bf16`` rounds P to BF16;
+    ``code`` the variant whose Σ e it follows."""
     a = ops.mul(s, _full(s, float(np.float32(scale))), FP32)
     if keep is None:
         keep = jnp.ones(a.shape, bool)
     row_max = jnp.max(jnp.where(keep, a, -jnp.inf), axis=-1, keepdims=True)
     e = jnp.where(keep, exp_ps(ops.sub(a, row_max, FP32)), 0.0)
-    total = lane_sum(e)
+    total = lane_sum(e, code)
     reciprocal = ops.div(jnp.ones_like(total), total, FP32)
     p = ops.mul(e, reciprocal[..., None], FP32)
     return ops.cast(p, BF16) if bf16 else p
@@ -167,34 +239,71 @@ def _accumulator_of_blocks(blocks: int, fp32: bool) -> list[int]:
     return out
 
 
-def dot_product(q, k, *, fp32: bool = False):
+def _four_accumulators(terms, width: int, fp32: bool, tree: tuple):
+    """The exact ``terms`` (..., B) (B a multiple of ``width``) summed as the decoding
+    kernel's vector loops sum them: blocks of ``width`` lanes into four accumulators
+    (each lane a chain of additions, or of FMAs, from zero: the same roundings), four
+    blocks at a time, the rest as :func:`_accumulator_of_blocks` says; the
+    accumulators added in the ``fp32`` or the other order, the lanes by ``tree``."""
+    blocks = terms.reshape(*terms.shape[:-1], terms.shape[-1] // width, width)
+    owner = _accumulator_of_blocks(blocks.shape[-2], fp32)
+    acc = []
+    for j in range(4):
+        mine = [b for b, a in enumerate(owner) if a == j]
+        if mine:
+            acc.append(ops.sum(blocks[..., mine, :], FP32, axis=-2, accumulation="sequential"))
+        else:
+            acc.append(jnp.zeros((*blocks.shape[:-2], width), blocks.dtype))
+    if fp32:
+        total = ops.add(ops.add(ops.add(acc[0], acc[1], FP32), acc[2], FP32), acc[3], FP32)
+    else:
+        total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
+    return _tree_sum(total, tree)
+
+
+def dot_product(q, k, *, fp32: bool = False, code: VectorCode = AVX512F):
     """q (..., N, d) · k (..., M, d) -> (..., N, M) as the decoding kernel's
     ``dot_product`` computes each entry, FP32 (module docstring); ``fp32``: the
-    order it takes for FP32 queries."""
-    d = q.shape[-1]
-    body = d - d % LANES
+    order it takes for FP32 queries; ``code``: the variant (lanes, final sum)."""
+    d, width = q.shape[-1], code.lanes
+    body = d - d % width
     out = None
     if body:
         prod = q[..., :, None, :body] * k[..., None, :, :body]  # (..., N, M, body), exact
-        blocks = prod.reshape(*prod.shape[:-1], body // LANES, LANES)
-        owner = _accumulator_of_blocks(body // LANES, fp32)
-        acc = []
-        for j in range(4):
-            mine = [b for b, a in enumerate(owner) if a == j]
-            if mine:
-                acc.append(ops.sum(blocks[..., mine, :], FP32, axis=-2, accumulation="sequential"))
-            else:
-                acc.append(jnp.zeros((*blocks.shape[:-2], LANES), blocks.dtype))
-        if fp32:
-            total = ops.add(ops.add(ops.add(acc[0], acc[1], FP32), acc[2], FP32), acc[3], FP32)
-        else:
-            total = ops.add(ops.add(acc[0], acc[1], FP32), ops.add(acc[2], acc[3], FP32), FP32)
-        out = lane_sum(total)
+        out = _four_accumulators(prod, width, fp32, code.dot_sum)
     if body < d:  # the scalar tail: its own sum of rounded products, then added
         tail = ops.mul(q[..., :, None, body:], k[..., None, :, body:], FP32)
         tail = ops.sum(tail, FP32, axis=-1, accumulation="sequential")
         out = tail if out is None else ops.add(out, tail, FP32)
     return out
+
+
+def u8_dot_product(q, u, scale, zp, code: VectorCode = AVX2):
+    """q (..., N, d) · the u8 keys (..., M, d) -> (..., N, M), FP32, as the AVX2 build
+    scores FP32 queries on a u8 cache (``mha_kv_cache``, ``mha_kv_cache_codec.cpp``,
+    ``use_affine_k``: the zero point subtracted after the dot, one group per key):
+    u the keys' integers, ``scale`` and ``zp`` (..., M, 1) theirs.  The query's sum
+    first (``q_group_sums``): its blocks of 8 added into one accumulator,
+    ``simd::reduce``, then its last d mod 8 entries added in order.  Then
+    raw = Σ q·u as :func:`dot_product` with FP32 queries (``codec_dot``: the u8 read
+    as its integer, ``RawDecoder<uint8_t>``), and ``AffineView::correct_dot``
+    (``codecs/codecs.hpp``): scale · (raw - zp · Σ q), the inner difference one
+    FMA."""
+    d, width = q.shape[-1], code.lanes
+    body = d - d % width
+    head = jnp.zeros(q.shape[:-1], q.dtype)
+    if body:
+        blocks = q[..., :body].reshape(*q.shape[:-1], body // width, width)
+        lanes = ops.sum(blocks, FP32, axis=-2, accumulation="sequential")
+        head = _tree_sum(lanes, code.dot_sum)
+    if body < d:
+        terms = jnp.concatenate([head[..., None], q[..., body:]], axis=-1)
+        head = ops.sum(terms, FP32, axis=-1, accumulation="sequential")
+    raw = jnp.asarray(dot_product(q, u, fp32=True, code=code))
+    zp_t = jnp.broadcast_to(jnp.swapaxes(zp, -1, -2), raw.shape)  # (..., N, M)
+    scale_t = jnp.broadcast_to(jnp.swapaxes(scale, -1, -2), raw.shape)
+    head = jnp.broadcast_to(head[..., None], raw.shape)
+    return ops.mul(scale_t, ops.fma(-zp_t, head, raw, FP32), FP32)
 
 
 def bf16_scalar(x):

@@ -6,11 +6,15 @@ answers in both precisions (:func:`fa_jax.kernels.openvino.unmodelled`: AVX-512
 with BF16 dot products, ``avx512_bf16``, or AMX: the plugin's BF16 brgemm and
 its softmax take the ``vdpbf16ps`` (or the tile dot's) and AVX-512 paths there,
 the ones the model follows); elsewhere they skip with the model's refusal.
-Where it answers the model is bit-exact on every case here, so each asserts
-100 %.
+The plugin's AVX2 build (F32 inference) is checked where this CPU runs it, and
+on any AVX2 or AVX-512 host through the lab (``tests/lab.py``: under qemu-user
+on an AVX-512 host).  Where it answers the model is bit-exact on every case
+here, so each asserts 100 %.
 """
 
 from __future__ import annotations
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +23,7 @@ import numpy as np
 import pytest
 from numpy.typing import DTypeLike
 
+import fa_jax
 from fa_jax import BF16, FP32, kernels, ops
 from fa_jax import openvino_sdpa as ovs
 from fa_jax._x64 import float64_enabled
@@ -32,6 +37,11 @@ _REFUSED = O.unmodelled(precision="bf16")
 needs_bf16_cpu = pytest.mark.skipif(
     _REFUSED is not None, reason=f"the model refuses this CPU: {_REFUSED}"
 )
+needs_avx2_build = pytest.mark.skipif(
+    not O._avx2_build(cpu.flags()),
+    reason=f"the plugin runs its AVX2 build on AVX2 CPUs without AVX-512F, not {cpu.describe()}",
+)
+_AVX2_FLAGS = frozenset({"avx", "avx2", "fma", "f16c"})
 
 
 def _inputs(seed, h, n, m, d, dtype: DTypeLike = np.float32):
@@ -343,3 +353,151 @@ def test_prefill_exact_extended(precision, d):
             "openvino-sdpa", q, k, v, fmt="fp32", causal=causal, precision=precision
         )
         assert _identical(real, model) == 1.0
+
+
+def test_isa_chooses_the_build(monkeypatch):
+    """On any CPU: None follows the CPU (AVX2 without AVX-512F: the AVX2 build, F32
+    only); an explicit isa answers on any CPU; anything else is an error."""
+    monkeypatch.setattr(cpu, "flags", lambda: _AVX2_FLAGS)
+    f = fa_jax.get_format("fp32")
+    forward = O.sdpa_model(f, 4, 16, precision="f32").forward
+    assert forward.keywords["code"] is ovs.AVX2  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    with pytest.raises(NotImplementedError, match="AVX2 build"):
+        O.sdpa_model(f, 4, 16, precision="bf16")
+    with pytest.raises(NotImplementedError, match="AVX2 build"):
+        O.sdpa_model(f, 4, 16, precision="bf16", isa="AVX2")
+    forward = O.sdpa_model(f, 4, 16, precision="bf16", isa="AVX512").forward
+    assert forward.keywords["code"] is ovs.AVX512F  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    monkeypatch.setattr(cpu, "flags", lambda: cpu.AVX512 | _AVX2_FLAGS)
+    forward = O.sdpa_model(f, 4, 16, precision="f32").forward
+    assert forward.keywords["code"] is ovs.AVX512F  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    forward = O.sdpa_model(f, 4, 16, precision="f32", isa="AVX2").forward
+    assert forward.keywords["code"] is ovs.AVX2  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    with pytest.raises(ValueError, match="isa: expected one of"):
+        O.sdpa_model(f, 4, 16, precision="f32", isa="SSE")
+    # AVX-512F without BW, DQ and VL: the plugin's AVX512F build, not modelled
+    monkeypatch.setattr(cpu, "flags", lambda: _AVX2_FLAGS | {"avx512f"})
+    assert "not modelled" in str(O.unmodelled(precision="f32"))
+
+
+def test_avx2_sums():
+    """The AVX2 build's horizontal sums.  Σ e in 8 lanes by hsum, ((l0 + l1) + (l2 +
+    l3)) + ((l4 + l5) + (l6 + l7)): lanes 2^24, 1, 1, 0, -2^24 lose both ones into
+    2^24 (a tie, to even) and give 0; the AVX-512 code's 16 lanes (lane i + lane
+    i+4 after i + i+8) cancel the 2^24s first and give 2.  The dot product's
+    simd::reduce, ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), on products
+    2^24, 1, 0, 0, -2^24, 1: 0 + 2 = 2; on AVX-512, d = 8 is all scalar tail, summed
+    in order: 2^24 + 1 = 2^24, ..., then - 2^24 + 1 = 1."""
+    e = np.zeros((1, 16))
+    e[0, [0, 1, 2, 4]] = [2.0**24, 1.0, 1.0, -(2.0**24)]
+    q = np.zeros((1, 1, 8))
+    q[..., [0, 1, 4, 5]] = [2.0**24, 1.0, -(2.0**24), 1.0]
+    k = np.ones((1, 1, 8))
+    codes = (ovs.AVX2, ovs.AVX512F)
+    with float64_enabled():
+        sums = jax.jit(ovs.lane_sum, static_argnames=("code", "tree"))
+        got = [float(sums(jnp.asarray(e), code)[0]) for code in codes]
+        dot = jax.jit(ovs.dot_product, static_argnames=("fp32", "code"))
+        dots = [float(np.asarray(dot(q, k, fp32=True, code=c)).item()) for c in codes]
+    assert got == [0.0, 2.0]
+    assert dots == [2.0, 1.0]
+
+
+def test_u8_dot_product_corrects_after_the_sum():
+    """The AVX2 build's u8 keys: scale · fma(-zp, Σ q, Σ q·u), the integers summed
+    first.  d = 9: one block of 8 and a tail of 1, whose sums are exact here
+    (Σ q = 7.75, Σ q·u = 404.75), so the result is that formula's one FMA and one
+    product, and not the unfused fl(zp · Σ q) first."""
+    q = np.array([[[0.5, 1, 1, 1, 1, 1, 1, 1, 0.25]]])
+    u = np.array([[[3, 0, 255, 1, 2, 7, 9, 128, 5]]], np.float64)
+    scale, zp = (np.array([[[np.float32(x)]]], np.float64) for x in (0.1, 77.3))
+    with float64_enabled():
+        got = np.asarray(jax.jit(ovs.u8_dot_product)(q, u, scale, zp)).item()
+    head, raw, s, z = 7.75, 404.75, scale.item(), zp.item()
+    assert float(np.sum(q)) == head and float(np.sum(q * u)) == raw
+    assert got == float(np.float32(s * float(np.float32(raw - z * head))))
+    assert got != float(np.float32(s * float(np.float32(raw - float(np.float32(z * head))))))
+
+
+@needs_avx2_build
+@pytest.mark.parametrize(
+    ("h", "n", "m", "d", "kv_cache", "threads", "causal"),
+    [
+        # decoding, F32 cache: blocks of 8 into four accumulators, simd::reduce, a tail
+        pytest.param(2, 1, 37, 20, "f32", 1, False, marks=pytest.mark.extended),
+        # u8 keys in the affine form, d mod 8 = 4, two threads splitting a head's keys
+        (2, 2, 9, 100, "u8", 2, False),
+        pytest.param(3, 1, 37, 72, "u8", 2, False, marks=pytest.mark.extended),
+        pytest.param(2, 1, 40, 4, "u8", 1, False, marks=pytest.mark.extended),
+        pytest.param(2, 3, 515, 20, "u8", 1, False, marks=pytest.mark.extended),
+        pytest.param(2, 1, 1031, 80, "f32", 2, False, marks=pytest.mark.extended),
+        pytest.param(2, 3, 515, 100, "bf16", 2, False, marks=pytest.mark.extended),
+        # prefill: MLAS's GEMMs and the softmax's 8 lanes (N mod 4 = 1: one-row kernels)
+        (2, 5, 5, 16, "f32", 1, False),
+        pytest.param(2, 9, 9, 20, "f32", 1, True, marks=pytest.mark.extended),
+        pytest.param(2, 13, 13, 100, "u8", 1, True, marks=pytest.mark.extended),
+        pytest.param(2, 19, 19, 64, "f32", 2, True, marks=pytest.mark.extended),
+        pytest.param(2, 8, 8, 36, "f32", 1, False, marks=pytest.mark.extended),
+    ],
+)
+def test_avx2_build_exact(h, n, m, d, kv_cache, threads, causal):
+    """F32 inference on the plugin's AVX2 build (this CPU's), against the real kernel."""
+    q, k, v = _inputs(11, h, n, m, d)
+    call = {"fmt": "fp32", "precision": "f32", "kv_cache": kv_cache, "threads": threads}
+    real = kernels.real("openvino-sdpa", q, k, v, causal=causal, **call)
+    model = kernels.emulate("openvino-sdpa", q, k, v, causal=causal, **call)
+    assert _identical(real, model) == 1.0
+
+
+_LAB_CHILD = """
+import json, sys
+import numpy as np
+from fa_jax.kernels import cpu
+from fa_jax.kernels import openvino as O
+out = {"flags": np.array(sorted(cpu.flags()))}
+with np.load(sys.argv[1]) as f:
+    for i, (kv, threads, causal) in enumerate(json.loads(sys.argv[2])):
+        out[f"o{i}"] = O.real_sdpa(
+            f[f"q{i}"], f[f"k{i}"], f[f"v{i}"], fmt="fp32", precision="f32",
+            kv_cache=kv, threads=threads, causal=causal,
+        )
+np.savez(sys.argv[3], **out)
+"""
+
+
+@pytest.mark.extended
+def test_the_avx2_build_is_modelled_on_any_host(tmp_path):
+    """OpenVINO run as an AVX2 CPU (natively, or under qemu-user on an AVX-512 host):
+    the plugin's AVX2 build, F32 inference on F32 and u8 caches, decoding and a
+    causal prefill, bit for bit as the model with isa="AVX2" gives it on this host;
+    the AVX-512 model's bits are not these."""
+    from lab import run_as_avx2
+
+    # (kv, threads, causal, h, n, m, d)
+    cases = [
+        ("f32", 1, False, 2, 1, 37, 20),
+        ("u8", 2, False, 2, 2, 19, 36),
+        ("f32", 1, True, 2, 9, 9, 24),
+    ]
+    arrays, inputs = {}, []
+    for i, (_, _, _, h, n, m, d) in enumerate(cases):
+        q, k, v = _inputs(20 + i, h, n, m, d)
+        inputs.append((q, k, v))
+        arrays.update({f"q{i}": q, f"k{i}": k, f"v{i}": v})
+    np.savez(tmp_path / "in.npz", **arrays)
+    spec = json.dumps([[kv, threads, causal] for kv, threads, causal, *_ in cases])
+    out = tmp_path / "out.npz"
+    run_as_avx2(_LAB_CHILD, str(tmp_path / "in.npz"), spec, str(out))
+    with np.load(out) as got:
+        flags = frozenset(str(f) for f in got["flags"])
+        real = [got[f"o{i}"] for i in range(len(cases))]
+    assert O._avx2_build(flags), flags
+    fp32 = fa_jax.get_format("fp32")
+    avx512_equal = []
+    for (kv, threads, causal, _, n, _, d), (q, k, v), r in zip(cases, inputs, real):
+        options = {"precision": "f32", "kv_cache": kv, "threads": threads}
+        model = O.sdpa_model(fp32, n, d, isa="AVX2", **options)(q, k, v, causal=causal)
+        np.testing.assert_array_equal(np.asarray(model), r, err_msg=str((kv, causal)))
+        avx512 = O.sdpa_model(fp32, n, d, isa="AVX512", **options)(q, k, v, causal=causal)
+        avx512_equal.append(np.array_equal(np.asarray(avx512), r))
+    assert not all(avx512_equal)

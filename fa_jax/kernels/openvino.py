@@ -50,9 +50,15 @@ attention mask the plugin then ignores).
 
 The plugin and oneDNN pick their code from CPUID as they run: the model follows
 their AVX-512 code (``avx512_core``: AVX-512 F, BW, DQ and VL), with AVX512-BF16's
-``vdpbf16ps`` or AMX's tile dots for ``precision="bf16"``; on other CPUs (their
-AVX2 kernels, or BF16 without those instructions) it raises NotImplementedError
-(:func:`unmodelled`).
+``vdpbf16ps`` or AMX's tile dots for ``precision="bf16"``, and, for
+``precision="f32"``, the plugin's AVX2 build on a CPU with AVX2 and FMA but no
+AVX-512F (the plugin's dispatch, ``with_cpu_x86_avx512f()`` then
+``with_cpu_x86_avx2()``: :data:`fa_jax.openvino_sdpa.AVX2`, the softmax's and the
+decoding dot product's 8 lanes; MLAS's GEMMs give the same bits on its FMA3 and
+AVX-512F kernels).  Elsewhere (BF16 without those instructions, BF16 on AVX2, an
+AVX-512F CPU without BW, DQ and VL, a CPU below AVX2) it raises
+NotImplementedError (:func:`unmodelled`).  ``sdpa_model(..., isa="AVX2")`` (or
+``"AVX512"``) gives the model of that code on any host.
 """
 
 from __future__ import annotations
@@ -89,16 +95,34 @@ def _unavailable() -> str | None:
     return None
 
 
+ISAS = ("AVX512", "AVX2")  # the plugin's builds the model follows (fa_jax.kernels.cpu.isa names)
+_CODE = {"AVX512": ovs.AVX512F, "AVX2": ovs.AVX2}
+
+
+def _avx2_build(have) -> bool:
+    """The plugin runs its AVX2 build: AVX2 and FMA, no AVX-512F (module docstring)."""
+    return {"avx2", "fma"} <= have and "avx512f" not in have
+
+
 def unmodelled(fmt=None, *, precision: str = "bf16", **options) -> str | None:
     """None where OpenVINO runs the code the model follows here for ``precision``
     (both precisions where ``fmt`` is None), else why not (module docstring)."""
     del fmt, options
     have = cpu.flags()
+    if _avx2_build(have):
+        if precision == "f32":
+            return None
+        return (
+            f"openvino-sdpa: precision {precision} on this CPU ({cpu.describe()}), the "
+            "plugin's AVX2 build, is not modelled; modelled: f32 on its AVX2 build, "
+            "and f32 and bf16 (with vdpbf16ps or AMX) on its AVX-512 (avx512_core) build"
+        )
     if not cpu.AVX512 <= have:
         return (
-            f"openvino-sdpa: the CPU plugin on this CPU ({cpu.describe()}) runs its AVX2 "
-            "or SSE kernels (exp, dot products, MLAS GEMMs, softmax), which are not "
-            "modelled; modelled: its AVX-512 (avx512_core) kernels"
+            f"openvino-sdpa: the CPU plugin on this CPU ({cpu.describe()}) runs its "
+            "AVX-512F kernels without AVX-512 BW, DQ and VL, or its SSE ones, which are "
+            "not modelled; modelled: its AVX-512 (avx512_core) kernels, and f32 on its "
+            "AVX2 build"
         )
     if precision == "bf16" and not {"avx512_bf16", "amx_bf16"} & have:
         return (
@@ -261,8 +285,8 @@ def _bf16_prefill(q, k, v, *, scale: float, causal: bool, amx: bool):
     return ovs.store_bf16(o.reshape(*o.shape[:-2], -1)).reshape(o.shape)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "causal", "rows"))
-def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int):
+@functools.partial(jax.jit, static_argnames=("scale", "causal", "rows", "code"))
+def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int, code: ovs.VectorCode):
     """The MLAS path: rows [0, rows) in sgemms of more than one row, the rest (one
     row, N mod 4 = 1) in MLAS's one-row kernels."""
     n, m = q.shape[-2], k.shape[-2]
@@ -271,7 +295,7 @@ def _f32_prefill(q, k, v, *, scale: float, causal: bool, rows: int):
     for lo, hi in ((0, rows), (rows, n)):
         if hi > lo:
             s = mlas.sgemm(q[..., lo:hi, :], jnp.swapaxes(k, -1, -2), trans_b=True)
-            p = ovs.softmax(s, scale, None if keep is None else keep[lo:hi])
+            p = ovs.softmax(s, scale, None if keep is None else keep[lo:hi], code=code)
             out.append(mlas.sgemm(p, v))
     return jnp.concatenate(out, axis=-2) if len(out) > 1 else out[0]
 
@@ -306,17 +330,26 @@ def _u8_value_tail(p, v_read, v_scale, shares):
     return ops.sum(terms, FP32, axis=-3, accumulation=SEQUENTIAL)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8", "bf16"))
-def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
+@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8", "bf16", "code"))
+def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool, code: ovs.VectorCode):
     """``mha_single_token`` with BF16 queries on a BF16 or u8 cache (``bf16``), or
-    with FP32 queries on an FP32 or u8 cache (module docstring); q (H, N, d)."""
+    with FP32 queries on an FP32 or u8 cache (module docstring); q (H, N, d);
+    ``code`` the build (lanes and sums of the dot product and softmax)."""
     if bf16:
         q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
     h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
     work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
     shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
-    if u8 and not bf16:  # FP32 queries read the u8 cache back as fl(fl(u - zp) · scale)
-        k, v = ovs.dequantize_u8(k), ovs.dequantize_u8(v)
+    s = None
+    if u8 and not bf16:
+        # FP32 queries read V back as fl(fl(u - zp) · scale), and K too (AVX-512) or
+        # score its integers and correct the sums (AVX2: ovs.u8_dot_product)
+        if code.f32_u8 == "affine":
+            k_u, k_scale, k_zp = ovs.quantize_u8(k)
+            s = ovs.u8_dot_product(q, k_u, k_scale, k_zp, code)
+        else:
+            k = ovs.dequantize_u8(k)
+        v = ovs.dequantize_u8(v)
         u8 = False
     tail = d_v % _VALUE_BLOCK if u8 else 0
     if u8:
@@ -324,11 +357,13 @@ def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
         v_u, v_scale, v_zp = ovs.quantize_u8(v)
         k_read = ops.sub(k_u, jnp.broadcast_to(k_zp, k_u.shape), FP32)
         v = ops.sub(v_u, jnp.broadcast_to(v_zp, v_u.shape), FP32)
-        s = ops.mul(ovs.dot_product(q, k_read, fp32=not bf16), jnp.swapaxes(k_scale, -1, -2), FP32)
-        p = ovs.softmax(s, scale)
+        s = ops.mul(ovs.dot_product(q, k_read, code=code), jnp.swapaxes(k_scale, -1, -2), FP32)
+        p = ovs.softmax(s, scale, code=code)
         w = ops.mul(p, jnp.swapaxes(v_scale, -1, -2), FP32)  # weight · scale of V
     else:
-        p = w = ovs.softmax(ovs.dot_product(q, k, fp32=not bf16), scale)
+        if s is None:
+            s = ovs.dot_product(q, k, fp32=not bf16, code=code)
+        p = w = ovs.softmax(s, scale, code=code)
     parts = []
     if d_v - tail:
         w_t = jnp.where(shares, w, 0.0)
@@ -344,7 +379,9 @@ def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool):
     return ovs.store_bf16(out)  # a row at a time
 
 
-def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool, amx: bool):
+def _forward(
+    q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool, amx: bool, code
+):
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
@@ -357,12 +394,12 @@ def _forward(q, k, v, *, policy, causal, scale, precision: str, threads: int, u8
             )
         lead = q.shape[:-2]
         flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
-        out = _decode(*flat, scale=s, threads=threads, u8=u8, bf16=precision == "bf16")
+        out = _decode(*flat, scale=s, threads=threads, u8=u8, bf16=precision == "bf16", code=code)
         return out.reshape(*lead, n, v.shape[-1])
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal), amx=amx)
     rows = n - 1 if n % _M_BLOCK == 1 else n  # the last block of one row: M = 1 kernels
-    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=rows)
+    return _f32_prefill(q, k, v, scale=s, causal=bool(causal), rows=rows, code=code)
 
 
 def sdpa_model(
@@ -373,16 +410,27 @@ def sdpa_model(
     precision: str = "bf16",
     kv_cache: str = "u8",
     threads: int = 1,
+    isa: str | None = None,
 ) -> KernelModel:
     """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
     (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and
-    decoding (N < M, or N = 1) on each ``kv_cache`` with ``threads``."""
+    decoding (N < M, or N = 1) on each ``kv_cache`` with ``threads``; ``isa``
+    ("AVX512" or "AVX2"; None: the build this CPU runs, refused where it is not
+    modelled) the plugin build it follows."""
     del n, d
     f = _fmt(fmt)
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
     kv_cache = one_of(kv_cache, KV_CACHES, "openvino-sdpa: kv_cache")
     threads = positive_int(threads, "openvino-sdpa: threads")
-    refuse(unmodelled(f, precision=precision))
+    if isa is None:
+        refuse(unmodelled(f, precision=precision))
+        isa = "AVX2" if _avx2_build(cpu.flags()) else "AVX512"
+    isa = one_of(isa, ISAS, "openvino-sdpa: isa")
+    if isa == "AVX2" and precision != "f32":
+        raise NotImplementedError(
+            f"openvino-sdpa: precision {precision} on the plugin's AVX2 build is not "
+            "modelled; modelled there: f32"
+        )
     stage = BF16 if precision == "bf16" else FP32
     policy = fa2_kernel(stage).replace(
         name=f"openvino_sdpa({f.name}, {precision})",
@@ -393,7 +441,9 @@ def sdpa_model(
     )
     u8 = kv_cache == "u8"
     amx = "amx_bf16" in cpu.flags()  # the brgemm's tile dots: this CPU's, read as it runs
-    forward = functools.partial(_forward, precision=precision, threads=threads, u8=u8, amx=amx)
+    forward = functools.partial(
+        _forward, precision=precision, threads=threads, u8=u8, amx=amx, code=_CODE[isa]
+    )
     return KernelModel("openvino-sdpa", policy, "reference", forward=forward)
 
 
