@@ -139,6 +139,8 @@ ONE_ROW_T = (
     "tests/test_kernels_onnxruntime.py::test_one_row_transposed_gemm_is_bit_exact_on_any_cpu"
 )
 _U = "tests/test_kernels_unmodelled.py"
+MLAS_FMA3_EXP = "tests/test_mlas.py::test_fma3_exp_is_zero_from_m_minus_127"
+MLAS_LANES = "tests/test_mlas.py::test_lane_sum_follows_the_kernels_lanes"
 CPUS_NAMED = f"{_U}::test_models_follow_the_cpus_they_name"
 XLA_CAPPED = f"{_U}::test_xla_refuses_a_capped_isa"
 GGML_BUILDS = f"{_U}::test_ggml_follows_the_loaded_builds_features"
@@ -1546,6 +1548,35 @@ MUTANTS: tuple[Mutant, ...] = (
         "its block of 2 columns in the last column's tree",
         ONE_ROW_T,
     ),
+    _m(
+        "mlas",
+        'FMA3 = SumExpKernel("fma3", _f32(-88.3762626647949), scale_from_bits=True, lanes=8)',
+        'FMA3 = SumExpKernel("fma3", _f32(-103.9720840454), scale_from_bits=True, lanes=8)',
+        "the FMA3 sum-exp kernel clamping at the AVX-512F kernel's LowerRange",
+        MLAS_FMA3_EXP,
+    ),
+    _m(
+        "mlas",
+        "    if kernel.scale_from_bits:  # exponent field m + 127 = 0: the scale is +0",
+        "    if False:  # exponent field m + 127 = 0: the scale is +0",
+        "the FMA3 kernel's 2^-127 as vscalefps's (a subnormal, not +0)",
+        MLAS_FMA3_EXP,
+    ),
+    _m(
+        "mlas",
+        "    if kernel.lanes == 16:\n        b = ops.add(b[..., 8:], b[..., :8], FP32)",
+        "    if kernel.lanes == 16:\n        b = ops.add(b[..., 0::2], b[..., 1::2], FP32)",
+        "the 16 lanes folded as neighbours (lane 2i + lane 2i+1), not i + i+8",
+        MLAS_LANES,
+    ),
+    _m(
+        "kernels/onnxruntime",
+        '    if {"avx2", "fma"} <= have:\n        return "AVX2"',
+        '    if {"avx2", "fma"} <= have:\n        return "AVX512"',
+        "MLAS's FMA3 kernels taken for its AVX-512F ones on an AVX2 CPU",
+        CPUS_NAMED,
+        MLAS_FMA3_EXP,
+    ),
     # -- which CPU code each model follows: kernels/cpu and the refusals -----------------
     _m(
         "kernels/cpu",
@@ -1584,9 +1615,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "kernels/onnxruntime",
-        'if "avx512f" in cpu.flags():',
-        "if True:",
-        "MLAS's FMA3 kernels answered as its AVX-512F ones",
+        "    if mlas_isa() is not None:\n        return None",
+        "    if True:\n        return None",
+        "MLAS's SSE kernels answered as if modelled",
         CPUS_NAMED,
     ),
     _m(

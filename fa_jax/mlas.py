@@ -144,7 +144,7 @@ def sum_exp(x, kernel: SumExpKernel = AVX512F):
     # p · 2^m rounded once (m >= -150); 2^(m + 64) keeps the first step exact.
     e = ops.mul(ops.mul(p, _pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
     if kernel.scale_from_bits:  # exponent field m + 127 = 0: the scale is +0
-        e = jnp.where(m <= -127, jnp.zeros_like(e), e)
+        e = jnp.where(m == -127, jnp.zeros_like(e), e)  # (the clamp keeps m >= -127)
     return e
 
 
