@@ -3,6 +3,7 @@ float32 exps (its own, and YNNPACK's inside a YNNPACK fusion) against their
 models over the float32 inputs softmax feeds them."""
 
 import functools
+import json
 import re
 
 import jax
@@ -16,7 +17,7 @@ import fa_jax
 from fa_jax import kernels
 from fa_jax.exponential import CORRECTLY_ROUNDED, YNNPACK, ynnpack_exp
 from fa_jax.formats import FP32
-from fa_jax.kernels import xla
+from fa_jax.kernels import cpu, xla
 
 
 def _inputs(shape, fmt, seed):
@@ -963,9 +964,77 @@ def test_own_dots_reads_xlas_gemv_and_skips_ynnpack_programs():
     """One row over 1000 keys: both dots XLA's own GEMVs, of a width XLA can take;
     a YNNPACK program: the probed orders, with no check."""
     skip_unmodelled("xla", "fp32")  # the check runs the model
+    code = xla.vector_code("fp32")  # this CPU's
     with x64_enabled():
-        own = xla._own_dots("float32", (1, 1, 128), xla._Layout(1, 1, 1, 1, 1000))
+        own = xla._own_dots("float32", (1, 1, 128), xla._Layout(1, 1, 1, 1, 1000), code)
         assert own is not None and own.qk is not None and own.pv is not None
-        assert {own.qk.lanes, own.pv.lanes} <= set(xla._GEMV_LANES) and own.pv_shard is None
+        assert {own.qk.lanes, own.pv.lanes} <= set(code.gemv_lanes) and own.pv_shard is None
         layout = xla._Layout(1, 2, 1, 512, 512)
         assert xla._own_dots("float32", (2, 512, 64), layout) == xla._PROBED
+
+
+def test_the_isa_names_the_vector_code_modelled():
+    """``isa`` picks the model of that code on any host (AVX2's GEMV on 8 lanes only),
+    checked; None is this CPU's code, refused where it is not modelled."""
+    assert xla.vector_code(isa="AVX2") is xla.AVX2 and xla.AVX2.gemv_lanes == (8,)
+    assert xla.vector_code(isa="AVX512") is xla.AVX512 and xla.AVX512.gemv_lanes == (8, 16)
+    for bad in ("avx2", "SSE", 2):
+        with pytest.raises(ValueError, match=r"xla: isa: expected one of \('AVX512', 'AVX2'\)"):
+            xla.model(fa_jax.FP32, 8, 16, isa=bad)  # pyright: ignore[reportArgumentType]
+    model = xla.model(fa_jax.BF16, 8, 16, isa="AVX2")
+    assert model.forward is not None and model.forward.keywords["code"] is xla.AVX2
+    skip_unmodelled("xla")
+    here = xla.model(fa_jax.BF16, 8, 16).forward
+    assert here is not None and here.keywords["code"].name == cpu.isa()
+
+
+_LAB_CHILD = """
+import json, sys
+import numpy as np
+from fa_jax import get_format, kernels
+from fa_jax.kernels import cpu, xla
+out = {"isa": np.array(cpu.isa()), "refusal": np.array(xla.unmodelled() or "")}
+with np.load(sys.argv[2]) as f:
+    for i, (fmt, causal) in enumerate(json.loads(sys.argv[1])):
+        q, k, v = (f[f"{t}{i}"] for t in "qkv")
+        out[f"real{i}"] = kernels.real("xla", q, k, v, fmt=fmt, causal=causal)
+        model = xla.model(get_format(fmt), q.shape[-2], q.shape[-1], isa="AVX2")
+        out[f"model{i}"] = model(q, k, v, causal=causal)
+np.savez(sys.argv[3], **out)
+"""
+
+
+@pytest.mark.extended  # 60 s natively on an AVX2 host: each shape's probes and compiles
+def test_the_avx2_code_is_modelled_as_an_avx2_cpu_runs_it(tmp_path):
+    """XLA run as an AVX2 CPU (natively, or under qemu-user on an AVX-512 host,
+    tests/lab.py), against ``model(..., isa="AVX2")`` in the same process: the
+    model reads its dot orders from the program the CPU runs, so it runs where
+    the AVX2 code does.  fp32 causal at an odd length, bf16 with 6 query heads on
+    2 K/V heads (d = 96), fp16 op by op, and one query row per group over 300
+    keys (XLA's own GEMVs, 8 lanes on AVX2).  A cap of ``--xla_cpu_max_isa`` on an
+    AVX-512 host is no substitute: YNNPACK would still run its AVX-512 kernels."""
+    from lab import run_as_avx2
+
+    # (format, causal, q shape (B, H, N, d), K/V heads, M)
+    cases = [
+        ("fp32", True, (1, 2, 201, 40), 2, 201),
+        ("bf16", True, (1, 6, 67, 96), 2, 67),
+        ("fp16", False, (1, 2, 77, 40), 2, 77),
+        ("fp32", False, (1, 8, 1, 64), 2, 300),
+    ]
+    arrays = {}
+    for i, (fmt, _, shape, kv, m) in enumerate(cases):
+        q = _inputs(shape, fa_jax.get_format(fmt), seed=i)[0]
+        k, v = _inputs((shape[0], kv, m, shape[-1]), fa_jax.get_format(fmt), seed=10 + i)[:2]
+        arrays.update({f"q{i}": q, f"k{i}": k, f"v{i}": v})
+    np.savez(tmp_path / "in.npz", **arrays)
+    spec = json.dumps([[fmt, causal] for fmt, causal, *_ in cases])
+    out = tmp_path / "out.npz"
+    run_as_avx2(_LAB_CHILD, spec, str(tmp_path / "in.npz"), str(out))
+    with np.load(out) as got:
+        assert str(got["isa"]) == "AVX2" and str(got["refusal"]) == ""
+        for i, case in enumerate(cases):
+            real, model = got[f"real{i}"], got[f"model{i}"]
+            assert real.shape == model.shape == arrays[f"q{i}"].shape
+            c = kernels.compare(real, model, real, case[0])
+            assert c.identical_share == 1.0, f"{case}: {c.summary()}"

@@ -10,7 +10,7 @@ from helpers import x64_enabled
 
 from fa_jax import ops
 from fa_jax.formats import FP32
-from fa_jax.kernels import xla, xla_own_dots
+from fa_jax.kernels import cpu, xla, xla_own_dots
 
 
 def _real_gemv(x, a, major: str):
@@ -30,13 +30,15 @@ _GEMV = jax.jit(xla_own_dots.gemv, static_argnums=(2, 3))
 
 
 def _lanes(x, a, major: str, expected):
-    """The widths of :data:`xla._GEMV_LANES` at which :func:`xla_own_dots.gemv`
-    (jitted) equals ``expected``."""
+    """The widths XLA's GEMV takes in this CPU's code (:attr:`xla.VectorCode.gemv_lanes`;
+    AVX-512's, the widest, where the code is not modelled) at which
+    :func:`xla_own_dots.gemv` (jitted) equals ``expected``."""
+    code = xla._CODES.get(cpu.isa(), xla.AVX512)
     with x64_enabled():
         x, a = (jnp.asarray(t, jnp.float64) for t in (x[:, :, None], a))
         return [
             lanes
-            for lanes in xla._GEMV_LANES
+            for lanes in code.gemv_lanes
             if np.array_equal(_GEMV(x, a, FP32, xla_own_dots.Gemv(major, lanes)), expected)
         ]
 

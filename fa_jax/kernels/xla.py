@@ -76,6 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import masking, ops
+from fa_jax._checks import one_of
 from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels import cpu
@@ -86,12 +87,16 @@ from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
 
 __all__ = [
+    "AVX2",
+    "AVX512",
     "XLA",
     "XLA_CPU_EXP",
+    "VectorCode",
     "model",
     "platform",
     "real",
     "unmodelled",
+    "vector_code",
     "xla_cpu_exp",
     "xla_cpu_exp_model",
 ]
@@ -102,6 +107,45 @@ _LARGE_NEGATIVE = float(np.float32(-0.7 * _F32_MAX))  # jax's mask value, in flo
 _LANES = 16  # the softmax sum's lanes
 _CHUNK = 64  # terms the softmax sum reads at a time (4 vectors of 16 lanes)
 _KAHAN = 1024  # terms read between the softmax sum's compensated steps
+
+
+@dataclasses.dataclass(frozen=True)
+class VectorCode:
+    """The vector code XLA's CPU backend and YNNPACK run on a class of CPU, as far as
+    the model's fixed steps depend on it (the dot orders, blocks and fusions are
+    read from the real program by probes, whatever the code).
+
+    ``gemv_lanes``: the float32 lanes XLA's own GEMV (:mod:`~fa_jax.kernels.xla_own_dots`)
+    can give its vector, the widths of the registers LLVM targets (AVX's 256 bits;
+    AVX-512's 512 too); the model checks each against the real program.
+
+    What does not vary, by YNNPACK's design of kernels numerically consistent
+    across ISAs (google/XNNPACK, ynnpack/):
+
+    * the softmax sum's 16 lanes: ``sum_float_k1`` runs its ``*_k1_fp32_*``
+      kernels with ``consistent_n = 64 / sizeof(float)`` lanes whatever the vector
+      width (kernels/reduce/sum.h, ``sum_float_k1``; AVX holds them in two 8-lane
+      registers, kernels/reduce/x86_avx.cc ``sum_k1_fp32_avx``), and
+      ``horizontal_sum`` halves them as AVX-512 does (base/simd/vec.h);
+    * YNNPACK's exp (``simd::exp``, base/simd/target_independent.inc, FMAs on AVX2
+      as on AVX-512: base/simd/x86_vec256_base.h ``fma``) and XLA's own (LLVM's
+      FMAs, element by element);
+    * bf16 dots without AVX512-BF16: ``x86_avx2_fma3_bf16_bf16_fp32`` adds each
+      pair's odd term first, then the even one, by FMAs in one chain, "to match
+      the behavior of dpbf16ps" (kernels/dot/generator/x86_bf16_bf16_fp32.py,
+      ``product``): the order the probes find with AVX512-BF16;
+    * fp32 dots: ``x86_fma3_fp32`` (one chain), ``x86_avx2_fma3_fp32_k2`` (two
+      chains, ``hadd``: c0 + c1; kernels/dot/generator/x86_fp32_k2.py), as the
+      AVX-512 kernels' chains folded pairwise, whose tile_k the probes read.
+    """
+
+    name: str  # the CPU class, as :func:`fa_jax.kernels.cpu.isa` names it
+    gemv_lanes: tuple[int, ...]
+
+
+AVX512 = VectorCode("AVX512", gemv_lanes=(8, 16))
+AVX2 = VectorCode("AVX2", gemv_lanes=(8,))  # AVX2 and FMA: 256-bit registers
+_CODES = {code.name: code for code in (AVX512, AVX2)}
 
 
 def _attention_fn(dtype: str, causal: bool, scale):
@@ -1489,14 +1533,18 @@ def _runs(orders) -> tuple[tuple[int, int, bool, int, int], ...]:
     return tuple(runs)
 
 
-def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
+def _forward(
+    q, k, v, *, policy: Policy, causal: bool, scale, code: VectorCode = AVX512, **features
+):
     if policy.inputs.name == "float32" and np.shape(v)[-1] == 1:
         raise ValueError(
             "xla: fp32 with d = 1: XLA rewrites P V as element-wise products summed in "
             "reduce-windows, not a dot; not modelled"
         )
     if _featured(q, k, features):
-        return _featured_forward(q, k, v, policy=policy, causal=causal, scale=scale, **features)
+        return _featured_forward(
+            q, k, v, policy=policy, causal=causal, scale=scale, code=code, **features
+        )
     q, k, v = (ops.carrier(t, np.float64) for t in (q, k, v))
     n, d = q.shape[-2:]
     shape = (int(np.prod(q.shape[:-2], dtype=int)), n, d)
@@ -1521,7 +1569,9 @@ def _forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
     )
 
 
-def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **features):
+def _featured_forward(
+    q, k, v, *, policy: Policy, causal: bool, scale, code: VectorCode = AVX512, **features
+):
     """The model of :func:`real`'s 4-D call (:class:`_Layout`): on the grouped view
     (B·H_kv, G·N, d) of the queries against (B·H_kv, M, d) keys, as XLA's dots run;
     the bias (exact in the input format, so in FP32) added to the scaled scores in
@@ -1554,7 +1604,7 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
     dtype = policy.inputs.name
     round_p = _p_rounded(dtype, shape, bool(causal), layout)
     window = _sum_window(dtype, shape, bool(causal), layout)
-    own = _own_dots_of(dtype, shape, layout.plain())
+    own = _own_dots_of(dtype, shape, layout.plain(), code)
     if own is None:
         raise ValueError(
             f"xla: {dtype} {g * n} grouped query rows, d = {d}, over {m} keys in {b * kv} "
@@ -1585,10 +1635,11 @@ def _featured_forward(q, k, v, *, policy: Policy, causal: bool, scale, **feature
 
 
 _PROBED = own_dots.OwnDots()  # both dots in the probed orders (YNNPACK's, or XLA's fitting them)
-_GEMV_LANES = (8, 16)  # the vector widths of XLA's GEMV: AVX's 256 bits, AVX-512's 512
 
 
-def _own_dots_of(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.OwnDots | None:
+def _own_dots_of(
+    dtype: str, shape: tuple[int, ...], layout: _Layout, code: VectorCode = AVX512
+) -> own_dots.OwnDots | None:
     """:func:`_own_dots` for ``dtype``: none for fp16 (eager, op by op: the probed
     orders); for bf16 fp32's where bf16's program runs the same dots as XLA's own
     (on float32 operands, so the same kernels): a bf16 output is too coarse for the
@@ -1597,8 +1648,8 @@ def _own_dots_of(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dot
     if dtype == "float16":
         return _PROBED
     if dtype != "float32" and _dots_of(dtype, shape, layout) == _dots_of("float32", shape, layout):
-        return _own_dots("float32", shape, layout)
-    return _own_dots(dtype, shape, layout)
+        return _own_dots("float32", shape, layout, code)
+    return _own_dots(dtype, shape, layout, code)
 
 
 def _dots_of(dtype: str, shape: tuple[int, ...], layout: _Layout) -> tuple[str | None, str | None]:
@@ -1608,14 +1659,17 @@ def _dots_of(dtype: str, shape: tuple[int, ...], layout: _Layout) -> tuple[str |
 
 
 @functools.cache
-def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.OwnDots | None:
+def _own_dots(
+    dtype: str, shape: tuple[int, ...], layout: _Layout, code: VectorCode = AVX512
+) -> own_dots.OwnDots | None:
     """How the model reproduces the plain program of ``layout`` in ``dtype`` (jitted:
     bf16 or fp32) on random inputs where it runs a dot as XLA's own
     (:mod:`~fa_jax.kernels.xla_own_dots`): with one row per group a dot is XLA's
-    GEMV of the major the HLO's layouts give, of each width it can take, else the
-    probed order; otherwise P V is Eigen's contraction, which can shard the keys
-    over threads (:func:`_sharded_pv`, which the probes, reading the first key's
-    blocks, cannot see): unsharded, then each size Eigen can pick, cut by each
+    GEMV of the major the HLO's layouts give, of each width ``code``'s registers
+    give it (:attr:`VectorCode.gemv_lanes`), else the probed order; otherwise P V
+    is Eigen's contraction, which can shard the keys over threads
+    (:func:`_sharded_pv`, which the probes, reading the first key's blocks,
+    cannot see): unsharded, then each size Eigen can pick, cut by each
     ``kc`` that gives the probed block, then unsharded with the last keys joined
     to the block before (measured, rule unknown: docs/kernels.md).  :data:`_PROBED`
     without a check where YNNPACK runs both dots, or P V's keys are too few to
@@ -1625,9 +1679,9 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
     one_row = shape[1] == 1
     qk: list = [None]
     if qk_major and one_row:
-        qk = [*(own_dots.Gemv(qk_major, lanes) for lanes in _GEMV_LANES), None]
+        qk = [*(own_dots.Gemv(qk_major, lanes) for lanes in code.gemv_lanes), None]
     if pv_major and one_row:
-        gemvs = (own_dots.Gemv(pv_major, lanes) for lanes in _GEMV_LANES)
+        gemvs = (own_dots.Gemv(pv_major, lanes) for lanes in code.gemv_lanes)
         pv = [*(own_dots.OwnDots(pv=gemv) for gemv in gemvs), _PROBED]
     else:
         shards = own_dots.eigen_shards(layout.m) if pv_major else []
@@ -1653,7 +1707,7 @@ def _own_dots(dtype: str, shape: tuple[int, ...], layout: _Layout) -> own_dots.O
         for s in (shape, (bh, layout.m, d), (bh, layout.m, d))
     )
     real = np.asarray(_grouped_run(dtype, layout)(q, k, v), np.float64)
-    policy = model(fmt, 1, d).policy
+    policy = model(fmt, 1, d, isa=code.name).policy
     policy = policy.replace(exp_model=_exp_model(policy, shape, False, layout))
     for gemv, candidate in itertools.product(qk, pv):
         own = dataclasses.replace(candidate, qk=gemv)
@@ -1783,9 +1837,15 @@ def _max_isa() -> str | None:
 def unmodelled(fmt=None, **options) -> str | None:
     """None where XLA's CPU backend here runs the code the model follows for ``fmt``
     (every format where None), else why not.  XLA targets the features CPUID reports,
-    capped by ``--xla_cpu_max_isa``, and YNNPACK picks its kernels by them; the model
-    follows their AVX-512 code (bf16 with AVX512-BF16's pairs or AMX's tile dots), as
-    measured on an AMD EPYC and an Intel Xeon with AMX, and only on the CPU backend."""
+    capped by ``--xla_cpu_max_isa`` (xla/backends/cpu/codegen/cpu_features.cc,
+    ``ShouldEnableX86CpuFeature``); YNNPACK picks its kernels by the CPU's own
+    features, which no flag caps (ynnpack/base/arch.cc, ``get_supported_arch_flags``:
+    cpuinfo; XLA creates its runtimes with no flags).  The model follows their
+    AVX-512 code (bf16 with AVX512-BF16's pairs or AMX's tile dots), as measured on
+    an AMD EPYC and an Intel Xeon with AMX, and their AVX2 code (AVX2, FMA and
+    F16C), as measured on an AVX2-only AMD EPYC; only on the CPU backend.  An
+    AVX-512 CPU capped below AVX512 runs neither (XLA's own code for AVX2 beside
+    YNNPACK's AVX-512 kernels), nor does a cap below AVX2 (no FMA in XLA's code)."""
     del options
     backend = jax.default_backend()
     if backend != "cpu":
@@ -1793,12 +1853,29 @@ def unmodelled(fmt=None, **options) -> str | None:
     have = cpu.flags()
     cap = _max_isa()
     rank = _MAX_ISAS.index(cap) if cap in _MAX_ISAS else len(_MAX_ISAS)
-    modelled = "modelled: AVX-512 (F, BW, DQ, VL; bf16 with AVX512-BF16 or AMX-BF16)"
+    modelled = (
+        "modelled: AVX-512 (F, BW, DQ, VL; bf16 with AVX512-BF16 or AMX-BF16) and "
+        "AVX2 (with FMA and F16C, no AVX-512; every format), uncapped by "
+        "--xla_cpu_max_isa below the CPU's class"
+    )
     here = cpu.describe() + (f", --xla_cpu_max_isa={cap}" if cap else "")
-    if not cpu.AVX512 <= have or rank < _MAX_ISAS.index("AVX512"):
+    if cpu.isa() == "AVX2":
+        if rank < _MAX_ISAS.index("AVX2"):
+            return (
+                f"xla: XLA's own code on this CPU ({here}) is capped below AVX2 (no FMA), "
+                f"which is not modelled; {modelled}"
+            )
+        return None
+    if cpu.isa() != "AVX512":
         return (
-            f"xla: XLA and YNNPACK on this CPU ({here}) run code below AVX-512 "
-            f"(YNNPACK's 8-lane kernels), which is not modelled; {modelled}"
+            f"xla: XLA and YNNPACK on this CPU ({here}) run code below AVX2 "
+            f"(SSE kernels, no FMA), which is not modelled; {modelled}"
+        )
+    if rank < _MAX_ISAS.index("AVX512"):
+        return (
+            f"xla: on this CPU ({here}) XLA's own code is capped below AVX-512 while "
+            f"YNNPACK still runs its AVX-512 kernels (no flag caps them), a mix that "
+            f"is not modelled; {modelled}"
         )
     bf16 = fmt is None or get_format(fmt).name == "bfloat16"
     if bf16 and (not {"avx512_bf16", "amx_bf16"} & have or rank < _MAX_ISAS.index("AVX512_BF16")):
@@ -1809,17 +1886,30 @@ def unmodelled(fmt=None, **options) -> str | None:
     return None
 
 
-def model(fmt: Format, n: int, d: int) -> KernelModel:
+def vector_code(fmt=None, isa: str | None = None) -> VectorCode:
+    """The :class:`VectorCode` of ``isa`` ("AVX512" or "AVX2"), or (None) of the code
+    XLA runs here, refusing where that is not modelled (:func:`unmodelled`)."""
+    if isa is None:
+        refuse(unmodelled(fmt))
+        return _CODES[cpu.isa()]
+    return _CODES[one_of(isa, tuple(_CODES), "xla: isa")]
+
+
+def model(fmt: Format, n: int, d: int, *, isa: str | None = None) -> KernelModel:
     """fa_jax's model of XLA's attention in ``fmt`` (module docstring); ``algorithm``
     names the closest attention function, the reference.  The policy's exp is the
     one the jitted formats run on most shapes, YNNPACK's (XLA's own for fp16); the
-    model swaps it for the other where XLA's program does.  NotImplementedError on
-    code it does not follow (:func:`unmodelled`)."""
+    model swaps it for the other where XLA's program does.  ``isa`` ("AVX512" or
+    "AVX2"): the model of that code (:class:`VectorCode`) on any host, without
+    refusing; None: the code XLA runs here, NotImplementedError where it does not
+    follow it (:func:`unmodelled`).  The dot orders, blocks and fusions are read
+    from the program this host runs, so a model of another ISA's code than the
+    host's is judged where that code runs (tests/lab.py's AVX2 lab)."""
     del n, d
-    refuse(unmodelled(fmt))
+    code = vector_code(fmt, isa)
     exp = XLA_CPU_EXP if fmt.name == "float16" else YNNPACK
     policy = fa2_kernel(fmt).replace(name=f"xla({fmt.name})", exp_model=exp, normalise="reciprocal")
-    return KernelModel("xla", policy, "reference", forward=_forward)
+    return KernelModel("xla", policy, "reference", forward=functools.partial(_forward, code=code))
 
 
 def _cpu() -> tuple[str, str]:
