@@ -3,9 +3,10 @@
 The real-kernel tests skip where ggml's libraries are absent (build them with
 ``experiments/build_ggml.py`` or point ``FA_JAX_GGML_LIB`` at them), and where the
 model refuses the loaded build's code, with its reason (:func:`ggml.unmodelled`:
-every K/V type on an AVX-512 build, BF16 with AVX512-BF16; Q8_0 and Q4_0 on AVX2
-builds too).  Where the model answers it is bit-exact on every case, so each
-asserts 100 % identical elements.
+every K/V type on an AVX-512 build, BF16 with AVX512-BF16, and on an AVX2 build with
+FMA and F16C).  Where the model answers it is bit-exact on every case, so each
+asserts 100 % identical elements.  The AVX2 build's model is also judged on AVX-512
+hosts, through the lab (tests/lab.py).
 """
 
 from __future__ import annotations
@@ -87,23 +88,51 @@ def _avx2_build_dir():
     return lib
 
 
-@pytest.mark.extended  # 20 s natively on an AVX2 host, 23 s under qemu-user
+def _far_exp_inputs():
+    """One key scored 0 with V = 0, the others scored ``s`` exactly (q = 4·e0, k =
+    s·e0, scale 1/4): the tiled path's exp of s over ggml_v_expf's ranges, |n| <= 126,
+    126 < |n| <= 192 (where the AVX2 code rounds twice; the first four are values where
+    that shows) and beyond, the output their subnormal weights times V."""
+    twice = ("-0x1.6035eep+6", "-0x1.6033d4p+6", "-0x1.6aff12p+6", "-0x1.6d6f88p+6")
+    n = m = 64
+    d = 16
+    s = np.concatenate([[float.fromhex(h) for h in twice], np.linspace(-95, -140, m - 5)])
+    q = np.zeros((1, n, d))
+    q[..., 0] = 4.0
+    k = np.zeros((1, m, d))
+    k[0, 1:, 0] = s.astype(np.float32)
+    v = np.round(np.random.default_rng(1).standard_normal((1, m, d)) * 64) / 64
+    v[0, 0] = 0.0
+    return "fp32", q, k, v
+
+
+@pytest.mark.extended  # about 4 min natively on the 2-core AVX2 EPYC (one compile a case)
 def test_the_avx2_build_is_modelled_where_the_model_answers(tmp_path, monkeypatch):
     """ggml's AVX2 build run as an AVX2 CPU (natively, or under qemu-user on an
-    AVX-512 host): Q8_0 and Q4_0 K/V bit for bit as modelled; F16 K/V refused by
-    the model, and indeed not the AVX-512 build's bits."""
+    AVX-512 host) against the model of its code, chosen from the build's features
+    and named explicitly (``isa="AVX2"``): every K/V type and path bit for bit --
+    the scalar loop (odd M, leftovers past the 32-element steps, causal), the tiled
+    path (causal F16; F32 over the exp's ranges), split-KV with 1 and 2 threads
+    (even and odd M).  The AVX-512 build's model gives other bits."""
     from lab import run_as_avx2
 
     lib = _avx2_build_dir()
-    # (kv, threads, h, n, m, d, causal, seed)
+    # (kv, threads, h, n, m, d, causal, seed); seed None: _far_exp_inputs
     cases = [
         ("q8_0", 1, 2, 3, 37, 64, False, 0),
         ("q4_0", 2, 2, 7, 7, 96, True, 1),
         ("f16", 1, 2, 3, 37, 80, False, 2),
+        ("f32", 1, 2, 2, 37, 40, False, 3),
+        ("bf16", 1, 2, 7, 7, 80, True, 4),
+        ("f16", 1, 1, 65, 65, 80, True, 5),
+        ("f32", 1, 1, 64, 64, 16, False, None),
+        ("f16", 1, 1, 1, 600, 64, False, 6),
+        ("f16", 2, 1, 1, 601, 64, False, 7),
+        ("f32", 2, 1, 1, 600, 80, False, 8),
     ]
     arrays, inputs = {}, []
     for i, (kv, _, h, n, m, d, causal, seed) in enumerate(cases):
-        fmt, q, k, v = _inputs(seed, h, n, m, d, kv)
+        fmt, q, k, v = _far_exp_inputs() if seed is None else _inputs(seed, h, n, m, d, kv)
         inputs.append((fmt, q, k, v))
         arrays.update({f"q{i}": G._as4(q), f"k{i}": G._as4(k), f"v{i}": G._as4(v)})
         arrays[f"scale{i}"] = np.float32(G._scale(None, d))
@@ -116,26 +145,39 @@ def test_the_avx2_build_is_modelled_where_the_model_answers(tmp_path, monkeypatc
     run_as_avx2(_LAB_CHILD, ggml_lib.__file__, str(tmp_path / "in.npz"), spec, str(out), env=env)
     with np.load(out) as got:
         features = frozenset(str(f) for f in got["features"])
-        real = [got[f"o{i}"].reshape(inputs[i][1].shape).astype(np.float64) for i in range(3)]
+        real = [
+            got[f"o{i}"].reshape(inputs[i][1].shape).astype(np.float64) for i in range(len(cases))
+        ]
     assert {"avx2", "fma", "f16c"} <= features and "avx512" not in features
     monkeypatch.setattr(G, "_build", lambda: features)
     for (kv, threads, *_, causal, _), (fmt, q, k, v), r in zip(cases, inputs, real):
         options = {"kv_type": kv, "threads": threads}
-        if G.unmodelled(fmt, kv_type=kv) is None:
-            emulated = G.model(get_format(fmt), q.shape[-2], q.shape[-1], **options)(
-                q, k, v, causal=causal
-            )
-            np.testing.assert_array_equal(emulated, r, err_msg=kv)
-            continue
-        assert kv in ("f32", "f16", "bf16")
-        monkeypatch.setattr(G, "_build", lambda: features | {"avx512", "avx512_bf16"})
-        avx512 = G.model(get_format(fmt), q.shape[-2], q.shape[-1], **options)(q, k, v)
-        monkeypatch.setattr(G, "_build", lambda: features)
-        assert np.mean(avx512 == r) < 1.0, kv  # the AVX-512 build's bits are not these
+        assert G.unmodelled(fmt, kv_type=kv) is None, kv
+        n, d = q.shape[-2], q.shape[-1]
+        for isa in (None, "AVX2"):  # the build's features pick the AVX2 code
+            emulated = G.model(get_format(fmt), n, d, isa=isa, **options)(q, k, v, causal=causal)
+            np.testing.assert_array_equal(emulated, r, err_msg=f"{kv} {threads} {n} {isa}")
+    fmt, q, k, v = inputs[2]
+    avx512 = G.model(get_format(fmt), 3, 80, kv_type="f16", isa="AVX512")(q, k, v)
+    assert np.mean(avx512 == real[2]) < 1.0  # the AVX-512 build's bits are not these
 
 
 def test_registered():
     assert "ggml" in kernels.names()
+
+
+def test_an_explicit_isa_is_modelled_on_any_build(monkeypatch):
+    """``isa`` names the build's code: the model answers even where the build here
+    (an SSE-only one) is refused, and each name follows its own vector code."""
+    monkeypatch.setattr(G, "_build", lambda: frozenset({"sse3"}))
+    fp32 = get_format("fp32")
+    with pytest.raises(NotImplementedError, match="does not follow"):
+        G.model(fp32, 1, 64)
+    assert G.unmodelled("fp32") is not None
+    q = np.zeros((1, 1, 8))
+    for isa in G.ISAS:
+        out = G.model(fp32, 1, 8, isa=isa)(q, q, q + 1.0)
+        np.testing.assert_array_equal(out, 1.0)
 
 
 def test_paths():
@@ -148,6 +190,8 @@ def test_paths():
 
 
 def test_errors():
+    with pytest.raises(ValueError, match=r"ggml: isa: expected one of \('AVX512', 'AVX2'\)"):
+        G.model(get_format("fp32"), 1, 64, isa="SSE")
     with pytest.raises(ValueError, match="kv_type"):
         G.model(get_format("fp32"), 1, 64, kv_type="q5_1")
     with pytest.raises(ValueError, match="fmt"):
