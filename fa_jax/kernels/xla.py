@@ -24,10 +24,10 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   chain t mod tile_k), folds them pairwise at the end, ((c0 + c1) + (c2 + c3)),
   and leaves the last n mod tile_k terms to a remainder path whose products
   are rounded and added in order.  bf16 Q Kᵀ runs AVX-512 BF16's pair
-  instruction, one chain in the order 1, 0, 3, 2, ..., or AMX's tile dot,
-  blocks of 32 terms in two chains (even, odd).  Q Kᵀ's order is read
-  per key and task of keys, with the blocks YNNPACK cuts its reduction into
-  where the dot has few rows (:func:`_qk_order`, :func:`_qk_split`);
+  instruction (or AVX2's FMAs in its order), one chain in the order 1, 0, 3,
+  2, ..., or AMX's tile dot, blocks of 32 terms in two chains (even, odd).
+  Q Kᵀ's order is read per key and task of keys, with the blocks YNNPACK cuts
+  its reduction into where the dot has few rows (:func:`_qk_order`, :func:`_qk_split`);
   P V's tile_k and its blocks of keys (each block's sum added in order; a
   size YNNPACK derives at run time from the L2 cache) per query
   (:func:`_pv_order`);
@@ -45,8 +45,7 @@ against a simulation of each candidate order, :func:`_simulated_dot`):
   reads which (:func:`_sum_window`; fp16's from its own eager program).
 
 P's rounding to bf16 before P V is dropped where XLA fuses the softmax and the
-conversion into the Q Kᵀ dot's YNNPACK fusion (excess precision); the model
-reads that from the program the real call would run.
+conversion into the Q Kᵀ dot's YNNPACK fusion (excess precision; read).
 
 Two float32 exps run, read from the program: in a YNNPACK fusion (bf16, fp32
 under jit, from 64 keys or so) YNNPACK's ``simd::exp`` (``ynnpack/base/simd/
@@ -57,7 +56,8 @@ by an ulp on a few percent of inputs.
 
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
-probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla_own_dots`).
+probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla_own_dots`).  The CPU
+code: AVX-512, AVX2 (:class:`VectorCode`).
 """
 
 from __future__ import annotations
