@@ -356,16 +356,16 @@ def test_prefill_exact_extended(precision, d):
 
 
 def test_isa_chooses_the_build(monkeypatch):
-    """On any CPU: None follows the CPU (AVX2 without AVX-512F: the AVX2 build, F32
-    only); an explicit isa answers on any CPU; anything else is an error."""
+    """On any CPU: None follows the CPU (AVX2 without AVX-512F: the AVX2 build, where
+    the bf16 hint runs in f32); an explicit isa answers on any CPU; anything else
+    is an error."""
     monkeypatch.setattr(cpu, "flags", lambda: _AVX2_FLAGS)
     f = fa_jax.get_format("fp32")
-    forward = O.sdpa_model(f, 4, 16, precision="f32").forward
-    assert forward.keywords["code"] is ovs.AVX2  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
-    with pytest.raises(NotImplementedError, match="AVX2 build"):
-        O.sdpa_model(f, 4, 16, precision="bf16")
-    with pytest.raises(NotImplementedError, match="AVX2 build"):
-        O.sdpa_model(f, 4, 16, precision="bf16", isa="AVX2")
+    for precision in O.PRECISIONS:
+        for isa in (None, "AVX2"):
+            forward = O.sdpa_model(f, 4, 16, precision=precision, isa=isa).forward
+            assert forward.keywords["code"] is ovs.AVX2  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+            assert forward.keywords["precision"] == "f32"  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
     forward = O.sdpa_model(f, 4, 16, precision="bf16", isa="AVX512").forward
     assert forward.keywords["code"] is ovs.AVX512F  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
     monkeypatch.setattr(cpu, "flags", lambda: cpu.AVX512 | _AVX2_FLAGS)
@@ -421,29 +421,33 @@ def test_u8_dot_product_corrects_after_the_sum():
 
 @needs_avx2_build
 @pytest.mark.parametrize(
-    ("h", "n", "m", "d", "kv_cache", "threads", "causal"),
+    ("precision", "h", "n", "m", "d", "kv_cache", "threads", "causal"),
     [
+        # the bf16 hint, which the plugin runs in f32 on this CPU (keys set as state
+        # unrounded: no BF16 inference rounds them)
+        pytest.param("bf16", 2, 2, 30, 36, "u8", 1, False, marks=pytest.mark.extended),
         # decoding, F32 cache: blocks of 8 into four accumulators, simd::reduce, a tail
-        pytest.param(2, 1, 37, 20, "f32", 1, False, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 1, 37, 20, "f32", 1, False, marks=pytest.mark.extended),
         # u8 keys in the affine form, d mod 8 = 4, two threads splitting a head's keys
-        (2, 2, 9, 100, "u8", 2, False),
-        pytest.param(3, 1, 37, 72, "u8", 2, False, marks=pytest.mark.extended),
-        pytest.param(2, 1, 40, 4, "u8", 1, False, marks=pytest.mark.extended),
-        pytest.param(2, 3, 515, 20, "u8", 1, False, marks=pytest.mark.extended),
-        pytest.param(2, 1, 1031, 80, "f32", 2, False, marks=pytest.mark.extended),
-        pytest.param(2, 3, 515, 100, "bf16", 2, False, marks=pytest.mark.extended),
+        ("f32", 2, 2, 9, 100, "u8", 2, False),
+        pytest.param("f32", 3, 1, 37, 72, "u8", 2, False, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 1, 40, 4, "u8", 1, False, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 3, 515, 20, "u8", 1, False, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 1, 1031, 80, "f32", 2, False, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 3, 515, 100, "bf16", 2, False, marks=pytest.mark.extended),
         # prefill: MLAS's GEMMs and the softmax's 8 lanes (N mod 4 = 1: one-row kernels)
-        (2, 5, 5, 16, "f32", 1, False),
-        pytest.param(2, 9, 9, 20, "f32", 1, True, marks=pytest.mark.extended),
-        pytest.param(2, 13, 13, 100, "u8", 1, True, marks=pytest.mark.extended),
-        pytest.param(2, 19, 19, 64, "f32", 2, True, marks=pytest.mark.extended),
-        pytest.param(2, 8, 8, 36, "f32", 1, False, marks=pytest.mark.extended),
+        ("f32", 2, 5, 5, 16, "f32", 1, False),
+        pytest.param("f32", 2, 9, 9, 20, "f32", 1, True, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 13, 13, 100, "u8", 1, True, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 19, 19, 64, "f32", 2, True, marks=pytest.mark.extended),
+        pytest.param("f32", 2, 8, 8, 36, "f32", 1, False, marks=pytest.mark.extended),
     ],
 )
-def test_avx2_build_exact(h, n, m, d, kv_cache, threads, causal):
-    """F32 inference on the plugin's AVX2 build (this CPU's), against the real kernel."""
+def test_avx2_build_exact(precision, h, n, m, d, kv_cache, threads, causal):
+    """F32 inference on the plugin's AVX2 build (this CPU's), against the real kernel
+    (with the bf16 hint too)."""
     q, k, v = _inputs(11, h, n, m, d)
-    call = {"fmt": "fp32", "precision": "f32", "kv_cache": kv_cache, "threads": threads}
+    call = {"fmt": "fp32", "precision": precision, "kv_cache": kv_cache, "threads": threads}
     real = kernels.real("openvino-sdpa", q, k, v, causal=causal, **call)
     model = kernels.emulate("openvino-sdpa", q, k, v, causal=causal, **call)
     assert _identical(real, model) == 1.0

@@ -35,7 +35,7 @@ VERDICTS = [
     ("onnxruntime-attention", "fp16", {}, {"avx2", "avx512", "zen4", "amx"}),
     ("onnxruntime-mha", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
     ("openvino-sdpa", "fp32", {"precision": "f32"}, {"avx2", "avx512", "zen4", "amx"}),
-    ("openvino-sdpa", "bf16", {"precision": "bf16"}, {"zen4", "amx"}),
+    ("openvino-sdpa", "bf16", {"precision": "bf16"}, {"avx2", "zen4", "amx"}),
 ]
 
 

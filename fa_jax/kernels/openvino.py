@@ -54,9 +54,13 @@ their AVX-512 code (``avx512_core``: AVX-512 F, BW, DQ and VL), with AVX512-BF16
 ``precision="f32"``, the plugin's AVX2 build on a CPU with AVX2 and FMA but no
 AVX-512F (the plugin's dispatch, ``with_cpu_x86_avx512f()`` then
 ``with_cpu_x86_avx2()``: :data:`fa_jax.openvino_sdpa.AVX2`, the softmax's and the
-decoding dot product's 8 lanes; MLAS's GEMMs give the same bits on its FMA3 and
-AVX-512F kernels).  Elsewhere (BF16 without those instructions, BF16 on AVX2, an
-AVX-512F CPU without BW, DQ and VL, a CPU below AVX2) it raises
+decoding dot product's 8 lanes, FP32 queries on u8 keys in the affine form of
+:func:`fa_jax.openvino_sdpa.u8_dot_product`; MLAS's GEMMs give the same bits on
+its FMA3 and AVX-512F kernels).  There ``precision="bf16"`` is F32 inference: the
+plugin, without BF16 on the CPU, compiles the hint as f32 (the compiled model's
+``INFERENCE_PRECISION_HINT`` reads f32), and the model answers with its f32 path.
+Elsewhere (BF16 on AVX-512 without those instructions, an AVX-512F CPU without
+BW, DQ and VL, a CPU below AVX2) it raises
 NotImplementedError (:func:`unmodelled`).  ``sdpa_model(..., isa="AVX2")`` (or
 ``"AVX512"``) gives the model of that code on any host.
 """
@@ -109,20 +113,14 @@ def unmodelled(fmt=None, *, precision: str = "bf16", **options) -> str | None:
     (both precisions where ``fmt`` is None), else why not (module docstring)."""
     del fmt, options
     have = cpu.flags()
-    if _avx2_build(have):
-        if precision == "f32":
-            return None
-        return (
-            f"openvino-sdpa: precision {precision} on this CPU ({cpu.describe()}), the "
-            "plugin's AVX2 build, is not modelled; modelled: f32 on its AVX2 build, "
-            "and f32 and bf16 (with vdpbf16ps or AMX) on its AVX-512 (avx512_core) build"
-        )
+    if _avx2_build(have):  # bf16: the plugin runs the hint in f32 there
+        return None
     if not cpu.AVX512 <= have:
         return (
             f"openvino-sdpa: the CPU plugin on this CPU ({cpu.describe()}) runs its "
             "AVX-512F kernels without AVX-512 BW, DQ and VL, or its SSE ones, which are "
-            "not modelled; modelled: its AVX-512 (avx512_core) kernels, and f32 on its "
-            "AVX2 build"
+            "not modelled; modelled: its AVX-512 (avx512_core) kernels, and its AVX2 "
+            "build (f32)"
         )
     if precision == "bf16" and not {"avx512_bf16", "amx_bf16"} & have:
         return (
@@ -243,14 +241,17 @@ def real_sdpa(
 def _fill_state(request, k, v, precision: str) -> None:
     """The cache set directly (``VariableState.state``, O(M)): the plugin converts the
     state as its concat converts new keys (u8: ``attn_quant_u8``, one scale and zero
-    point per token; else its cache precision).  Under BF16 inference the keys and
-    values are rounded to BF16 first (nearest even), as the graph rounds its inputs
-    before the cache: a u8 state quantizes the values it is given."""
+    point per token; else its cache precision).  Under BF16 inference (the hint
+    where the plugin takes it: not on a CPU without BF16, ``INFERENCE_PRECISION_HINT``
+    of the compiled model f32) the keys and values are rounded to BF16 first
+    (nearest even), as the graph rounds its inputs before the cache: a u8 state
+    quantizes the values it is given."""
     import openvino as ov
 
+    runs = request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT")
     for state in request.query_state():
         x = {"past_k": k, "past_v": v}[state.name]
-        if precision == "bf16":
+        if precision == "bf16" and runs == ov.Type.bf16:
             x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
         state.state = ov.Tensor(np.ascontiguousarray(x, np.float32))
 
@@ -426,11 +427,8 @@ def sdpa_model(
         refuse(unmodelled(f, precision=precision))
         isa = "AVX2" if _avx2_build(cpu.flags()) else "AVX512"
     isa = one_of(isa, ISAS, "openvino-sdpa: isa")
-    if isa == "AVX2" and precision != "f32":
-        raise NotImplementedError(
-            f"openvino-sdpa: precision {precision} on the plugin's AVX2 build is not "
-            "modelled; modelled there: f32"
-        )
+    if isa == "AVX2":  # no BF16 there: the plugin runs the bf16 hint in f32
+        precision = "f32"
     stage = BF16 if precision == "bf16" else FP32
     policy = fa2_kernel(stage).replace(
         name=f"openvino_sdpa({f.name}, {precision})",
