@@ -46,9 +46,11 @@ Sums and products round to ``stats`` (m, l), ``exp`` (shifts, exponentials),
 once.  ``Policy.scale`` "q" scales Q instead of S; "exp2" leaves S unscaled and
 folds the scale into every exp2 (:mod:`fa_jax.softmax`; lse = m · scale + log l).
 
-Masks (:mod:`fa_jax.masking`): ``causal`` (j <= i, top-left), ``q_lengths`` and
+Masks (:mod:`fa_jax.masking`): ``causal`` (j <= i + q_offset: top-left by default,
+``q_offset="bottom-right"`` for queries behind M - N cached keys), ``q_lengths`` and
 ``kv_lengths`` (rows i < q_len, keys j < kv_len, broadcast to the leading
-dimensions), ``window=(left, right)`` and a boolean ``mask``.  K and V are padded
+dimensions), ``window=(left, right)`` (aligned by ``q_offset`` too) and a boolean
+``mask``.  K and V are padded
 to a multiple of ``Bc`` and masked; flash's key loop ends at the last block holding
 a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
 ``bias`` joins the scaled scores in its own stage (:mod:`fa_jax.score_mods`).
@@ -256,6 +258,7 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
             window=call.window,
             mask=_columns(mask, col0, width),
             col0=col0,
+            q_offset=call.q_offset,
         )
         s = materialised(jnp.where(keep, s, -jnp.inf))  # read by the row max and the exp
         if not grad:
@@ -318,6 +321,7 @@ class _Call:
     ``static`` is the (treedef, leaves) of the :class:`_Args` with every array leaf
     replaced by None; those travel as ``dynamic`` arguments.  ``groups`` is
     H / H_kv (fa_jax.heads); ``window`` a checked (left, right) or None;
+    ``q_offset`` the checked key position of query 0 (fa_jax.masking);
     ``softcap`` a checked c > 0 or None (fa_jax.score_mods)."""
 
     static: tuple[Any, tuple]
@@ -329,6 +333,7 @@ class _Call:
     window: tuple[int, int] | None = None
     softcap: float | None = None
     num_splits: int = 1  # split-KV decoding's S (fa_jax.split_kv)
+    q_offset: int = 0
 
 
 def _is_array(x) -> bool:
@@ -353,13 +358,26 @@ def _check_call(fn: str, q, k, v, policy) -> None:
 
 
 def _call_of(
-    fn: str, q, k, v, config: _Args, causal, blocks=None, variant=None, window=None, cap=None
+    fn: str,
+    q,
+    k,
+    v,
+    config: _Args,
+    causal,
+    blocks=None,
+    variant=None,
+    window=None,
+    cap=None,
+    q_offset=None,
 ):
     """(_Call, q, k, v, dynamic) for a custom_vjp call (see _Call)."""
     q, k, v = (jnp.asarray(t) for t in (q, k, v))
     _check_call(fn, q, k, v, config.policy)
     groups = _check_shapes(fn, q, k, v)
     window = masking.check_window(window, fn)
+    offset = masking.check_q_offset(
+        q_offset, q.shape[-2], k.shape[-2], causal=causal, window=window, fn=fn
+    )
     cap = check_softcap(cap, fn)
     if cap is not None and config.policy.scale == "exp2":
         raise ValueError(
@@ -371,7 +389,7 @@ def _call_of(
     static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
     dynamic = tuple(x for x in leaves if _is_array(x))
     dtypes = (q.dtype, k.dtype, v.dtype)
-    call = _Call(static, dtypes, causal, blocks, variant, groups, window, cap)
+    call = _Call(static, dtypes, causal, blocks, variant, groups, window, cap, q_offset=offset)
     return call, q, k, v, dynamic
 
 
@@ -412,7 +430,7 @@ def _clear_masked(q, k, v, d_o, d_lse, lse, kv_lengths):
 # -- reference attention ------------------------------------------------------------
 
 
-@jit_config("policy", "causal", "return_lse", "window", "softcap")
+@jit_config("policy", "causal", "return_lse", "window", "softcap", "q_offset")
 def reference_attention(
     q,
     k,
@@ -428,12 +446,15 @@ def reference_attention(
     mask=None,
     window=None,
     softcap=None,
+    q_offset=None,
 ):
     """Baseline attention with the N×M score matrix materialised (module docstring).
 
     Q (..., H, N, d); K and V (..., H_kv, M, d) and (..., H_kv, M, d_v) with H_kv
     dividing H (:mod:`fa_jax.heads`).  ``bias`` and ``mask`` broadcast to
-    (..., H, N, M); ``window`` is (left, right) or None (:mod:`fa_jax.masking`);
+    (..., H, N, M); ``window`` is (left, right) or None, ``q_offset`` the causal
+    mask's and the window's alignment ("top-left", the default; "bottom-right",
+    as behind a KV cache; or an int) (:mod:`fa_jax.masking`);
     ``softcap`` c > 0 or None (:mod:`fa_jax.score_mods`).
     Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
     log-sum-exp (..., N) too if ``return_lse``.  Differentiable in reverse mode
@@ -442,7 +463,7 @@ def reference_attention(
     """
     args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask)
     call, q, k, v, dynamic = _call_of(
-        "reference_attention", q, k, v, args, causal, window=window, cap=softcap
+        "reference_attention", q, k, v, args, causal, window=window, cap=softcap, q_offset=q_offset
     )
     # custom_vjp erases the return type: it is the (O, lse) of _reference_forward.
     o, lse = _reference_vjp(call, q, k, v, dynamic)  # pyright: ignore[reportGeneralTypeIssues]
@@ -511,10 +532,11 @@ def flash_attention(
     window=None,
     softcap=None,
     num_splits=1,
+    q_offset=None,
 ):
     """Tiled FlashAttention forward (module docstring).
 
-    Shapes, ``bias``, ``mask``, ``window`` and ``softcap`` as for
+    Shapes, ``bias``, ``mask``, ``window``, ``q_offset`` and ``softcap`` as for
     :func:`reference_attention`.  ``num_splits`` S in [1, ceil(M / Bc)] splits
     the key axis for split-KV decoding (:mod:`fa_jax.split_kv`; S = 1: one pass).
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
@@ -542,14 +564,17 @@ def flash_attention(
         window=window,
         softcap=softcap,
         num_splits=num_splits,
+        q_offset=q_offset,
     )
 
 
-@jit_config("policy", "blocks", "variant", "causal", "window", "softcap", "num_splits")
-def _flash(q, k, v, *, policy, blocks, variant, causal, window, softcap, num_splits, **arrays):
+@jit_config("policy", "blocks", "variant", "causal", "window", "softcap", "num_splits", "q_offset")
+def _flash(
+    q, k, v, *, policy, blocks, variant, causal, window, softcap, num_splits, q_offset, **arrays
+):
     args = _Args(policy, **arrays)
     call, q, k, v, dynamic = _call_of(
-        "flash_attention", q, k, v, args, causal, blocks, variant, window, softcap
+        "flash_attention", q, k, v, args, causal, blocks, variant, window, softcap, q_offset
     )
     s = split_kv.check_num_splits(num_splits, k.shape[-2], blocks.bc, variant, "flash_attention")
     call = dataclasses.replace(call, num_splits=s)
@@ -616,7 +641,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     prepared = (q, k, v, scale)
     bias, mask = _score_mods("flash_attention", q, args, policy, k.shape[-2], _padded(k, bc))
     # Keys right of every row's window are never visited (fa_jax.masking).
-    hi = masking.window_end(q.shape[-2], k.shape[-2], call.window)
+    hi = masking.window_end(q.shape[-2], k.shape[-2], call.window, call.q_offset)
     k, v = k[..., :hi, :], v[..., :hi, :]
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)

@@ -1,26 +1,30 @@
 """Logical masks of attention: which (query i, key j) pairs are kept.
 
-A pair is kept when every mask given keeps it (indices from 0, top-left
-aligned: row i of the queries faces key i whatever N and M are)::
+A pair is kept when every mask given keeps it (indices from 0; query i sits at
+position p_i = i + q_offset of the key axis)::
 
-    causal            j <= i                       (PyTorch's ``is_causal``, jax.nn)
+    causal            j <= p_i                     (PyTorch's ``is_causal``, jax.nn)
     q_lengths         i < q_len                    (per leading index, broadcast)
     kv_lengths        j < kv_len
-    window (l, r)     i - l <= j <= i + r          (FlashAttention-2's ``window_size``;
+    window (l, r)     p_i - l <= j <= p_i + r      (FlashAttention-2's ``window_size``;
                                                    -1 leaves that side unbounded)
     mask              mask[..., i, j]              (boolean, True = keep, as jax.nn;
                                                    broadcastable to (..., N, M))
 
-The window is aligned like the causal mask, top-left (jax.nn's
-``local_window_size``); FlashAttention-2 aligns both bottom-right when N != M
-(key i + M - N faces query i): for N = M they agree.  ``window=(-1, 0)`` is the
+``q_offset`` (:func:`check_q_offset`) aligns the causal mask and the window:
+``"top-left"`` (0: row i faces key i whatever N and M are; PyTorch's
+``is_causal``, jax.nn's ``local_window_size``), ``"bottom-right"`` (M - N: the
+last query faces the last key, as FlashAttention-2 aligns both when N != M, and
+as a decoder's N new queries after M - N cached keys see them: llama.cpp's KQ
+mask, vLLM), or an int.  For N = M the two agree.  ``window=(-1, 0)`` is the
 causal mask.  A masked pair gets score -inf and probability 0; a row that keeps
-no key has output 0 and log-sum-exp -inf.
+no key (under bottom-right with N > M, the first N - M rows) has output 0 and
+log-sum-exp -inf.
 
 FlashAttention kernels skip key blocks that no row of their query block keeps
 (``n_block_min``/``n_block_max`` in ``flash_fwd_kernel.h``).  The emulation takes
-all rows at once, so it skips a key block no query row keeps: with the
-top-left window, every key past ``N - 1 + r`` (:func:`window_end`).
+all rows at once, so it skips a key block no query row keeps: under a window,
+every key past ``N - 1 + q_offset + r`` (:func:`window_end`).
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "ALIGNMENTS",
     "check_broadcast",
+    "check_q_offset",
     "check_window",
     "keep",
     "prepare_mask",
+    "q_offset_of",
     "window_end",
     "zero_masked_keys",
 ]
@@ -83,12 +90,42 @@ def check_window(window, fn: str = "attention") -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (int(left), int(right))
 
 
-def window_end(n: int, m: int, window) -> int:
+# q_offset's names for the two alignments (module docstring): the offset for N queries, M keys.
+ALIGNMENTS = {"top-left": lambda n, m: 0, "bottom-right": lambda n, m: m - n}
+
+
+def q_offset_of(q_offset, n: int, m: int, fn: str = "attention") -> int:
+    """``q_offset`` (module docstring) as the int key position of query 0 for ``n``
+    queries and ``m`` keys: one of :data:`ALIGNMENTS` or an int (None: top-left).
+    ValueError naming it otherwise."""
+    if q_offset is None or (isinstance(q_offset, str) and q_offset in ALIGNMENTS):
+        return ALIGNMENTS[q_offset or "top-left"](n, m)
+    if isinstance(q_offset, (int, np.integer)) and not isinstance(q_offset, bool):
+        return int(q_offset)
+    raise ValueError(
+        f"{fn}: q_offset: expected one of {tuple(ALIGNMENTS)} or an int (the key "
+        f"position of query 0), got {q_offset!r}"
+    )
+
+
+def check_q_offset(q_offset, n: int, m: int, *, causal, window, fn: str = "attention") -> int:
+    """:func:`q_offset_of` for an attention call, whose non-zero offset needs the
+    causal mask or a window, the masks it aligns (ValueError otherwise)."""
+    offset = q_offset_of(q_offset, n, m, fn)
+    if offset and not causal and window is None:
+        raise ValueError(
+            f"{fn}: q_offset: {q_offset!r} aligns the causal mask and the window, and the "
+            "call has neither: expected causal=True or a window with it"
+        )
+    return offset
+
+
+def window_end(n: int, m: int, window, q_offset: int = 0) -> int:
     """The number of keys any of ``n`` query rows may keep under ``window``: keys
-    past ``n - 1 + right`` lie right of every row's window (at most ``m``)."""
+    past ``n - 1 + q_offset + right`` lie right of every row's window (at most ``m``)."""
     if window is None or window[1] < 0:
         return m
-    return max(0, min(m, n + window[1]))
+    return max(0, min(m, n + q_offset + window[1]))
 
 
 def keep(
@@ -102,19 +139,22 @@ def keep(
     window=None,
     mask=None,
     col0=0,
+    q_offset=0,
 ):
     """Boolean (..., n, m) mask of kept (query, key) pairs (module docstring);
-    keys start at column col0; ``mask`` is the boolean mask's columns from col0
+    keys start at column col0; query i sits at key position i + ``q_offset`` (an
+    int, :func:`check_q_offset`); ``mask`` is the boolean mask's columns from col0
     (broadcastable to (..., n, m))."""
     i = jnp.arange(n, dtype=jnp.int32)[:, None]
     j = col0 + jnp.arange(m, dtype=jnp.int32)[None, :]
-    keep = jnp.ones((n, m), bool) if not causal else j <= i
+    p = i + q_offset  # the query's position on the key axis
+    keep = jnp.ones((n, m), bool) if not causal else j <= p
     if window is not None:
         left, right = window
         if left >= 0:
-            keep = keep & (j >= i - left)
+            keep = keep & (j >= p - left)
         if right >= 0:
-            keep = keep & (j <= i + right)
+            keep = keep & (j <= p + right)
     keep = jnp.broadcast_to(keep, (*lead, n, m))
     if q_lengths is not None:
         ql = jnp.broadcast_to(jnp.asarray(q_lengths, jnp.int32), lead)[..., None, None]

@@ -17,6 +17,11 @@ top-left aligned (a negative side is jax.nn's literal inequality, applied as a
 mask; FlashAttention's -1 = unbounded is not this argument's meaning); ``scale``
 defaults to 1/√H.  Differences from jax.nn:
 
+* ``q_offset`` (not in jax.nn) aligns ``is_causal`` and ``local_window_size``
+  otherwise: ``"bottom-right"`` for T new queries after S - T cached keys (query
+  i at key position i + S - T), or an int (:mod:`fa_jax.masking`); the default,
+  top-left, is jax.nn's meaning;
+
 * a query row that keeps no key (all masked, but i < q_len) gives 0 here, as
   FlashAttention kernels do; jax.nn's XLA path fills masked logits with a large
   finite negative, so such a row gets the mean of V over all S keys;
@@ -100,6 +105,7 @@ def dot_product_attention(
     query_seq_lengths=None,
     key_value_seq_lengths=None,
     local_window_size=None,
+    q_offset=None,
     policy: Policy | None = None,
     blocks: Blocks | None = None,
     algorithm: str = "fa2",
@@ -121,7 +127,10 @@ def dot_product_attention(
     q_lengths = _lengths(query_seq_lengths, "query_seq_lengths", b)
     kv_lengths = _lengths(key_value_seq_lengths, "key_value_seq_lengths", b)
     mask = masking.prepare_mask(_FN, mask, (b, n, t, s))
-    window, window_mask = _window(local_window_size, t, s)
+    offset = masking.check_q_offset(
+        q_offset, t, s, causal=is_causal, window=local_window_size, fn=_FN
+    )
+    window, window_mask = _window(local_window_size, t, s, offset)
     if window_mask is not None:
         mask = window_mask if mask is None else jnp.logical_and(mask, window_mask)
     if policy is None:
@@ -146,6 +155,7 @@ def dot_product_attention(
         bias=bias,
         mask=mask,
         window=window,
+        q_offset=offset if is_causal or window is not None else None,
     )
     if algorithm == "reference":
         o = reference_attention(q, k, v, policy, **common)
@@ -200,10 +210,10 @@ def _lengths(lengths, name: str, b: int):
     return lengths[:, None]
 
 
-def _window(size, t: int, s: int):
+def _window(size, t: int, s: int, offset: int = 0):
     """(window, mask) for ``local_window_size``: (left, right) for fa_jax's window
     where both are >= 0, else a (T, S) mask of jax.nn's inequalities
-    j >= i - left and j <= i + right."""
+    j >= p - left and j <= p + right, p = i + ``offset`` the query's position."""
     if size is None:
         return None, None
     pair = (size, size) if is_int(size) else size
@@ -220,8 +230,8 @@ def _window(size, t: int, s: int):
     left, right = int(left), int(right)
     if left >= 0 and right >= 0:
         return (left, right), None
-    i, j = np.arange(t)[:, None], np.arange(s)[None, :]
-    return None, jnp.asarray((j >= i - left) & (j <= i + right))
+    p, j = np.arange(t)[:, None] + offset, np.arange(s)[None, :]
+    return None, jnp.asarray((j >= p - left) & (j <= p + right))
 
 
 def _carried(x, policy: Policy) -> jax.Array:

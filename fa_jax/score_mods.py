@@ -27,8 +27,9 @@ ALiBi (Press et al. 2022, "Train short, test long", §3): head h of H adds
 otherwise the slopes of the nearest lower power of two 2^k followed by every
 other slope of 2^(k+1) (the paper's code, ``get_slopes``).  FlashAttention-2's
 ``alibi_slopes`` takes the slopes and adds -slope · |i + M - N - j| (bottom-right
-aligned; for N = M the same): :func:`alibi_bias` builds the top-left one
-(|i - j|, as fa_jax's causal mask), the product taken in float64.
+aligned; for N = M the same): :func:`alibi_bias` builds either, aligned as
+fa_jax's causal mask by ``q_offset`` (top-left by default, |i - j|;
+:mod:`fa_jax.masking`), the product taken in float64.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
-from fa_jax.masking import check_broadcast
+from fa_jax.masking import check_broadcast, q_offset_of
 from fa_jax.policy import Policy
 from fa_jax.softmax import cast_scores
 
@@ -116,11 +117,14 @@ def alibi_slopes(heads: int) -> np.ndarray:
     return np.array(slopes, np.float64)
 
 
-def alibi_bias(slopes, n: int, m: int) -> np.ndarray:
-    """The ALiBi bias -slope_h · |i - j|, shape (H, n, m) for slopes (H,) (top-left:
-    query i faces key i), in float64: exact for slopes that are powers of two."""
+def alibi_bias(slopes, n: int, m: int, q_offset=None) -> np.ndarray:
+    """The ALiBi bias -slope_h · |i + q_offset - j|, shape (H, n, m) for slopes (H,)
+    (``q_offset`` as :func:`fa_jax.masking.q_offset_of` reads it: top-left by
+    default, query i facing key i; "bottom-right" as FlashAttention-2), in
+    float64: exact for slopes that are powers of two."""
     slopes = np.asarray(slopes, np.float64)
     if slopes.ndim != 1:
         raise ValueError(f"alibi_bias: slopes: expected shape (H,), got {slopes.shape}")
-    dist = np.abs(np.arange(n)[:, None] - np.arange(m)[None, :]).astype(np.float64)
+    p = np.arange(n)[:, None] + q_offset_of(q_offset, n, m, "alibi_bias")
+    dist = np.abs(p - np.arange(m)[None, :]).astype(np.float64)
     return -slopes[:, None, None] * dist

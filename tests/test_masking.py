@@ -1,6 +1,8 @@
 """Masks (fa_jax.masking) and every feature together under the golden policy against
 plain float64 attention, forward and backward; the window's skipped key blocks
-leave the bits as they were; jit = eager = vmap; errors."""
+leave the bits as they were; the causal mask and window aligned by q_offset
+(bottom-right, behind a KV cache) are their boolean masks; jit = eager = vmap;
+errors."""
 
 import jax
 import numpy as np
@@ -10,7 +12,7 @@ from helpers import x64_enabled
 
 from fa_jax import BF16
 from fa_jax.attention import Blocks, flash_attention, reference_attention
-from fa_jax.masking import check_window, window_end
+from fa_jax.masking import check_window, q_offset_of, window_end
 from fa_jax.presets import fa2_kernel, golden
 from fa_jax.score_mods import alibi_bias, alibi_slopes
 
@@ -167,3 +169,99 @@ def test_errors_name_the_argument():
         reference_attention(q, k, v, pol, mask=np.ones((N, M - 1), bool))
     with pytest.raises(ValueError, match=r"flash_attention: mask: expected a boolean array"):
         flash_attention(q, k, v, pol, Blocks(4, 3), mask=np.ones((N, M)))
+
+
+def _as_mask(n, m, offset, causal, window):
+    """The pairs ``causal`` and ``window`` keep with query i at key position
+    i + offset, as a boolean mask (the module docstring's inequalities)."""
+    p, j = np.arange(n)[:, None] + offset, np.arange(m)[None, :]
+    keep = j <= p if causal else np.ones((n, m), bool)
+    if window is not None:
+        left, right = window
+        keep = (
+            keep
+            & ((j >= p - left) if left >= 0 else True)
+            & ((j <= p + right) if right >= 0 else True)
+        )
+    return keep
+
+
+OFFSET_CASES = [  # (kind, variant, num_splits, causal, window, q_offset, n)
+    ("flash", "fa2", 1, True, None, "bottom-right", 4),
+    ("reference", None, 1, True, (2, -1), "bottom-right", 4),
+    pytest.param("flash", "fa2", 2, True, (3, 1), "bottom-right", 1, marks=pytest.mark.slow),
+    pytest.param("flash", "fa1", 1, False, (1, 2), 5, N, marks=pytest.mark.slow),
+    pytest.param("flash", "rowwise", 1, True, None, -2, N, marks=pytest.mark.slow),
+    pytest.param("flash", "fa2", 1, True, (0, 0), "bottom-right", 16, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("kind, variant, num_splits, causal, window, q_offset, n", OFFSET_CASES)
+def test_q_offset_is_its_boolean_mask(kind, variant, num_splits, causal, window, q_offset, n):
+    """Queries behind a KV cache: the causal mask and window aligned by ``q_offset``
+    (bottom-right: query i at key position i + M - N; an int; N > M and a negative
+    offset leave rows that keep no key) give the bits, forward and backward, of the
+    same pairs kept by a boolean mask, in reference attention, FA2, FA1, the
+    row-wise loop and split-KV decoding."""
+    (q, k, v, d_o, d_lse), _ = _problem(6)
+    q, d_o, d_lse = q[..., :n, :], d_o[..., :n, :], d_lse[..., :n]
+    if n > N:
+        q = np.concatenate([q, q[..., : n - N, :]], axis=-2)
+        d_o = np.concatenate([d_o, d_o[..., : n - N, :]], axis=-2)
+        d_lse = np.concatenate([d_lse, d_lse[..., : n - N]], axis=-1)
+    pol = fa2_kernel(BF16)
+    offset = M - n if q_offset == "bottom-right" else q_offset
+    mask = _as_mask(n, M, offset, causal, window)
+
+    def call(**how):
+        def fn(q, k, v):
+            if kind == "flash":
+                return flash_attention(
+                    q, k, v, pol, Blocks(4, 3), variant=variant, num_splits=num_splits, **how
+                )
+            return reference_attention(q, k, v, pol, return_lse=True, **how)
+
+        return jax.jit(lambda *a: _vjp(fn, *a))(q, k, v, d_o, d_lse)
+
+    aligned = call(causal=causal, window=window, q_offset=q_offset)
+    masked = call(mask=mask)
+    for name, x, y in zip(("O", "lse", "dQ", "dK", "dV"), aligned, masked):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+    if not mask.any(axis=-1).all():  # rows that keep no key: O = 0, lse = -inf
+        empty = ~mask.any(axis=-1)
+        assert (np.asarray(aligned[1])[..., empty] == -np.inf).all()
+        assert (np.asarray(aligned[0])[..., empty, :] == 0).all()
+
+
+def test_bottom_right_over_n_equal_m_is_top_left():
+    (q, k, v, _, _), _ = _problem(7)
+    q = np.concatenate([q, q[..., : M - N, :]], axis=-2)  # N = M = 13
+    pol = fa2_kernel(BF16)
+    top = flash_attention(q, k, v, pol, Blocks(4, 3), causal=True, window=(4, 1))
+    bottom = flash_attention(
+        q, k, v, pol, Blocks(4, 3), causal=True, window=(4, 1), q_offset="bottom-right"
+    )
+    for x, y in zip(top, bottom):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_q_offset_errors_name_the_argument():
+    (q, k, v, _, _), _ = _problem(8)
+    pol = golden()
+    for bad in ("bottom", 1.5, True, (1,)):
+        with pytest.raises(ValueError, match=r"reference_attention: q_offset: expected one of"):
+            reference_attention(q, k, v, pol, causal=True, q_offset=bad)
+    with pytest.raises(ValueError, match=r"flash_attention: q_offset: .* expected causal=True"):
+        flash_attention(q, k, v, pol, Blocks(4, 3), q_offset="bottom-right")
+    assert q_offset_of("bottom-right", 3, 10) == 7 and q_offset_of(None, 3, 10) == 0
+    assert q_offset_of(np.int64(-2), 3, 10) == -2
+    assert window_end(5, 20, (3, 2), 4) == 11 and window_end(5, 20, (3, 2), -9) == 0
+
+
+def test_alibi_bias_bottom_right_is_flash_attention_2s():
+    """FlashAttention-2's alibi_slopes: -slope · |i + M - N - j|."""
+    slopes = alibi_slopes(4)
+    got = alibi_bias(slopes, 3, 7, q_offset="bottom-right")
+    i, j = np.arange(3)[:, None], np.arange(7)[None, :]
+    np.testing.assert_array_equal(got, -slopes[:, None, None] * np.abs(i + 7 - 3 - j))
+    np.testing.assert_array_equal(alibi_bias(slopes, 3, 7), alibi_bias(slopes, 3, 7, 0))

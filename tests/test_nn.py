@@ -258,6 +258,8 @@ def _arrays(b=2, t=3, s=5, n=4, kv=2, h=8):
         (dict(mask=np.ones((2, 3, 3, 5), bool)), r"mask: expected an array broadcastable"),
         (dict(bias=np.ones((2, 4, 3, 6))), r"bias: expected an array broadcastable"),
         (dict(algorithm="reference", blocks=Blocks(2, 2)), r"blocks: expected None with"),
+        (dict(q_offset="bottom-right"), r"q_offset: .* expected causal=True or a window"),
+        (dict(q_offset="left", is_causal=True), r"q_offset: expected one of \('top-left'"),
     ],
 )
 def test_errors_name_the_argument(change, match):
@@ -266,6 +268,31 @@ def test_errors_name_the_argument(change, match):
     arrays.update({a: change.pop(a) for a in list(change) if a in arrays})
     with pytest.raises(ValueError, match=match):
         fnn.dot_product_attention(**arrays, policy=golden(), **change)
+
+
+def test_q_offset_aligns_the_causal_mask_and_the_window_as_a_kv_cache():
+    """T = 3 new queries after S - T = 8 cached keys: ``q_offset="bottom-right"``
+    keeps key j for query i where j <= i + 8 (and the window, a negative side
+    as a mask too), the bits of the same pairs given as a boolean mask."""
+    rng = np.random.default_rng(5)
+    b, t, s, n, h = 1, 3, 11, 2, 8
+    q = rng.standard_normal((b, t, n, h))
+    k, v = (rng.standard_normal((b, s, n, h)) for _ in range(2))
+    p, j = np.arange(t)[:, None] + s - t, np.arange(s)[None, :]
+    for window, kept in [(None, j <= p), ((4, -2), (j <= p) & (j >= p - 4) & (j <= p - 2))]:
+        aligned = fnn.dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            local_window_size=window,
+            q_offset="bottom-right",
+            policy=fa2_kernel(BF16),
+        )
+        masked = fnn.dot_product_attention(q, k, v, mask=kept, policy=fa2_kernel(BF16))
+        np.testing.assert_array_equal(np.asarray(aligned), np.asarray(masked))
+    top_left = fnn.dot_product_attention(q, k, v, is_causal=True, policy=fa2_kernel(BF16))
+    assert not np.array_equal(np.asarray(top_left), np.asarray(masked))
 
 
 @pytest.mark.parametrize(
