@@ -54,7 +54,7 @@ def test_bad_shapes_and_inexact_values_are_refused():
     q, k, v = _inputs()
     with pytest.raises(ValueError, match=r"expected q \(\.\.\., N, d\)"):
         kernels.real("xla", q, k[..., :3], v, fmt="bf16")
-    with pytest.raises(ValueError, match="causal: expected N == M"):
+    with pytest.raises(ValueError, match="causal: expected N == M, or q_offset naming"):
         kernels.real("xla", q, k[..., :5, :], v[..., :5, :], fmt="bf16", causal=True)
     with pytest.raises(ValueError, match="exact in bfloat16"):
         kernels.real("xla", q + 1e-3, k, v, fmt="bf16")
@@ -94,6 +94,47 @@ def test_register_and_emulate_a_kernel():
     assert real.dtype == emulated.dtype == np.float64 and real.shape == q.shape
     with pytest.raises(TypeError, match=r"expected a fa_jax\.kernels\.Kernel"):
         kernels.register("test-ref")  # pyright: ignore[reportArgumentType]
+
+
+def test_q_offset_reaches_a_kernel_that_declares_it():
+    """Queries behind a KV cache: ``q_offset="bottom-right"`` reaches a kernel with
+    the feature as the int M - N (here a kernel whose real side masks by absolute
+    position, and whose model is the core's aligned causal mask: the same bits);
+    "top-left" is no feature at all; a kernel without it refuses the offset."""
+
+    def real(q, k, v, *, fmt, causal=False, scale=None, q_offset=0):
+        p, j = np.arange(q.shape[-2])[:, None] + q_offset, np.arange(k.shape[-2])[None, :]
+        mask = j <= p if causal else None
+        return KernelModel("ref", fa_jax.fa2_kernel(fmt), "reference")(
+            q, k, v, scale=scale, mask=mask
+        )
+
+    kernels.register(
+        Kernel(
+            name="test-positions",
+            description="masks by absolute position",
+            real=real,
+            model=lambda fmt, n, d: KernelModel("ref", fa_jax.fa2_kernel(fmt), "reference"),
+            unavailable=lambda: None,
+            platform=lambda: {},
+            features=frozenset({"q_offset"}),
+        )
+    )
+    q, k, v = _inputs()
+    q = q[..., :3, :]  # 3 queries after 5 cached keys
+    got = {
+        how: (
+            kernels.real("test-positions", q, k, v, fmt="bf16", causal=True, q_offset=how),
+            kernels.emulate("test-positions", q, k, v, fmt="bf16", causal=True, q_offset=how),
+        )
+        for how in ("bottom-right", "top-left")
+    }
+    for real_out, model_out in got.values():
+        np.testing.assert_array_equal(real_out, model_out)
+    assert not np.array_equal(got["bottom-right"][0], got["top-left"][0])
+    with pytest.raises(ValueError, match="'xla': q_offset: not supported"):
+        kernels.emulate("xla", q, k, v, fmt="bf16", causal=True, q_offset="bottom-right")
+    kernels.real("xla", q, k, v, fmt="bf16", causal=True, q_offset="top-left")  # no feature
 
 
 _NO_TORCH = """

@@ -10,14 +10,17 @@ and loop variant (:mod:`fa_jax.attention`; Dao 2023, Algorithm 1).
 Calling convention (every kernel, real or emulated): q, k, v are float64 arrays
 of shape ``(..., N, d)`` whose values are exact in the kernel's format; the
 result is a float64 numpy array.  ``scale=None`` means 1/sqrt(d); ``causal``
-keeps key j for query i when j <= i (top-left aligned).
+keeps key j for query i when j <= i + q_offset (top-left, q_offset = 0, unless
+the ``q_offset`` feature aligns it otherwise).
 
 Features (:data:`FEATURES`), each passed only when used, with the meaning of
 :func:`fa_jax.attention.reference_attention`: ``bias`` (float64, broadcastable
 to (..., H, N, M), values exact in the kernel's format or -inf), ``mask``
-(boolean, True = keep), ``window`` ((left, right), top-left aligned),
-``kv_lengths`` (ints broadcastable to the leading dimensions), and ``gqa``: K
-and V with H_kv heads dividing H (:mod:`fa_jax.heads`).  A kernel declares the
+(boolean, True = keep), ``window`` ((left, right)), ``kv_lengths`` (ints
+broadcastable to the leading dimensions), ``q_offset`` (an int other than 0:
+query i at key position i + q_offset, for the causal mask and the window, as
+:mod:`fa_jax.masking`; "bottom-right" is M - N, N queries behind a KV cache), and
+``gqa``: K and V with H_kv heads dividing H (:mod:`fa_jax.heads`).  A kernel declares the
 features it supports (``Kernel.features``) and any keyword options of its own
 (``Kernel.options``), which reach its ``real`` and its ``model`` unchanged.
 
@@ -45,7 +48,7 @@ ALGORITHMS = ("reference", "flash")
 
 # The features a kernel may support beyond (q, k, v, causal, scale): the keyword
 # arguments of reference_attention, and "gqa" for K/V with fewer heads.
-FEATURES = ("bias", "mask", "window", "kv_lengths", "gqa")
+FEATURES = ("bias", "mask", "window", "kv_lengths", "q_offset", "gqa")
 
 
 def _everything_modelled(fmt=None, **options) -> str | None:

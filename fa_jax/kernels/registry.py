@@ -7,12 +7,15 @@ neither PyTorch nor the kernels' modules.  :func:`real` runs a kernel,
 :func:`emulate` runs fa_jax's model of it on the same inputs.
 
 Both take the features of :data:`fa_jax.kernels.model.FEATURES` (``bias``,
-``mask``, ``window``, ``kv_lengths``; K and V with H_kv heads dividing H) and a
+``mask``, ``window``, ``kv_lengths``, ``q_offset``; K and V with H_kv heads
+dividing H) and a
 kernel's own keyword options (``Kernel.options``); they are checked here once,
 and a kernel asked for a feature it does not declare (``Kernel.features``)
 raises ValueError naming the kernel, the feature and what it supports.  A
 feature not given is not passed on, so a kernel without features is called as
-before.
+before.  ``q_offset`` is passed on as an int where it is not 0 (top-left: no
+feature); a causal call with N != M must name its alignment (``q_offset``
+"top-left" or "bottom-right"), since kernels differ in the one they take.
 
 :func:`timed_calls` puts a timer around every :func:`real` and :func:`emulate`
 call (labelled "<kernel> real", "<kernel> model") while it is active: how
@@ -170,23 +173,24 @@ def _exact_in(fmt: Format, **arrays: np.ndarray) -> None:
                 )
 
 
-def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool):
+def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool, q_offset):
     fmt = _native_format(kernel, fmt)
     q, k, v = _shapes(q, k, v)
     _exact_in(fmt, q=q, k=k, v=v)
-    if causal and q.shape[-2] != k.shape[-2]:
+    if causal and q_offset is None and q.shape[-2] != k.shape[-2]:
         raise ValueError(
-            f"kernel: causal: expected N == M (top-left aligned mask), got N = "
-            f"{q.shape[-2]}, M = {k.shape[-2]}"
+            f"kernel: causal: expected N == M, or q_offset naming the mask's alignment "
+            f"('top-left' or 'bottom-right', as kernels differ), got N = {q.shape[-2]}, "
+            f"M = {k.shape[-2]} and no q_offset"
         )
     return fmt, q, k, v
 
 
-def _features(kernel: Kernel, fmt: Format, q, k, given: dict, options: dict) -> dict:
+def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, options: dict) -> dict:
     """The features given (not None), checked against the inputs and against what
     ``kernel`` supports, then its own options after theirs: what its ``real`` and
     its model get."""
-    from fa_jax.masking import check_broadcast, check_window
+    from fa_jax.masking import check_broadcast, check_q_offset, check_window
 
     target = (*q.shape[:-1], k.shape[-2])  # (..., H, N, M)
     out: dict = {}
@@ -211,6 +215,11 @@ def _features(kernel: Kernel, fmt: Format, q, k, given: dict, options: dict) -> 
     window = check_window(given["window"], "kernel")
     if window is not None:
         out["window"] = window
+    offset = check_q_offset(
+        given["q_offset"], q.shape[-2], k.shape[-2], causal=causal, window=window, fn="kernel"
+    )
+    if offset:
+        out["q_offset"] = offset
     if given["kv_lengths"] is not None:
         lengths = np.asarray(given["kv_lengths"])
         lead = q.shape[:-2]
@@ -248,8 +257,8 @@ def _features(kernel: Kernel, fmt: Format, q, k, given: dict, options: dict) -> 
 def _checked(kernel: Kernel, q, k, v, fmt, causal: bool, given: dict, options: dict):
     """(fmt, q, k, v, the features and options): the inputs and the keywords of a
     call of ``kernel``, each checked once (:func:`_inputs`, :func:`_features`)."""
-    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal)
-    return fmt, q, k, v, _features(kernel, fmt, q, k, given, options)
+    fmt, q, k, v = _inputs(kernel, q, k, v, fmt, causal, given["q_offset"])
+    return fmt, q, k, v, _features(kernel, fmt, q, k, causal, given, options)
 
 
 def real(
@@ -265,12 +274,19 @@ def real(
     mask=None,
     window=None,
     kv_lengths=None,
+    q_offset=None,
     **options,
 ) -> np.ndarray:
     """The real kernel's output (..., N, d_v) as float64 (module docstring);
     ``options`` are the kernel's own keywords (``ggml``: ``kv_type``, ``threads``)."""
     kernel = get(name)
-    given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
+    given = {
+        "bias": bias,
+        "mask": mask,
+        "window": window,
+        "kv_lengths": kv_lengths,
+        "q_offset": q_offset,
+    }
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     with _timed(f"{name} real"):
         out = kernel.real(q, k, v, fmt=fmt, causal=causal, scale=scale, **extra)
@@ -300,12 +316,19 @@ def emulate(
     mask=None,
     window=None,
     kv_lengths=None,
+    q_offset=None,
     **options,
 ) -> np.ndarray:
     """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v):
     its model built for ``options`` (as for :func:`real`), called with the features."""
     kernel = _lookup(name)
-    given = {"bias": bias, "mask": mask, "window": window, "kv_lengths": kv_lengths}
+    given = {
+        "bias": bias,
+        "mask": mask,
+        "window": window,
+        "kv_lengths": kv_lengths,
+        "q_offset": q_offset,
+    }
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"emulate: scale: expected a finite number, got {scale!r}")
