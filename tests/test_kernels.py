@@ -135,6 +135,10 @@ def test_q_offset_reaches_a_kernel_that_declares_it():
     with pytest.raises(ValueError, match="'xla': q_offset: not supported"):
         kernels.emulate("xla", q, k, v, fmt="bf16", causal=True, q_offset="bottom-right")
     kernels.real("xla", q, k, v, fmt="bf16", causal=True, q_offset="top-left")  # no feature
+    with pytest.raises(ValueError, match="'test-positions': softcap: not supported"):
+        kernels.emulate("test-positions", q, k, v, fmt="bf16", softcap=30.0)
+    with pytest.raises(ValueError, match=r"kernel: softcap: expected a finite number > 0, got -1"):
+        kernels.emulate("test-positions", q, k, v, fmt="bf16", softcap=-1)
 
 
 _NO_TORCH = """

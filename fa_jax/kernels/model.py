@@ -19,7 +19,8 @@ to (..., H, N, M), values exact in the kernel's format or -inf), ``mask``
 (boolean, True = keep), ``window`` ((left, right)), ``kv_lengths`` (ints
 broadcastable to the leading dimensions), ``q_offset`` (an int other than 0:
 query i at key position i + q_offset, for the causal mask and the window, as
-:mod:`fa_jax.masking`; "bottom-right" is M - N, N queries behind a KV cache), and
+:mod:`fa_jax.masking`; "bottom-right" is M - N, N queries behind a KV cache),
+``softcap`` (c > 0: scores c · tanh(S / c), :mod:`fa_jax.score_mods`), and
 ``gqa``: K and V with H_kv heads dividing H (:mod:`fa_jax.heads`).  A kernel declares the
 features it supports (``Kernel.features``) and any keyword options of its own
 (``Kernel.options``), which reach its ``real`` and its ``model`` unchanged.
@@ -48,7 +49,7 @@ ALGORITHMS = ("reference", "flash")
 
 # The features a kernel may support beyond (q, k, v, causal, scale): the keyword
 # arguments of reference_attention, and "gqa" for K/V with fewer heads.
-FEATURES = ("bias", "mask", "window", "kv_lengths", "q_offset", "gqa")
+FEATURES = ("bias", "mask", "window", "kv_lengths", "q_offset", "softcap", "gqa")
 
 
 def _everything_modelled(fmt=None, **options) -> str | None:

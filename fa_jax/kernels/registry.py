@@ -7,8 +7,8 @@ neither PyTorch nor the kernels' modules.  :func:`real` runs a kernel,
 :func:`emulate` runs fa_jax's model of it on the same inputs.
 
 Both take the features of :data:`fa_jax.kernels.model.FEATURES` (``bias``,
-``mask``, ``window``, ``kv_lengths``, ``q_offset``; K and V with H_kv heads
-dividing H) and a
+``mask``, ``window``, ``kv_lengths``, ``q_offset``, ``softcap``; K and V with
+H_kv heads dividing H) and a
 kernel's own keyword options (``Kernel.options``); they are checked here once,
 and a kernel asked for a feature it does not declare (``Kernel.features``)
 raises ValueError naming the kernel, the feature and what it supports.  A
@@ -191,6 +191,7 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
     ``kernel`` supports, then its own options after theirs: what its ``real`` and
     its model get."""
     from fa_jax.masking import check_broadcast, check_q_offset, check_window
+    from fa_jax.score_mods import check_softcap
 
     target = (*q.shape[:-1], k.shape[-2])  # (..., H, N, M)
     out: dict = {}
@@ -220,6 +221,9 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
     )
     if offset:
         out["q_offset"] = offset
+    cap = check_softcap(given["softcap"], "kernel")
+    if cap is not None:
+        out["softcap"] = cap
     if given["kv_lengths"] is not None:
         lengths = np.asarray(given["kv_lengths"])
         lead = q.shape[:-2]
@@ -275,6 +279,7 @@ def real(
     window=None,
     kv_lengths=None,
     q_offset=None,
+    softcap=None,
     **options,
 ) -> np.ndarray:
     """The real kernel's output (..., N, d_v) as float64 (module docstring);
@@ -286,6 +291,7 @@ def real(
         "window": window,
         "kv_lengths": kv_lengths,
         "q_offset": q_offset,
+        "softcap": softcap,
     }
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     with _timed(f"{name} real"):
@@ -317,6 +323,7 @@ def emulate(
     window=None,
     kv_lengths=None,
     q_offset=None,
+    softcap=None,
     **options,
 ) -> np.ndarray:
     """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v):
@@ -328,6 +335,7 @@ def emulate(
         "window": window,
         "kv_lengths": kv_lengths,
         "q_offset": q_offset,
+        "softcap": softcap,
     }
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     if scale is not None and not math.isfinite(scale):
