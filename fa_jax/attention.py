@@ -84,7 +84,16 @@ from fa_jax.heads import kv_groups, repeat_kv, sum_groups
 from fa_jax.kv_cache import read_kv
 from fa_jax.policy import Policy
 from fa_jax.rounding import round_to
-from fa_jax.score_mods import add_bias, check_softcap, prepare_bias, softcap, softcap_grad_factor
+from fa_jax.score_mods import (
+    add_bias,
+    check_sink_values,
+    check_softcap,
+    prepare_bias,
+    prepare_sinks,
+    sink_start,
+    softcap,
+    softcap_grad_factor,
+)
 from fa_jax.softmax import (
     cast_scores,
     exp2_factor,
@@ -312,6 +321,7 @@ class _Args(NamedTuple):
     scale: Any = None
     bias: Any = None
     mask: Any = None
+    sinks: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,7 +394,8 @@ def _call_of(
             f"{fn}: softcap: expected a policy whose scores are scaled (Policy.scale "
             "'scores' or 'q'), got scale='exp2', where the scores are unscaled"
         )
-    config = config._replace(**{n: _as_array(getattr(config, n)) for n in ("bias", "mask")})
+    arrays = ("bias", "mask", "sinks")
+    config = config._replace(**{n: _as_array(getattr(config, n)) for n in arrays})
     leaves, treedef = jax.tree_util.tree_flatten(config)
     static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
     dynamic = tuple(x for x in leaves if _is_array(x))
@@ -430,7 +441,15 @@ def _clear_masked(q, k, v, d_o, d_lse, lse, kv_lengths):
 # -- reference attention ------------------------------------------------------------
 
 
-@jit_config("policy", "causal", "return_lse", "window", "softcap", "q_offset")
+@jit_config(
+    "policy",
+    "causal",
+    "return_lse",
+    "window",
+    "softcap",
+    "q_offset",
+    values={"sinks": check_sink_values},
+)
 def reference_attention(
     q,
     k,
@@ -447,6 +466,7 @@ def reference_attention(
     window=None,
     softcap=None,
     q_offset=None,
+    sinks=None,
 ):
     """Baseline attention with the N×M score matrix materialised (module docstring).
 
@@ -455,13 +475,14 @@ def reference_attention(
     (..., H, N, M); ``window`` is (left, right) or None, ``q_offset`` the causal
     mask's and the window's alignment ("top-left", the default; "bottom-right",
     as behind a KV cache; or an int) (:mod:`fa_jax.masking`);
-    ``softcap`` c > 0 or None (:mod:`fa_jax.score_mods`).
+    ``softcap`` c > 0 or None, ``sinks`` a logit per head broadcastable to
+    (..., H) or None (:mod:`fa_jax.score_mods`).
     Returns O (..., N, d_v) as float64 carrier values of ``policy.out``, and the
     log-sum-exp (..., N) too if ``return_lse``.  Differentiable in reverse mode
     with respect to q, k, v (module docstring,
     :func:`fa_jax.backward.reference_backward`).
     """
-    args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask)
+    args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask, sinks)
     call, q, k, v, dynamic = _call_of(
         "reference_attention", q, k, v, args, causal, window=window, cap=softcap, q_offset=q_offset
     )
@@ -479,10 +500,15 @@ def _reference_forward(call: _Call, q, k, v, dynamic):
     q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups, kv_lengths)
     bias, mask = _score_mods("reference_attention", q, args, policy, k.shape[-2])
     s, d_cap = _scorer(q, scale, policy, call, args, kv_lengths, bias, mask)(k, grad=True)
+    sinks = prepare_sinks("reference_attention", args.sinks, q.shape[:-2], policy)
+    if sinks is not None:  # the sink as the first column of S' (fa_jax.score_mods)
+        s = jnp.concatenate([sink_start(sinks, s.shape[-2])[0][..., None], s], axis=-1)
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(s, m, policy, log2_scale=_log2_scale(scale, policy))
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
     p = normalise(e, l, policy.p)
+    if sinks is not None:
+        p = p[..., 1:]
     v = masking.zero_masked_keys(v, kv_lengths, 0)
     o = ops.cast(ops.matmul(p, v, policy.pv_acc, accumulation=policy.accumulation), policy.out)
     return (o, _lse(m[..., 0], l[..., 0], scale, policy)), (q, k, v, scale, p, d_cap)
@@ -533,10 +559,11 @@ def flash_attention(
     softcap=None,
     num_splits=1,
     q_offset=None,
+    sinks=None,
 ):
     """Tiled FlashAttention forward (module docstring).
 
-    Shapes, ``bias``, ``mask``, ``window``, ``q_offset`` and ``softcap`` as for
+    Shapes, ``bias``, ``mask``, ``window``, ``q_offset``, ``softcap`` and ``sinks`` as for
     :func:`reference_attention`.  ``num_splits`` S in [1, ceil(M / Bc)] splits
     the key axis for split-KV decoding (:mod:`fa_jax.split_kv`; S = 1: one pass).
     Returns (O, lse): O (..., N, d_v) in ``policy.out`` and the log-sum-exp
@@ -565,10 +592,22 @@ def flash_attention(
         softcap=softcap,
         num_splits=num_splits,
         q_offset=q_offset,
+        sinks=sinks,
     )
 
 
-@jit_config("policy", "blocks", "variant", "causal", "window", "softcap", "num_splits", "q_offset")
+@jit_config(
+    "policy",
+    "blocks",
+    "variant",
+    "causal",
+    "window",
+    "softcap",
+    "num_splits",
+    "q_offset",
+    values={"sinks": check_sink_values},
+    name="flash_attention",
+)
 def _flash(
     q, k, v, *, policy, blocks, variant, causal, window, softcap, num_splits, q_offset, **arrays
 ):
@@ -663,16 +702,19 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         jnp.zeros((*lead, n), q.dtype),
         jnp.zeros((*lead, n, dv), q.dtype),
     )
+    sinks = prepare_sinks("flash_attention", args.sinks, lead, policy)
+    start = init if sinks is None else (*sink_start(sinks, n), init[2])  # m_0 = σ̂, l_0 = 1
     if call.num_splits > 1:  # split-KV decoding: S passes side by side, then combined
         n_blocks = _padded(prepared[1], bc) // bc  # of the whole key axis (FA2's splits)
         m_s, l_s, o_s = split_kv.split_forward(
-            step, init, _key_blocks(k, v, bc), call.num_splits, n_blocks
+            step, init, _key_blocks(k, v, bc), call.num_splits, n_blocks, first=start
         )
         lse_s, o_s = split_kv.split_outputs(
             m_s, l_s, o_s, scale, policy, normalised=variant != "fa2"
         )
         return split_kv.combine(lse_s, o_s, policy), prepared
     last = None if kv_lengths is None else jnp.max(kv_len)  # past it no block holds a key
+    init = start
     if full:
         blocks = _key_blocks(k[..., :full, :], v[..., :full, :], bc)
         init = _over_key_blocks(step, init, blocks, last, bc)

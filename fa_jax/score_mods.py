@@ -1,4 +1,5 @@
-"""Score modifications: softcapping and an additive bias (ALiBi's too) of the scaled scores.
+"""Score modifications: softcapping, an additive bias (ALiBi's too) of the scaled scores,
+and attention sinks.
 
 With S = fl_scores(fl_qk_acc(Q Kᵀ) · scale) the scores of :mod:`fa_jax.attention`,
 a bias B broadcastable to (..., N, M) is stored in the policy's ``bias`` stage and
@@ -30,6 +31,16 @@ other slope of 2^(k+1) (the paper's code, ``get_slopes``).  FlashAttention-2's
 aligned; for N = M the same): :func:`alibi_bias` builds either, aligned as
 fa_jax's causal mask by ``q_offset`` (top-left by default, |i - j|;
 :mod:`fa_jax.masking`), the product taken in float64.
+
+Attention sinks (Xiao et al. 2024, "Efficient streaming language models with
+attention sinks"; a learned per-head logit, gpt-oss; llama.cpp's
+``ggml_flash_attn_ext_add_sinks``): head h's logit σ_h joins every row's softmax
+denominator and adds no value, P_ij = exp(S'_ij - m) / (exp(σ_h - m) + Σ_j
+exp(S'_ij - m)), m the row max over the keys and σ_h.  σ̂ = fl_stats(σ) (as the
+running max); the flash loops start from it (m_0 = σ̂, l_0 = 1, o_0 = 0, as vLLM's
+unified attention kernel), the reference takes it as a first column of S'
+(:func:`sink_start`).  σ = -inf is no sink.  Like a bias, sinks need scaled scores
+(not ``scale="exp2"``) and have no gradient.
 """
 
 from __future__ import annotations
@@ -48,8 +59,11 @@ __all__ = [
     "add_bias",
     "alibi_bias",
     "alibi_slopes",
+    "check_sink_values",
     "check_softcap",
     "prepare_bias",
+    "prepare_sinks",
+    "sink_start",
     "softcap",
     "softcap_grad_factor",
 ]
@@ -92,6 +106,46 @@ def prepare_bias(fn: str, bias, target: tuple, policy: Policy):
         )
     b = ops.carrier(bias, policy.carrier_dtype())
     return cast_scores(b, policy.bias)
+
+
+def prepare_sinks(fn: str, sinks, lead: tuple, policy: Policy):
+    """σ̂ = fl_stats(σ) broadcast to the leading dimensions ``lead`` (..., H) of Q
+    (module docstring); None for no sinks.  ValueError naming them for a shape
+    that does not broadcast or a ``scale="exp2"`` policy (their values:
+    :func:`check_sink_values`)."""
+    if sinks is None:
+        return None
+    try:
+        ok = np.broadcast_shapes(np.shape(sinks), lead) == lead
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{fn}: sinks: expected one logit per head, an array broadcastable to Q's "
+            f"leading dimensions (..., H) = {lead}, got shape {tuple(np.shape(sinks))}"
+        )
+    if policy.scale == "exp2":
+        raise ValueError(
+            f"{fn}: sinks: expected a policy whose scores are scaled (Policy.scale "
+            "'scores' or 'q'), got scale='exp2', where the scores are unscaled"
+        )
+    s = ops.carrier(jnp.broadcast_to(jnp.asarray(sinks), lead), policy.carrier_dtype())
+    return cast_scores(s, policy.stats)
+
+
+def check_sink_values(sinks, fn: str = "attention") -> None:
+    """ValueError naming the sinks where one is NaN or +inf (finite logits or -inf,
+    no sink, expected); run on concrete values, before tracing."""
+    values = np.asarray(sinks, np.float64)
+    if np.isnan(values).any() or (values == np.inf).any():
+        raise ValueError(f"{fn}: sinks: expected finite logits or -inf, got NaN or +inf")
+
+
+def sink_start(sinks, n: int):
+    """(m_0, l_0) of ``n`` query rows for the sinks σ̂ (..., H): σ̂ and 1 where the
+    head has a sink, -inf and 0 (no sink) where σ̂ = -inf."""
+    m0 = jnp.broadcast_to(sinks[..., None], (*sinks.shape, n))
+    return m0, jnp.where(m0 > -jnp.inf, 1.0, 0.0).astype(m0.dtype)
 
 
 def add_bias(s, b, policy: Policy):

@@ -104,15 +104,18 @@ def _by_split(blocks, num_splits: int, n_blocks: int):
     )
 
 
-def split_forward(step, init, blocks, num_splits: int, n_blocks: int):
+def split_forward(step, init, blocks, num_splits: int, n_blocks: int, first=None):
     """The S splits' (m_s, l_s, o_s), each with a leading split axis: ``step(carry,
     (K_j, V_j, col0))`` of the flash loop run over each split's blocks, the splits
-    side by side.  ``blocks`` are the (K_j, V_j, col0) of the visited key blocks;
-    ``n_blocks`` is ceil(M / Bc) of the whole key axis, which sets the split
-    boundaries (blocks past the visited ones are masked padding).  Columns past
-    M must be masked by ``step``'s scores."""
+    side by side, each from ``init`` (the first from ``first`` where given: an
+    attention sink's m_0 = σ̂, l_0 = 1, fa_jax.score_mods).  ``blocks`` are the
+    (K_j, V_j, col0) of the visited key blocks; ``n_blocks`` is ceil(M / Bc) of
+    the whole key axis, which sets the split boundaries (blocks past the visited
+    ones are masked padding).  Columns past M must be masked by ``step``'s scores."""
     by_split = _by_split(blocks, num_splits, n_blocks)
     carry = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_splits, *x.shape)), init)
+    if first is not None:
+        carry = jax.tree_util.tree_map(lambda c, x: c.at[0].set(x), carry, first)
     split_step = jax.vmap(lambda c, xs: step(c, xs)[0])
     return jax.lax.scan(lambda c, xs: (split_step(c, xs), None), carry, by_split)[0]
 

@@ -5,8 +5,9 @@
 repeated over each group of H / H_kv query heads (jnp.repeat), S = c tanh(Q Kᵀ ·
 scale / c) with a softcap c (else Q Kᵀ · scale), plus the bias; the kept pairs
 those of every mask (causal j <= i, i < q_len, j < kv_len, i - left <= j <= i +
-right with -1 unbounded, the boolean mask); softmax over the kept keys; a row
-keeping no key gives O = 0 and lse = -inf.
+right with -1 unbounded, the boolean mask); softmax over the kept keys and a
+head's sink logit σ_h (in the denominator only); a row keeping no key gives O = 0
+and lse = -inf (σ_h with a sink).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def plain_attention(
     mask=None,
     window=None,
     softcap=None,
+    sinks=None,
 ):
     """(O, lse) of float64 attention in plain jnp (module docstring)."""
     groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
@@ -60,9 +62,14 @@ def plain_attention(
     if mask is not None:
         keep &= mask
     shift = jax.lax.stop_gradient(jnp.max(jnp.where(keep, s, -jnp.inf), -1, keepdims=True))
+    sink = None if sinks is None else jnp.broadcast_to(sinks, q.shape[:-2])[..., None, None]
+    if sink is not None:
+        shift = jnp.maximum(shift, sink)
     shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
     e = jnp.where(keep, jnp.exp(jnp.where(keep, s, 0.0) - shift), 0.0)
     l = jnp.sum(e, -1, keepdims=True)
+    if sink is not None:
+        l = l + jnp.exp(sink - shift)
     live = l > 0
     l = jnp.where(live, l, 1.0)
     o = jnp.einsum("...ij,...jd->...id", e / l, v, precision=jax.lax.Precision.HIGHEST)

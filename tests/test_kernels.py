@@ -139,6 +139,12 @@ def test_q_offset_reaches_a_kernel_that_declares_it():
         kernels.emulate("test-positions", q, k, v, fmt="bf16", softcap=30.0)
     with pytest.raises(ValueError, match=r"kernel: softcap: expected a finite number > 0, got -1"):
         kernels.emulate("test-positions", q, k, v, fmt="bf16", softcap=-1)
+    with pytest.raises(ValueError, match="'test-positions': sinks: not supported"):
+        kernels.emulate("test-positions", q, k, v, fmt="bf16", sinks=np.zeros(2))
+    with pytest.raises(ValueError, match=r"kernel: sinks: expected floats broadcastable"):
+        kernels.emulate("test-positions", q, k, v, fmt="bf16", sinks=np.zeros(3))
+    with pytest.raises(ValueError, match=r"kernel: sinks: expected values exact in float32"):
+        kernels.emulate("test-positions", q, k, v, fmt="bf16", sinks=np.full(2, 0.1))
 
 
 _NO_TORCH = """

@@ -10,6 +10,7 @@ import pytest
 from attention_plain import plain_attention
 from helpers import x64_enabled
 
+import fa_jax
 from fa_jax import BF16
 from fa_jax.attention import Blocks, flash_attention, reference_attention
 from fa_jax.masking import check_window, q_offset_of, window_end
@@ -265,3 +266,93 @@ def test_alibi_bias_bottom_right_is_flash_attention_2s():
     i, j = np.arange(3)[:, None], np.arange(7)[None, :]
     np.testing.assert_array_equal(got, -slopes[:, None, None] * np.abs(i + 7 - 3 - j))
     np.testing.assert_array_equal(alibi_bias(slopes, 3, 7), alibi_bias(slopes, 3, 7, 0))
+
+
+def _sinks(seed):
+    """A sink logit per (batch, head); head 3 has none (-inf)."""
+    sinks = np.random.default_rng(seed).standard_normal((2, H)) * 2
+    sinks[:, 3] = -np.inf
+    return sinks
+
+
+SINK_CASES = [  # (kind, variant, num_splits)
+    ("flash", "fa2", 1),
+    pytest.param("reference", None, 1, marks=pytest.mark.slow),
+    pytest.param("flash", "fa1", 1, marks=pytest.mark.slow),
+    pytest.param("flash", "rowwise", 1, marks=pytest.mark.slow),
+    pytest.param("flash", "fa2", 3, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("kind, variant, num_splits", SINK_CASES)
+def test_golden_sinks_equal_plain_float64(kind, variant, num_splits):
+    """Attention sinks with every other feature: golden O, lse, dQ, dK, dV equal
+    plain float64 attention with the sink in the denominator to 1e-12; a row that
+    keeps no key gives O = 0 and lse = σ (or -inf without a sink)."""
+    (q, k, v, d_o, d_lse), extra = _problem(9)
+    extra = dict(extra, sinks=_sinks(9))
+    pol = golden()
+
+    def fn(q, k, v):
+        if kind == "flash":
+            return flash_attention(
+                q,
+                k,
+                v,
+                pol,
+                Blocks(4, 3),
+                variant=variant,
+                num_splits=num_splits,
+                causal=True,
+                q_offset="bottom-right",
+                **extra,
+            )
+        return reference_attention(
+            q, k, v, pol, causal=True, q_offset="bottom-right", return_lse=True, **extra
+        )
+
+    mask = extra.pop("mask") & _as_mask(N, M, M - N, True, None)
+    want = jax.jit(
+        lambda *a: _vjp(lambda q, k, v: plain_attention(q, k, v, mask=mask, **extra), *a)
+    )(q, k, v, d_o, d_lse)
+    extra["mask"] = mask
+    got = jax.jit(lambda *a: _vjp(fn, *a))(q, k, v, d_o, d_lse)
+    for name, g, w in zip(("O", "lse", "dQ", "dK", "dV"), got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        finite = np.isfinite(w)
+        np.testing.assert_array_equal(np.isfinite(g), finite, err_msg=name)
+        err = np.max(np.abs(g[finite] - w[finite])) / np.max(np.abs(w[finite]))
+        assert err <= 1e-12, (name, err)
+    lse = np.asarray(got[1])[0]  # batch 0 keeps no key
+    np.testing.assert_array_equal(lse, np.broadcast_to(extra["sinks"][0][:, None], lse.shape))
+    assert (np.asarray(got[0])[0] == 0).all()
+
+
+def test_reference_sink_is_a_first_key_with_zero_value():
+    """Under fa2_kernel(BF16): the reference with sinks gives the bits of the
+    reference over one more key, first, whose score is σ (a zero key plus a bias
+    of σ; BF16 values, exact at every stage) and whose value is zero."""
+    (q, k, v, _, _), _ = _problem(10)
+    q, k, v = (np.asarray(fa_jax.round_to(x, BF16)) for x in (q, k, v))
+    sinks = np.asarray(fa_jax.round_to(_sinks(10), BF16))
+    pol = fa2_kernel(BF16)
+    with_sinks = reference_attention(q, k, v, pol, sinks=sinks, return_lse=True)
+    pad = [(0, 0), (0, 0), (1, 0), (0, 0)]
+    bias = np.zeros((2, H, N, M + 1))
+    bias[..., 0] = sinks[..., None]
+    as_key = reference_attention(q, np.pad(k, pad), np.pad(v, pad), pol, bias=bias, return_lse=True)
+    for x, y in zip(with_sinks, as_key):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    no_sink = reference_attention(q, k, v, pol, return_lse=True)
+    np.testing.assert_array_equal(np.asarray(with_sinks[0])[:, 3], np.asarray(no_sink[0])[:, 3])
+
+
+def test_sinks_errors_name_the_argument():
+    (q, k, v, _, _), _ = _problem(11)
+    with pytest.raises(ValueError, match=r"reference_attention: sinks: expected one logit per"):
+        reference_attention(q, k, v, golden(), sinks=np.zeros(3))
+    with pytest.raises(ValueError, match=r"flash_attention: sinks: expected finite logits"):
+        flash_attention(q, k, v, golden(), Blocks(4, 3), sinks=np.full(H, np.nan))
+    exp2 = golden().replace(scale="exp2", exp_model="exp2_correctly_rounded")
+    with pytest.raises(ValueError, match=r"sinks: expected a policy whose scores are scaled"):
+        reference_attention(q, k, v, exp2, sinks=np.zeros(H))

@@ -20,10 +20,12 @@ to (..., H, N, M), values exact in the kernel's format or -inf), ``mask``
 broadcastable to the leading dimensions), ``q_offset`` (an int other than 0:
 query i at key position i + q_offset, for the causal mask and the window, as
 :mod:`fa_jax.masking`; "bottom-right" is M - N, N queries behind a KV cache),
-``softcap`` (c > 0: scores c · tanh(S / c), :mod:`fa_jax.score_mods`), and
-``gqa``: K and V with H_kv heads dividing H (:mod:`fa_jax.heads`).  A kernel declares the
-features it supports (``Kernel.features``) and any keyword options of its own
-(``Kernel.options``), which reach its ``real`` and its ``model`` unchanged.
+``softcap`` (c > 0: scores c · tanh(S / c)), ``sinks`` (a logit per head,
+broadcastable to (..., H), exact in FP32, or -inf: no sink; both
+:mod:`fa_jax.score_mods`), and ``gqa``: K and V with H_kv heads dividing H
+(:mod:`fa_jax.heads`).  A kernel declares the features it supports
+(``Kernel.features``) and any keyword options of its own (``Kernel.options``),
+which reach its ``real`` and its ``model`` unchanged.
 
 A model answers only for the CPU code it follows: ``Kernel.unmodelled`` names the
 code the real kernel runs on this CPU where the model does not follow it, and the
@@ -49,7 +51,7 @@ ALGORITHMS = ("reference", "flash")
 
 # The features a kernel may support beyond (q, k, v, causal, scale): the keyword
 # arguments of reference_attention, and "gqa" for K/V with fewer heads.
-FEATURES = ("bias", "mask", "window", "kv_lengths", "q_offset", "softcap", "gqa")
+FEATURES = ("bias", "mask", "window", "kv_lengths", "q_offset", "softcap", "sinks", "gqa")
 
 
 def _everything_modelled(fmt=None, **options) -> str | None:

@@ -7,8 +7,8 @@ neither PyTorch nor the kernels' modules.  :func:`real` runs a kernel,
 :func:`emulate` runs fa_jax's model of it on the same inputs.
 
 Both take the features of :data:`fa_jax.kernels.model.FEATURES` (``bias``,
-``mask``, ``window``, ``kv_lengths``, ``q_offset``, ``softcap``; K and V with
-H_kv heads dividing H) and a
+``mask``, ``window``, ``kv_lengths``, ``q_offset``, ``softcap``, ``sinks``; K
+and V with H_kv heads dividing H) and a
 kernel's own keyword options (``Kernel.options``); they are checked here once,
 and a kernel asked for a feature it does not declare (``Kernel.features``)
 raises ValueError naming the kernel, the feature and what it supports.  A
@@ -58,6 +58,7 @@ _BUILTINS = {
     "ggml": ("fa_jax.kernels.ggml", "GGML"),
     "onnxruntime-attention": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_ATTENTION"),
     "onnxruntime-mha": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_MHA"),
+    "onnxruntime-gqa": ("fa_jax.kernels.onnxruntime_gqa", "ONNXRUNTIME_GQA"),
     "openvino-sdpa": ("fa_jax.kernels.openvino", "OPENVINO_SDPA"),
 }
 _REGISTERED: dict[str, Kernel] = {}
@@ -191,7 +192,7 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
     ``kernel`` supports, then its own options after theirs: what its ``real`` and
     its model get."""
     from fa_jax.masking import check_broadcast, check_q_offset, check_window
-    from fa_jax.score_mods import check_softcap
+    from fa_jax.score_mods import check_sink_values, check_softcap
 
     target = (*q.shape[:-1], k.shape[-2])  # (..., H, N, M)
     out: dict = {}
@@ -224,6 +225,21 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
     cap = check_softcap(given["softcap"], "kernel")
     if cap is not None:
         out["softcap"] = cap
+    if given["sinks"] is not None:
+        sinks = np.asarray(given["sinks"])
+        lead = q.shape[:-2]
+        try:
+            ok = np.broadcast_shapes(sinks.shape, lead) == lead
+        except ValueError:
+            ok = False
+        if not ok or not np.issubdtype(sinks.dtype, np.floating):
+            raise ValueError(
+                f"kernel: sinks: expected floats broadcastable to the leading dimensions "
+                f"{lead} (a logit per head), got {sinks.dtype} of shape {sinks.shape}"
+            )
+        check_sink_values(sinks, "kernel")
+        _exact_in(get_format("fp32"), sinks=sinks.astype(np.float64))
+        out["sinks"] = sinks.astype(np.float64)
     if given["kv_lengths"] is not None:
         lengths = np.asarray(given["kv_lengths"])
         lead = q.shape[:-2]
@@ -280,6 +296,7 @@ def real(
     kv_lengths=None,
     q_offset=None,
     softcap=None,
+    sinks=None,
     **options,
 ) -> np.ndarray:
     """The real kernel's output (..., N, d_v) as float64 (module docstring);
@@ -292,6 +309,7 @@ def real(
         "kv_lengths": kv_lengths,
         "q_offset": q_offset,
         "softcap": softcap,
+        "sinks": sinks,
     }
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     with _timed(f"{name} real"):
@@ -324,6 +342,7 @@ def emulate(
     kv_lengths=None,
     q_offset=None,
     softcap=None,
+    sinks=None,
     **options,
 ) -> np.ndarray:
     """fa_jax's emulation of the kernel on the same inputs, float64 (..., N, d_v):
@@ -336,6 +355,7 @@ def emulate(
         "kv_lengths": kv_lengths,
         "q_offset": q_offset,
         "softcap": softcap,
+        "sinks": sinks,
     }
     fmt, q, k, v, extra = _checked(kernel, q, k, v, fmt, causal, given, options)
     if scale is not None and not math.isfinite(scale):
