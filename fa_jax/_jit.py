@@ -6,6 +6,7 @@ import functools
 import inspect
 
 import jax
+from jax.core import Tracer
 
 
 def _hashable(v) -> bool:
@@ -37,7 +38,7 @@ def jit_config(*static: str, values=None, name: str | None = None):
             named = {**(bound.get(rest[0], {}) if rest else {}), **bound}
             for arg, check in (values or {}).items():
                 x = named.get(arg)
-                if x is not None and not isinstance(x, jax.core.Tracer):
+                if x is not None and not isinstance(x, Tracer):
                     check(x, name or fn.__name__)
             if all(_hashable(bound[s]) for s in static if s in bound):
                 return compiled(*args, **kwargs)
