@@ -356,3 +356,41 @@ def test_sinks_errors_name_the_argument():
     exp2 = golden().replace(scale="exp2", exp_model="exp2_correctly_rounded")
     with pytest.raises(ValueError, match=r"sinks: expected a policy whose scores are scaled"):
         reference_attention(q, k, v, exp2, sinks=np.zeros(H))
+
+
+@pytest.mark.slow
+def test_sinks_and_q_offset_jit_eager_and_vmap_agree():
+    """Sinks and a bottom-right causal window: op by op (jax.disable_jit), jitted,
+    and vmapped over a batch of (Q, K, V, sinks), forward and backward, the same
+    bits."""
+    (q, k, v, d_o, d_lse), _ = _problem(12)
+    q, d_o, d_lse = q[..., :4, :], d_o[..., :4, :], d_lse[..., :4]
+    sinks = _sinks(12)
+    pol = fa2_kernel(BF16)
+
+    def one(q, k, v, sinks, d_o, d_lse):
+        def fn(q, k, v):
+            return flash_attention(
+                q,
+                k,
+                v,
+                pol,
+                Blocks(4, 3),
+                causal=True,
+                window=(5, 0),
+                q_offset="bottom-right",
+                sinks=sinks,
+            )
+
+        return _vjp(fn, q, k, v, d_o, d_lse)
+
+    args = (q, k, v, sinks, d_o, d_lse)
+    batched = jax.jit(jax.vmap(one))(*args)
+    for b in range(2):
+        each = [x[b] for x in args]
+        single = jax.jit(one)(*each)
+        with jax.disable_jit():
+            eager = one(*each)
+        for x, y, z in zip(batched, single, eager):
+            np.testing.assert_array_equal(np.asarray(x)[b], np.asarray(y))
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(z))
