@@ -126,10 +126,10 @@ def test_figure_and_identity_file(result):
 def test_identity_point_is_bit_identical(tmp_path):
     if _reason("ggml") is not None:
         pytest.skip(f"ggml: {_reason('ggml')}")
-    if isa() != "avx512" or "avx512fp16" in cpu_flags():  # as tests/test_kernels_ggml.py
-        pytest.skip(
-            f"the ggml model follows ggml's AVX-512 build (no AVX512-FP16); this host: {isa()}"
-        )
+    from fa_jax.kernels import ggml
+
+    if (refused := ggml.unmodelled("fp32", kv_type="f32")) is not None:
+        pytest.skip(refused)
     grid = EngineGrid(
         decode_keys=(),
         prefill_lens=(),
@@ -191,9 +191,12 @@ def test_openvino_rows_order_by_precision_and_cache(result):
 
 @pytest.mark.extended  # about 45 s on the shared 2-core host: the models' compiles
 def test_openvino_identity_points_are_bit_identical(tmp_path):
-    reason = _openvino_bf16_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    from fa_jax.kernels import openvino
+
+    if (reason := _reason("openvino-sdpa")) is not None:
+        pytest.skip(f"openvino-sdpa: {reason}")
+    if (refused := openvino.unmodelled("fp32", precision="bf16")) is not None:
+        pytest.skip(refused)
     checks = (
         Check("openvino-sdpa", "fp32", 1, 512, (("precision", "bf16"), ("kv_cache", "u8"))),
         Check("openvino-sdpa", "fp32", 64, 64, (("precision", "f32"),)),
