@@ -141,6 +141,7 @@ ONE_ROW_T = (
 _U = "tests/test_kernels_unmodelled.py"
 MLAS_FMA3_EXP = "tests/test_mlas.py::test_fma3_exp_is_zero_from_m_minus_127"
 MLAS_LANES = "tests/test_mlas.py::test_lane_sum_follows_the_kernels_lanes"
+MLAS_ISA = "tests/test_kernels_onnxruntime.py::test_mlas_isa_follows_its_cpuid_tests"
 CPUS_NAMED = f"{_U}::test_models_follow_the_cpus_they_name"
 XLA_CAPPED = f"{_U}::test_xla_refuses_a_capped_isa"
 GGML_BUILDS = f"{_U}::test_ggml_follows_the_loaded_builds_features"
@@ -170,6 +171,15 @@ KV_ATTENTION = f"{_KV}::test_attention_with_a_cache_equals_attention_on_numpy_de
 GQA_REPEATED = "tests/test_heads.py::test_gqa_equals_repeated_heads_bitwise"
 _MK = "tests/test_masking.py"
 FEATURES_GOLDEN = f"{_MK}::test_golden_features_equal_plain_float64"
+Q_OFFSET = f"{_MK}::test_q_offset_is_its_boolean_mask"
+SINKS_GOLDEN = f"{_MK}::test_golden_sinks_equal_plain_float64"
+SINK_AS_KEY = f"{_MK}::test_reference_sink_is_a_first_key_with_zero_value"
+GGML_VEC_DOTS = "tests/test_ggml_vec.py::test_avx2_dots_follow_the_c_code"
+GGML_VEC_EXPF = "tests/test_ggml_vec.py::test_avx2_v_expf_follows_the_c_code_over_its_ranges"
+_OV = "tests/test_kernels_openvino.py"
+OV_AVX2_SUMS = f"{_OV}::test_avx2_sums"
+OV_AFFINE = f"{_OV}::test_u8_dot_product_corrects_after_the_sum"
+OV_ISA = f"{_OV}::test_isa_chooses_the_build"
 SKIPPED_BLOCKS = f"{_MK}::test_skipped_key_blocks_leave_the_bits"
 _SM = "tests/test_score_mods.py"
 ALIBI_SLOPES = f"{_SM}::test_alibi_slopes_are_press_et_al"
@@ -726,8 +736,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "masking",
-        "keep = jnp.ones((n, m), bool) if not causal else j <= i",
-        "keep = jnp.ones((n, m), bool) if not causal else j < i",
+        "keep = jnp.ones((n, m), bool) if not causal else j <= p",
+        "keep = jnp.ones((n, m), bool) if not causal else j < p",
         "causal mask drops the diagonal",
         ATT_SIM,
     ),
@@ -1574,8 +1584,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if {"avx2", "fma"} <= have:\n        return "AVX2"',
         '    if {"avx2", "fma"} <= have:\n        return "AVX512"',
         "MLAS's FMA3 kernels taken for its AVX-512F ones on an AVX2 CPU",
-        CPUS_NAMED,
-        MLAS_FMA3_EXP,
+        MLAS_ISA,
     ),
     # -- which CPU code each model follows: kernels/cpu and the refusals -----------------
     _m(
@@ -1629,10 +1638,73 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "kernels/ggml",
-        "        return _QUANTIZED\n",
-        "        return KV_TYPES\n",
-        "an AVX2 build's float K/V answered as the AVX-512 build's",
+        '    if {"avx2", "fma", "f16c"} <= build:\n        return KV_TYPES',
+        '    if {"avx2", "f16c"} <= build:\n        return KV_TYPES',
+        "an AVX2 build without FMA answered as one with it",
         GGML_BUILDS,
+    ),
+    _m(
+        "ggml_vec",
+        'AVX2 = VecCode("AVX2", lanes=8, reduce_hadd=True,',
+        'AVX2 = VecCode("AVX2", lanes=8, reduce_hadd=False,',
+        "the AVX2 dots' GGML_F32x8_REDUCE ending in AVX-512's tree, not two hadds",
+        GGML_VEC_DOTS,
+    ),
+    _m(
+        "ggml_vec",
+        "jnp.where(jnp.abs(n) > 126, far, near)",
+        "jnp.where(jnp.abs(n) > 192, far, near)",
+        "the AVX2 v_expf rounding once, not twice, for 126 < |n| <= 192",
+        GGML_VEC_EXPF,
+    ),
+    _m(
+        "ggml_vec",
+        "return _leftovers_in_double(_tree(_fold(acc), code.lanes), x, y, np_)",
+        "return _leftovers_in_double(_vec_reduce(_fold(acc), code), x, y, np_)",
+        "the AVX2 BF16 dot's accumulators reduced as the F32 dot's",
+        GGML_VEC_DOTS,
+    ),
+    _m(
+        "openvino_sdpa",
+        "(((0, 1), (2, 3)), ((4, 5), (6, 7))),  # hsum (common.hpp)",
+        "(((0, 4), (1, 5)), ((2, 6), (3, 7))),  # hsum (common.hpp)",
+        "the AVX2 softmax's lanes summed as simd::reduce, not hsum",
+        OV_AVX2_SUMS,
+    ),
+    _m(
+        "openvino_sdpa",
+        "return ops.mul(scale_t, ops.fma(-zp_t, head, raw, FP32), FP32)",
+        "return ops.mul(scale_t, ops.sub(raw, ops.mul(zp_t, head, FP32), FP32), FP32)",
+        "the AVX2 build's affine u8 score without its FMA",
+        OV_AFFINE,
+    ),
+    _m(
+        "kernels/openvino",
+        'isa = "AVX2" if _avx2_build(cpu.flags()) else "AVX512"',
+        'isa = "AVX512"',
+        "OpenVINO's AVX2 build answered as its AVX512F one",
+        OV_ISA,
+    ),
+    _m(
+        "masking",
+        "    p = i + q_offset  # the query's position on the key axis",
+        "    p = i  # the query's position on the key axis",
+        "q_offset ignored: every mask top-left",
+        Q_OFFSET,
+    ),
+    _m(
+        "attention",
+        "start = init if sinks is None else (*sink_start(sinks, n), init[2])",
+        "start = init",
+        "flash loops that drop the sinks",
+        SINKS_GOLDEN,
+    ),
+    _m(
+        "attention",
+        "    if sinks is not None:\n        p = p[..., 1:]",
+        "    if sinks is not None:\n        p = p[..., :-1]",
+        "the reference's sink column dropped from the wrong end",
+        SINK_AS_KEY,
     ),
     _m(
         "kernels/ggml",
@@ -1761,15 +1833,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "masking",
-        "keep = keep & (j >= i - left)",
-        "keep = keep & (j > i - left)",
+        "keep = keep & (j >= p - left)",
+        "keep = keep & (j > p - left)",
         "a window keeps one key too few on the left",
         FEATURES_GOLDEN,
     ),
     _m(
         "masking",
-        "return max(0, min(m, n + window[1]))",
-        "return max(0, min(m, n + window[1] - 1))",
+        "return max(0, min(m, n + q_offset + window[1]))",
+        "return max(0, min(m, n + q_offset + window[1] - 1))",
         "the flash loop skips the last key block a window keeps",
         SKIPPED_BLOCKS,
     ),
@@ -1805,8 +1877,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "nn",
-        "return None, jnp.asarray((j >= i - left) & (j <= i + right))",
-        "return None, jnp.asarray((j >= i - left) & (j < i + right))",
+        "return None, jnp.asarray((j >= p - left) & (j <= p + right))",
+        "return None, jnp.asarray((j >= p - left) & (j < p + right))",
         "a window with an unbounded side keeps one key too few on the right",
         NN_JAX,
     ),

@@ -81,6 +81,26 @@ def test_flash_blocks_from_l2():
     assert O.flash_blocks(10, 10, 64, 64, 1) == (1, 1)
 
 
+def test_mlas_isa_follows_its_cpuid_tests(monkeypatch):
+    """platform.cpp: AVX-512F first, then AVX2 with FMA, else the SSE kernels (no
+    model); the sum-exp kernel follows, and isa= names one on any CPU."""
+    for flags, isa, kernel in [
+        (cpu.AVX512 | {"avx2", "fma"}, "AVX512", mlas.AVX512F),
+        (frozenset({"avx", "avx2", "fma", "f16c"}), "AVX2", mlas.FMA3),
+        (frozenset({"avx", "avx2", "f16c"}), None, None),
+    ]:
+        monkeypatch.setattr(cpu, "flags", lambda flags=flags: flags)
+        assert O.mlas_isa() == isa
+        if kernel is None:
+            with pytest.raises(NotImplementedError, match="SSE kernels"):
+                O.sum_exp_kernel()
+        else:
+            assert O.sum_exp_kernel() == kernel
+        assert O.sum_exp_kernel("AVX2") == mlas.FMA3
+    with pytest.raises(ValueError, match=r"onnxruntime: isa: expected one of \('AVX512', 'AVX2'\)"):
+        O.sum_exp_kernel("SSE")
+
+
 def test_errors(monkeypatch):
     """Bad arguments are ValueErrors on every CPU (an AVX-512 one assumed, so that
     the models answer)."""

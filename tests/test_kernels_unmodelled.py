@@ -86,6 +86,7 @@ _SHARED = frozenset({"avx", "avx2", "fma", "f16c", "sse3"})
 BUILDS = {
     "sse": (frozenset({"sse3"}), ()),
     "avx2": (_SHARED, ggml.KV_TYPES),
+    "avx2_without_fma": (_SHARED - {"fma"}, ()),  # GGML_F32x8_FMA is a mul and an add
     "avx512": (_SHARED | {"avx512"}, ("f32", "f16", "q8_0", "q4_0")),
     "avx512_bf16": (_SHARED | {"avx512", "avx512_bf16"}, ggml.KV_TYPES),
 }
