@@ -178,11 +178,15 @@ def _alpha(scale, d: int) -> float:
     return default_scale(d) if scale is None else float(np.float32(scale))
 
 
-def _local_window(n: int, m: int, d: int, *, causal: bool, q_offset, window) -> int:
+def _local_window(
+    n: int, m: int, d: int, *, causal: bool, q_offset, window, d_v: int | None = None
+) -> int:
     """The op's ``local_window_size`` (-1: none) for a call of N queries, M keys,
     after checking that the op computes it (module docstring)."""
     if d % 8:
         raise ValueError(f"{_NAME}: d: expected a multiple of 8 (the op's head_size), got {d}")
+    if d_v is not None and d_v != d:
+        raise ValueError(f"{_NAME}: d_v: expected d = {d} (the op's one head_size), got {d_v}")
     if n > m:
         raise ValueError(f"{_NAME}: expected N <= M (N new keys after M - N past), got {n} > {m}")
     offset = int(q_offset or 0)
@@ -217,7 +221,11 @@ def _session(
     scale,
     softcap,
     threads: int,
+    no_flash: bool,
 ):
+    """A session of one GroupQueryAttention node; ``no_flash`` (the environment's
+    ``ORT_GQA_DISABLE_FLASH_ATTENTION`` when it is built) keys the cache."""
+    del no_flash
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -292,7 +300,9 @@ def real_gqa(
     f = _fmt(fmt)
     threads = positive_int(threads, f"{_NAME}: threads")
     n, m, d = np.shape(q)[-2], np.shape(k)[-2], np.shape(q)[-1]
-    local = _local_window(n, m, d, causal=causal, q_offset=q_offset, window=window)
+    local = _local_window(
+        n, m, d, causal=causal, q_offset=q_offset, window=window, d_v=np.shape(v)[-1]
+    )
     dtype = np.float32 if f.name == FP32.name else np.float16
     elem = TensorProto.FLOAT if dtype is np.float32 else TensorProto.FLOAT16
     qb, kb, vb = (_heads(t).astype(dtype) for t in (q, k, v))
@@ -307,6 +317,7 @@ def real_gqa(
         None if scale is None else float(np.float32(scale)),
         cap,
         threads,
+        flash_disabled(),
     )
 
     def bsh(t):  # (H, rows, d) -> (1, rows, H · d)
@@ -534,7 +545,9 @@ def _forward(
     l2_cache_size: int,
 ):
     n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    local = _local_window(n, m, d, causal=causal, q_offset=q_offset, window=window)
+    local = _local_window(
+        n, m, d, causal=causal, q_offset=q_offset, window=window, d_v=np.shape(v)[-1]
+    )
     if softcap is not None:
         refuse(_tanhf_unmodelled())
     groups = kv_groups(_NAME, q.shape, k.shape, v.shape)
