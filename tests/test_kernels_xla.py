@@ -285,6 +285,55 @@ def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block, join
             assert np.array_equal(np.asarray(xla._pv(*args, joined)), np.asarray(want, np.float64))
 
 
+def _chains_rest_fma(terms: np.ndarray, tile_k: int, block: int) -> np.float32:
+    """:func:`_chains` with the last n mod tile_k terms added in order to the folded
+    chains of the block they end (a block of their own where the ones before are
+    whole), before that block is added: Eigen's left-over rows."""
+    n = len(terms)
+    rest = n % tile_k if n > tile_k else 0
+    main = terms[: n - rest]
+    sums = []
+    for start in range(0, len(main), block):
+        chains = [np.float32(0)] * tile_k
+        for j, t in enumerate(main[start : start + block]):
+            chains[j % tile_k] = np.float32(chains[j % tile_k] + t)
+        while len(chains) > 1:
+            chains = [np.float32(a + b) for a, b in zip(chains[0::2], chains[1::2])]
+        sums.append(chains[0])
+    if rest and len(main) % block == 0:
+        sums.append(np.float32(0))
+    for t in terms[n - rest :]:
+        sums[-1] = np.float32(sums[-1] + t)
+    total = sums[0]
+    for x in sums[1:]:
+        total = np.float32(total + x)
+    return total
+
+
+@pytest.mark.parametrize(("m", "tile_k", "block"), [(37, 2, 16), (33, 2, 16), (71, 4, 32)])
+def test_pv_fmas_the_remainder_onto_its_block_where_asked(m, tile_k, block):
+    """``rest_fma``: the last m mod tile_k keys onto the block they end (37 and 71
+    keys), or a block of their own (33), not rounded products added last; the two
+    orders give other sums on the 37 keys' inputs."""
+    rng = np.random.default_rng(m)
+    p, v = _bf16_valued(rng, (4, m)), _bf16_valued(rng, (m, 8))
+    want = np.asarray(
+        [[_chains_rest_fma(p[i] * v[:, c], tile_k, block) for c in range(8)] for i in range(4)],
+        np.float64,
+    )
+    other = np.asarray(
+        [[_chains(p[i] * v[:, c], tile_k, block, False) for c in range(8)] for i in range(4)],
+        np.float64,
+    )
+    with x64_enabled():
+        args = (jnp.asarray(p, jnp.float64), jnp.asarray(v, jnp.float64), FP32, block, tile_k)
+        pv = jax.jit(xla._pv, static_argnums=(2, 3, 4, 5, 6))
+        assert np.array_equal(np.asarray(pv(*args, False, True)), want)
+        assert np.array_equal(np.asarray(pv(*args, False, False)), other)
+    if m == 37:  # (at 33 one key alone is a rounded product either way)
+        assert not np.array_equal(want, other)
+
+
 def _model_qk(q, k, order, *, jit: bool) -> np.ndarray:
     """The model's fl32(Q Kᵀ) of float32-valued ``q`` and ``k`` in ``order`` (pairs,
     tile_k, block), jitted or op by op, as float64."""
@@ -922,6 +971,26 @@ def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
     320: Eigen's kc, 320, is one of several that cut 2248 keys in 288 (the
     smallest, 288, cuts 2233 in 280, refused)."""
     _assert_fp32_decoding_exact(shape, 2, m)
+
+
+@pytest.mark.extended  # 100 s on an AVX2 EPYC: the probes and Eigen's candidates
+@pytest.mark.xfail(
+    cpu.isa() != "AVX2",
+    raises=ValueError,
+    strict=False,
+    reason="measured on an AVX2 CPU; Eigen's packets and row panels differ on "
+    "AVX-512 and the model may refuse the shape there",
+)
+def test_fp32_eigens_left_over_rows_fma_the_last_key():
+    """2997 grouped rows (6 query heads on 2 K/V heads) over 999 keys, d = 96: P V is
+    Eigen's (XLA's own dot), whose last 5 rows (2997 mod 8) keep even and odd keys
+    in two chains per block of 256 and FMA the odd last key onto the last block's
+    sum; with the key as a rounded product added last nothing fitted (refused)."""
+    q, k, v = _decoding_inputs("fp32", (2, 6, 999, 96), 2, 999)
+    real = kernels.real("xla", q, k, v, fmt="fp32")
+    emulated = _emulate(q, k, v, fmt="fp32")
+    c = kernels.compare(real, emulated, real, "fp32")
+    assert c.identical_share == 1.0, c.summary()
 
 
 @pytest.mark.extended  # 25 s: fp32's check and bf16's probes

@@ -528,7 +528,16 @@ def _rounded_products(pairs, acc: Format):
     return total
 
 
-def _pv(p, v, acc: Format, block: int, tile_k: int = 1, joined: bool = False):
+def _pv(
+    p,
+    v,
+    acc: Format,
+    block: int,
+    tile_k: int = 1,
+    joined: bool = False,
+    rest_fma: bool = False,
+    tail: list | None = None,
+):
     """fl32(P V): blocks of ``block`` keys; in each, ``tile_k`` FMA chains from zero
     (key j of the block in chain j mod tile_k), folded pairwise; the block sums
     added in order; the last N mod tile_k keys (the kernel's remainder) as
@@ -536,7 +545,11 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1, joined: bool = False):
     than a block, are one block with the block before.  Each chain is a
     sequential matmul (:func:`fa_jax.ops.matmul`, on the float32 hardware where
     its products are exact), every block and chain at once, so the program's size
-    does not grow with the number of blocks."""
+    does not grow with the number of blocks.  ``rest_fma``: the last N mod tile_k
+    keys FMA'd in order onto the folded chains of the block they end (one of their
+    own, from zero, where the blocks before are whole) before it is added
+    (:attr:`~fa_jax.kernels.xla_own_dots.OwnDots.pv_rest_fma`); ``tail``, those
+    keys' (P, V) pairs, given with the keys before them."""
     m = p.shape[-1]
     if joined and m > block and m % block:
         cut = (m // block - 1) * block
@@ -546,8 +559,15 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1, joined: bool = False):
         return ops.add(_pv(p[..., :cut], v[..., :cut, :], acc, block, tile_k), last, acc)
     rest = m % tile_k if m > tile_k else 0
     if rest:
-        main = _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k)
         tail = [(p[..., j, None], v[..., j, None, :]) for j in range(m - rest, m)]
+        if rest_fma and (m - rest) % min(block, m):
+            return _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k, tail=tail)
+        main = _pv(p[..., : m - rest], v[..., : m - rest, :], acc, block, tile_k)
+        if rest_fma:
+            own = jnp.zeros_like(main)
+            for a, b in tail:
+                own = ops.fma(a, b, own, acc)
+            return ops.add(main, own, acc)
         return ops.add(main, _rounded_products(tail, acc), acc)
     block = min(block, m)
     nb = -(-m // block)
@@ -564,6 +584,11 @@ def _pv(p, v, acc: Format, block: int, tile_k: int = 1, joined: bool = False):
     vs = jnp.transpose(vs, (*range(lead), lead, lead + 2, lead + 1, lead + 3))
     chains = ops.matmul(ps, vs, acc, accumulation="sequential")
     blocks = own_dots.fold(chains, acc)  # (..., nb, N, dv)
+    if tail:
+        last = blocks[..., -1, :, :]
+        for a, b in tail:
+            last = ops.fma(a, b, last, acc)
+        blocks = jnp.concatenate([blocks[..., :-1, :, :], last[..., None, :, :]], axis=-3)
     if nb == 1:
         return blocks[..., 0, :, :]
 
@@ -1671,7 +1696,9 @@ def _own_dots(
     (:func:`_sharded_pv`, which the probes, reading the first key's blocks,
     cannot see): unsharded, then each size Eigen can pick, cut by each
     ``kc`` that gives the probed block, then unsharded with the last keys joined
-    to the block before (measured, rule unknown: docs/kernels.md).  :data:`_PROBED`
+    to the block before (measured, rule unknown: docs/kernels.md), then with the
+    last N mod tile_k keys FMA'd onto their block (Eigen's rows left over from its
+    vector panels: :attr:`~fa_jax.kernels.xla_own_dots.OwnDots.pv_rest_fma`).  :data:`_PROBED`
     without a check where YNNPACK runs both dots, or P V's keys are too few to
     shard and neither dot is a GEMV (every such shape measured fits); None where
     nothing fits."""
@@ -1697,6 +1724,8 @@ def _own_dots(
         ]
         if shards and layout.m % block:
             pv.append(own_dots.OwnDots(pv_joined=True))
+        if shards:
+            pv.append(own_dots.OwnDots(pv_rest_fma=True))
     if qk == [None] and len(pv) == 1:
         return pv[0]
     rng = np.random.default_rng(0)
@@ -1808,7 +1837,15 @@ def _model_core(
     else:
         o = jnp.concatenate(
             [
-                _pv(p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_joined)
+                _pv(
+                    p[..., lo:hi, :],
+                    v,
+                    policy.pv_acc,
+                    block,
+                    tile_k,
+                    own.pv_joined,
+                    own.pv_rest_fma,
+                )
                 if own.pv_shard is None
                 else _sharded_pv(
                     p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_shard, own.pv_kc

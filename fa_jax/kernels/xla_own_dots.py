@@ -79,6 +79,12 @@ class OwnDots:
     pv_shard: int | None = None  # P V as Eigen's contraction: keys per shard
     pv_kc: int | None = None  # and the kc its shards are cut by (:func:`eigen_kc`)
     pv_joined: bool = False  # P V's last keys, under a block, joined to the block before
+    # P V's last N mod tile_k keys FMA'd onto the last block's folded chains before
+    # that block is added (Eigen's GEBP, rows its row-vectorised panels leave: even
+    # and odd keys in two accumulators, C and D, added, then the odd last key
+    # FMA'd; Eigen/src/Core/products/GeneralBlockPanelKernel.h,
+    # ``lhs_process_one_packet``), rather than rounded products added last
+    pv_rest_fma: bool = False
 
 
 _DEFINED = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*\w+\[([\d,]*)\]\{([\d,]*)")
