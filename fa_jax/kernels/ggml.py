@@ -26,14 +26,16 @@ FMA and F16C, and BF16 K/V on an AVX-512 build without AVX512-BF16, are refused.
 from __future__ import annotations
 
 import functools
+import math
 import platform as _platform
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from fa_jax import ggml_attention as ga
-from fa_jax import ggml_vec
+from fa_jax import ggml_vec, ops
 from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels import cpu, ggml_lib
@@ -43,6 +45,8 @@ from fa_jax.presets import fa2_kernel
 __all__ = ["GGML", "ISAS", "KV_TYPES", "model", "path", "real", "unmodelled"]
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+FEATURES = frozenset({"bias", "mask", "q_offset", "softcap", "sinks", "gqa"})
+FP16 = get_format("fp16")
 _DEFAULT_KV = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 
@@ -67,36 +71,138 @@ def path(n: int, m: int, batch: int, kv_type: str) -> str:
 
 
 def _mask(n: int, m: int, causal: bool) -> np.ndarray | None:
+    """The causal mask llama.cpp builds, top-left: 0 and -inf (N, M); None without."""
     if not causal:
         return None
     return np.where(np.arange(m)[None, :] <= np.arange(n)[:, None], 0.0, -np.inf)
+
+
+def ggml_mask(xp, lead, n: int, m: int, *, causal, q_offset=0, mask=None, bias=None, alibi=False):
+    """ggml's additive mask as llama.cpp builds its KQ mask (``llama-kv-cache.cpp``,
+    ``set_input_kq_mask``), in ``xp`` (numpy or jax.numpy): -inf for the pairs the
+    causal mask (query i at key position i + ``q_offset``) or the boolean ``mask``
+    drops, else ``bias`` (0 without), or with ``alibi`` the distance -|i + q_offset
+    - j| that ggml multiplies by each head's slope.  (N, M) where it is the same for
+    every head, else (*lead, N, M); None where nothing is masked."""
+    if not (causal or alibi or mask is not None or bias is not None):
+        return None
+    i = xp.arange(n)[:, None] + q_offset
+    j = xp.arange(m)[None, :]
+    base = -xp.abs(i - j).astype(xp.float64) if alibi else xp.zeros((n, m), xp.float64)
+    if bias is not None:
+        base = base + bias
+    keep = j <= i if causal else xp.ones((n, m), bool)
+    if mask is not None:
+        keep = keep & mask
+    out = xp.where(keep, base, -xp.inf)
+    if mask is None and bias is None:
+        return out
+    return xp.broadcast_to(out, (*lead, n, m))
 
 
 def _scale(scale, d: int) -> float:
     return float(np.float32(1.0 / np.sqrt(d) if scale is None else scale))
 
 
-def _as4(t: np.ndarray) -> np.ndarray:
-    """(..., N, d) as (B, H, N, d) with B = 1 and H = the product of the leading axes."""
-    return np.asarray(t, np.float32).reshape(1, -1, *t.shape[-2:])
+def _layout(lead: tuple, max_bias: float) -> tuple[int, int]:
+    """ggml's batch and heads (ne3, ne2) for leading axes ``lead``: every axis
+    flattened into heads, batch 1; with ALiBi (``max_bias`` > 0), whose slopes follow
+    the head index, the last axis is the heads and the others the batch."""
+    if max_bias > 0:
+        h = lead[-1] if lead else 1
+        return math.prod(lead[:-1]), h
+    return 1, math.prod(lead)
+
+
+def _options(max_bias, softcap, bias) -> tuple[float, float | None]:
+    """``max_bias`` and ``softcap`` as ggml's FP32 parameters; ValueError for values
+    or combinations it does not take."""
+    try:
+        mb = float(max_bias)
+    except (TypeError, ValueError):
+        mb = math.nan
+    if not (math.isfinite(mb) and mb >= 0):
+        raise ValueError(f"ggml: max_bias: expected a finite number >= 0, got {max_bias!r}")
+    if mb > 0 and bias is not None:
+        raise ValueError(
+            "ggml: bias with max_bias: ggml's mask holds ALiBi's distances there "
+            "(llama.cpp's -|i - j|); expected one or the other"
+        )
+    cap = None if softcap is None else float(np.float32(softcap))
+    return float(np.float32(mb)), cap
+
+
+def _check_bias_f16(bias) -> None:
+    """ValueError unless ``bias`` (concrete) holds values exact in FP16 or -inf."""
+    if bias is None or isinstance(bias, Tracer):
+        return
+    b = np.asarray(bias, np.float64)
+    if not np.array_equal(b.astype(np.float16).astype(np.float64), b):
+        raise ValueError(
+            "ggml: bias: expected values exact in FP16 (ggml's mask is F16), got values that round"
+        )
+
+
+def _sinks_per_head(sinks, lead, b: int, h: int) -> np.ndarray | None:
+    """Sinks (broadcastable to ``lead``) as ggml's F32 tensor of ``h`` heads; ValueError
+    where they differ along the batch (ggml reads one per head)."""
+    if sinks is None:
+        return None
+    full = np.broadcast_to(np.asarray(sinks, np.float64), lead).reshape(b, h)
+    if not (full == full[:1]).all():
+        raise ValueError(
+            "ggml: sinks with max_bias: ggml takes one sink per head, expected the same "
+            "sinks for every batch entry"
+        )
+    return full[0]
+
+
+def _as4(t: np.ndarray, b: int = 1) -> np.ndarray:
+    """(..., N, d) as (B, H, N, d): ``b`` batch entries, H the rest of the leading axes."""
+    return np.asarray(t, np.float32).reshape(b, -1, *t.shape[-2:])
 
 
 def real(
-    q, k, v, *, fmt, causal: bool = False, scale=None, kv_type: str | None = None, threads=1
+    q,
+    k,
+    v,
+    *,
+    fmt,
+    causal: bool = False,
+    scale=None,
+    kv_type: str | None = None,
+    threads=1,
+    max_bias=0.0,
+    mask=None,
+    bias=None,
+    q_offset=0,
+    softcap=None,
+    sinks=None,
 ) -> np.ndarray:
     """ggml's output (..., N, d_v) as float64."""
     kv = _kv_type(fmt, kv_type)
     threads = positive_int(threads, "ggml: threads")
+    mb, cap = _options(max_bias, softcap, bias)
+    _check_bias_f16(bias)
     q = np.asarray(q)
-    n, m = q.shape[-2], np.shape(k)[-2]
+    lead, n, m = q.shape[:-2], q.shape[-2], np.shape(k)[-2]
+    b, h = _layout(lead, mb)
+    full = ggml_mask(
+        np, lead, n, m, causal=causal, q_offset=q_offset, mask=mask, bias=bias, alibi=mb > 0
+    )
+    if full is not None and full.ndim > 2:
+        full = full.reshape(b, h, n, m)
     out = ggml_lib.flash_attn_ext(
-        _as4(q),
-        _as4(np.asarray(k)),
-        _as4(np.asarray(v)),
-        _mask(n, m, causal),
+        _as4(q, b),
+        _as4(np.asarray(k), b),
+        _as4(np.asarray(v), b),
+        full,
         _scale(scale, q.shape[-1]),
         kv,
         threads,
+        max_bias=mb,
+        softcap=0.0 if cap is None else cap,
+        sinks=_sinks_per_head(sinks, lead, b, h),
     )
     return out.reshape(*q.shape[:-1], np.shape(v)[-1]).astype(np.float64)
 
@@ -114,32 +220,121 @@ def _stored(x, kv: str):
     return ggml_blocks.dequantize(*ggml_blocks.quantize_ref(x, kv), kv)
 
 
-def _forward(q, k, v, *, policy, causal, scale, kv: str, threads: int, code: ggml_vec.VecCode):
+def _forward(
+    q,
+    k,
+    v,
+    *,
+    policy,
+    causal,
+    scale,
+    kv: str,
+    threads: int,
+    code: ggml_vec.VecCode,
+    max_bias: float = 0.0,
+    mask=None,
+    bias=None,
+    q_offset=0,
+    softcap=None,
+    sinks=None,
+    **others,
+):
     del policy
+    if others:
+        raise NotImplementedError(
+            f"ggml: {', '.join(sorted(others))}: not modelled (ggml_flash_attn_ext has "
+            f"no such input); modelled: {', '.join(sorted(FEATURES))} and max_bias"
+        )
+    mb, cap = _options(max_bias, softcap, bias)
+    _check_bias_f16(bias)
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    lead = q.shape[:-2]
+    b, h = _layout(lead, mb)
+    sink_rows = None
+    if sinks is not None:
+        if not isinstance(sinks, Tracer):
+            _sinks_per_head(sinks, lead, b, h)
+        sink_rows = jnp.broadcast_to(jnp.asarray(sinks, jnp.float64), lead)
     return _forward_jit(
-        q, k, v, causal=bool(causal), scale=scale, kv=kv, threads=threads, code=code
+        q,
+        k,
+        v,
+        None if mask is None else jnp.asarray(mask, bool),
+        None if bias is None else jnp.asarray(bias, jnp.float64),
+        sink_rows,
+        causal=bool(causal),
+        scale=scale,
+        kv=kv,
+        threads=threads,
+        code=code,
+        max_bias=mb,
+        q_offset=int(q_offset or 0),
+        softcap=cap,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "kv", "threads", "code"))
-def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int, code):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "causal",
+        "scale",
+        "kv",
+        "threads",
+        "code",
+        "max_bias",
+        "q_offset",
+        "softcap",
+    ),
+)
+def _forward_jit(
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    sinks,
+    *,
+    causal: bool,
+    scale,
+    kv: str,
+    threads: int,
+    code,
+    max_bias: float,
+    q_offset: int,
+    softcap,
+):
     from fa_jax.rounding import round_to
 
     lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     m, d_v = k.shape[-2], v.shape[-1]
+    b, h = _layout(lead, max_bias)
     qf = jnp.asarray(q).reshape(-1, d)  # rows (heads·N, d)
-    h = qf.shape[0] // n
-    kf = _stored(jnp.asarray(k).reshape(h, m, d), kv)
-    vf = _stored(jnp.asarray(v).reshape(h, m, d_v), kv)
-    kr = jnp.repeat(kf, n, axis=0)
-    vr = jnp.repeat(vf, n, axis=0)
-    mask = _mask(n, m, causal)
-    mr = None if mask is None else jnp.tile(jnp.asarray(mask), (h, 1))
+    heads = qf.shape[0] // n
+    kv_heads = math.prod(k.shape[:-2])
+    rep = (heads // kv_heads) * n  # GQA: query head h reads K/V head h // (H / H_kv)
+    kf = _stored(jnp.asarray(k).reshape(kv_heads, m, d), kv)
+    vf = _stored(jnp.asarray(v).reshape(kv_heads, m, d_v), kv)
+    kr = jnp.repeat(kf, rep, axis=0)
+    vr = jnp.repeat(vf, rep, axis=0)
+    full = ggml_mask(
+        jnp, lead, n, m, causal=causal, q_offset=q_offset, mask=mask, bias=bias, alibi=max_bias > 0
+    )
+    mr = None
+    if full is not None:
+        rows = jnp.broadcast_to(full, (*lead, n, m)).reshape(-1, m)
+        slopes = None
+        if max_bias > 0:
+            per_head = np.tile(np.asarray(ga.alibi_slopes(max_bias, h)), b)
+            slopes = np.repeat(per_head, n)
+        mr = ga.mask_values(ops.cast(rows, FP16), slopes)
+    sink_rows = None if sinks is None else jnp.repeat(sinks.reshape(-1), n)
     sc = _scale(scale, d)
-    which = path(n, m, 1, kv)
+    if softcap is not None:
+        sc = float(np.float32(sc) / np.float32(softcap))  # ggml's scale /= logit_softcap
+    extra = {"softcap": softcap, "sinks": sink_rows}
+    which = path(n, m, b, kv)
     if which == "tiled":
-        out = ga.tiled(qf, kr, vr, mr, scale=sc, code=code)
+        out = ga.tiled(qf, kr, vr, mr, scale=sc, code=code, **extra)
     else:
         if kv in ("f32", "f16", "bf16"):
             qd = qf if kv == "f32" else round_to(qf, get_format("fp16" if kv == "f16" else "bf16"))
@@ -147,12 +342,14 @@ def _forward_jit(q, k, v, *, causal: bool, scale, kv: str, threads: int, code):
         else:
             from fa_jax import ggml_blocks
 
-            raw = jnp.repeat(k.reshape(h, m, d), n, axis=0)
+            raw = jnp.repeat(k.reshape(kv_heads, m, d), rep, axis=0)
             scores = ggml_blocks.dot(qf, raw, kv)
         if which == "split-kv":
-            out = ga.split_kv(scores, vr, mr, scale=sc, v_fp16=kv == "f16", threads=threads)
+            out = ga.split_kv(
+                scores, vr, mr, scale=sc, v_fp16=kv == "f16", threads=threads, **extra
+            )
         else:
-            out = ga.scalar(scores, vr, mr, scale=sc, v_fp16=kv == "f16")
+            out = ga.scalar(scores, vr, mr, scale=sc, v_fp16=kv == "f16", **extra)
     return out.reshape(*lead, n, d_v)
 
 
@@ -187,11 +384,11 @@ def _code(build: frozenset[str]) -> ggml_vec.VecCode:
     return ggml_vec.AVX512 if "avx512" in build else ggml_vec.AVX2
 
 
-def unmodelled(fmt=None, *, kv_type: str | None = None, threads=1) -> str | None:
+def unmodelled(fmt=None, *, kv_type: str | None = None, threads=1, max_bias=0.0) -> str | None:
     """None where the model follows the code ggml's build here runs for ``fmt`` K/V
     stored as ``kv_type`` (every K/V type where ``fmt`` is None), else why not
     (module docstring)."""
-    del threads
+    del threads, max_bias
     asked = KV_TYPES if fmt is None else (_kv_type(get_format(fmt), kv_type),)
     build = _build()
     kept = _modelled(build)
@@ -213,6 +410,7 @@ def model(
     *,
     kv_type: str | None = None,
     threads=1,
+    max_bias=0.0,
     isa: str | None = None,
 ) -> KernelModel:
     """fa_jax's model of ``ggml`` for ``fmt`` inputs stored as ``kv_type`` with
@@ -222,13 +420,14 @@ def model(
     del n, d
     kv = _kv_type(fmt, kv_type)
     threads = positive_int(threads, "ggml: threads")
+    max_bias, _ = _options(max_bias, None, None)
     if isa is None:
         refuse(unmodelled(fmt, kv_type=kv))
         code = _code(_build())
     else:
         code = ggml_vec.CODES[one_of(isa, ISAS, "ggml: isa")]
     policy = fa2_kernel(FP32).replace(name=f"ggml_cpu({kv})")
-    forward = functools.partial(_forward, kv=kv, threads=threads, code=code)
+    forward = functools.partial(_forward, kv=kv, threads=threads, code=code, max_bias=max_bias)
     return KernelModel("ggml", policy, "reference", forward=forward)
 
 
@@ -251,6 +450,7 @@ GGML = Kernel(
     unavailable=ggml_lib.unavailable,
     platform=_platform_facts,
     formats=("fp32", "fp16", "bf16"),
-    options=("kv_type", "threads"),
+    features=FEATURES,
+    options=("kv_type", "threads", "max_bias"),
     unmodelled=unmodelled,
 )

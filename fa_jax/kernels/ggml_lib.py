@@ -10,8 +10,10 @@ The calls follow ``ggml/include/ggml.h`` and ``ggml-cpu.h`` (ggml 0.25.3, as ven
 by llama-cpp-python 0.3.36): ``ggml_init(struct ggml_init_params {size_t mem_size;
 void *mem_buffer; bool no_alloc;})``, ``ggml_new_tensor_4d``, ``ggml_flash_attn_ext(ctx,
 q, k, v, mask, scale, max_bias, logit_softcap)`` with q ``[D, N, H, B]`` F32, k and v
-``[D, M, H_kv, B]`` of the K/V type, mask ``[M, N, 1, 1]`` F16 and the result
-``[D_v, H, N, B]`` (permuted), ``ggml_graph_compute_with_ctx(ctx, graph, n_threads)``.
+``[D, M, H_kv, B]`` of the K/V type (H_kv dividing H), mask ``[M, N, H_m, B_m]`` F16
+(H_m dividing H, B_m dividing B: broadcast) and the result ``[D_v, H, N, B]``
+(permuted), ``ggml_flash_attn_ext_add_sinks(result, sinks)`` with sinks ``[H]`` F32,
+``ggml_graph_compute_with_ctx(ctx, graph, n_threads)``.
 Quantized K/V are made by ggml's own ``ggml_quantize_chunk`` from F32 values.
 :func:`build_features` reads the x86 features the loaded ``libggml-cpu`` was
 compiled for (``ggml_cpu_has_avx512`` and the like): its code is chosen when it is
@@ -118,6 +120,8 @@ def _libs():
     base.ggml_nbytes.argtypes, base.ggml_nbytes.restype = [p], ctypes.c_size_t
     base.ggml_flash_attn_ext.argtypes = [p, p, p, p, p, f32, f32, f32]
     base.ggml_flash_attn_ext.restype = p
+    base.ggml_flash_attn_ext_add_sinks.argtypes = [p, p]
+    base.ggml_flash_attn_ext_add_sinks.restype = None
     base.ggml_new_graph.argtypes, base.ggml_new_graph.restype = [p], p
     base.ggml_build_forward_expand.argtypes, base.ggml_build_forward_expand.restype = [p, p], None
     base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, i64, i64, i64, p]
@@ -171,14 +175,23 @@ def flash_attn_ext(
     scale: float,
     kv_type: str,
     threads: int,
+    *,
+    max_bias: float = 0.0,
+    softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """ggml's CPU flash attention of F32 q (B, H, N, D), k (B, H_kv, M, D), v (B, H_kv,
-    M, D_v) stored as ``kv_type`` and an optional additive mask (N, M) stored as F16;
-    returns float32 (B, H, N, D_v)."""
+    M, D_v) stored as ``kv_type``, an optional additive mask (N, M) or (B_m, H_m, N,
+    M) stored as F16, ALiBi's ``max_bias``, the ``softcap`` (``logit_softcap``; 0:
+    none) and optional sinks (H,) F32; returns float32 (B, H, N, D_v)."""
     base, cpu = _libs()
     b, h, n, d = q.shape
     _, h_kv, m, d_v = v.shape
-    size = 4 * (q.size + k.size + v.size + b * h * n * d_v + n * m) + 64 * 1024 * 1024
+    if mask is not None:
+        mask = np.asarray(mask, np.float32)
+        mask = mask.reshape(1, 1, *mask.shape) if mask.ndim == 2 else mask
+    size = 4 * (q.size + k.size + v.size + b * h * n * d_v + h) + 64 * 1024 * 1024
+    size += 0 if mask is None else 2 * mask.size
     ctx = base.ggml_init(_InitParams(size, None, False))
     if not ctx:
         raise RuntimeError("ggml_init failed")
@@ -192,9 +205,14 @@ def flash_attn_ext(
         _fill(base, tv, v, kv_type)
         tm = None
         if mask is not None:
-            tm = base.ggml_new_tensor_4d(ctx, GGML_TYPES["f16"], m, n, 1, 1)
+            b_m, h_m = mask.shape[:2]
+            tm = base.ggml_new_tensor_4d(ctx, GGML_TYPES["f16"], m, n, h_m, b_m)
             _fill(base, tm, mask, "f16")
-        out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale, 0.0, 0.0)
+        out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale, max_bias, softcap)
+        if sinks is not None:
+            ts = base.ggml_new_tensor_4d(ctx, GGML_TYPES["f32"], h, 1, 1, 1)
+            _fill(base, ts, np.asarray(sinks, np.float32).reshape(h), "f32")
+            base.ggml_flash_attn_ext_add_sinks(out, ts)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, out)
         status = cpu.ggml_graph_compute_with_ctx(ctx, graph, threads)
