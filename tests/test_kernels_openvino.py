@@ -52,6 +52,15 @@ def _inputs(seed, h, n, m, d, dtype: DTypeLike = np.float32):
     )
 
 
+def _gqa_inputs(seed, h, h_kv, n, m, d):
+    """Q (h, n, d) and K, V (h_kv, m, d), FP32 values."""
+    rng = np.random.default_rng(seed)
+    return tuple(
+        rng.standard_normal(s).astype(np.float32).astype(np.float64)
+        for s in ((h, n, d), (h_kv, m, d), (h_kv, m, d))
+    )
+
+
 def _identical(real, model) -> float:
     return float(np.mean(np.asarray(real) == np.asarray(model)))
 
@@ -62,6 +71,7 @@ def test_registered():
     kernel = kernels.get("openvino-sdpa")
     assert kernel.formats == ("fp32", "bf16")
     assert kernel.options == ("precision", "kv_cache", "threads")
+    assert kernel.features == {"gqa", "q_offset"}
     facts = kernel.platform()
     assert facts["openvino"] == ov.__version__ and facts["backend"] == "cpu"
 
@@ -277,12 +287,16 @@ def test_decode_cache_state_is_the_prefill_fill(precision):
 
 
 @needs_bf16_cpu
+@pytest.mark.skipif(
+    O._avx2_build(cpu.flags()),
+    reason="the AVX2 build runs the bf16 hint as F32 inference: nothing is rounded to BF16",
+)
 def test_decode_cache_state_rounds_to_bf16_first(monkeypatch):
     """A u8 state quantizes what it is given: FP32 keys and values set unrounded under
     BF16 inference give other bits than the prefill fill (BF16 first: the same)."""
     import openvino as ov
 
-    def unrounded(request, k, v, precision):
+    def unrounded(request, k, v, precision, h):
         for state in request.query_state():
             x = {"past_k": k, "past_v": v}[state.name]
             state.state = ov.Tensor(np.ascontiguousarray(x))
@@ -505,3 +519,98 @@ def test_the_avx2_build_is_modelled_on_any_host(tmp_path):
         avx512 = O.sdpa_model(fp32, n, d, isa="AVX512", **options)(q, k, v, causal=causal)
         avx512_equal.append(np.array_equal(np.asarray(avx512), r))
     assert not all(avx512_equal)
+
+
+def test_gqa_graph_is_the_fused_node_on_the_cache():
+    """K/V with H_kv < H heads: the state holds H_kv heads and the repeat_kv pattern
+    (Unsqueeze, Broadcast, Reshape) folds into the fused node, whose K and V inputs
+    and past K and V have H_kv heads (six inputs: q, k, v, beam_idx, past k, v)."""
+    for h, h_kv in ((4, 2), (4, 1)):
+        compiled = O._compiled(h, h_kv, 16, 16, False, None, "f32", "u8", 1)
+        ops = compiled.get_runtime_model().get_ops()
+        types = [str(o.get_rt_info()["layerType"].astype(str)) for o in ops]
+        assert "Reshape" not in types
+        (node,) = [o for o, t in zip(ops, types) if t == "ScaledDotProductAttention"]
+        assert node.get_input_size() == 6
+        heads = [node.input(i).get_partial_shape()[1].get_length() for i in (0, 1, 2, 4, 5)]
+        assert heads == [h, h_kv, h_kv, h_kv, h_kv]
+
+
+def test_gqa_work_is_split_over_the_cache():
+    """Two threads share B · H_kv · M (kv head, key) items: with H = 6, H_kv = 3 the
+    split falls inside K/V head 1, so query heads 2 and 3 sum two partials, which K/V
+    repeated to 6 heads (the split falling between heads 2 and 3) does not; the
+    other heads' bits are the same."""
+    q, k, v = _gqa_inputs(0, 6, 3, 1, 37, 20)
+    call = {"fmt": "fp32", "precision": "f32", "kv_cache": "f32", "threads": 2}
+    gqa = O.real_sdpa(q, k, v, **call)
+    repeated = O.real_sdpa(q, np.repeat(k, 2, 0), np.repeat(v, 2, 0), **call)
+    same = [np.array_equal(gqa[i], repeated[i]) for i in range(6)]
+    assert same == [True, True, False, False, True, True]
+    shares = O._shares(6, 3, 37, 2)  # (T, H, 1, M)
+    assert shares[:, 2:4].any(axis=(-1, -2)).all()  # both threads hold keys of heads 2, 3
+    assert not shares[1, :2].any() and not shares[0, 4:].any()
+
+
+def test_q_offset_is_the_caches_bottom_right():
+    """A causal call with N < M runs the plugin's mask behind its cache, bottom-right;
+    top-left (or any other offset) is refused by the real kernel and the model."""
+    q, k, v = _gqa_inputs(1, 2, 1, 2, 9, 8)
+    for run in (kernels.real, kernels.emulate):
+        with pytest.raises(ValueError, match="q_offset: expected M - N"):
+            run("openvino-sdpa", q, k, v, fmt="fp32", causal=True, q_offset="top-left")
+        with pytest.raises(ValueError, match="q_offset: expected M - N"):
+            run("openvino-sdpa", q, k, v, fmt="fp32", causal=True, q_offset=3)
+    with pytest.raises(ValueError, match="q_offset: expected 0"):
+        O.real_sdpa(q, k, v, fmt="fp32", q_offset=7)
+
+
+def _gqa_exact(seed, h, h_kv, n, m, d, kv_cache, threads, causal, precision="f32"):
+    q, k, v = _gqa_inputs(seed, h, h_kv, n, m, d)
+    call = {"fmt": "fp32", "precision": precision, "kv_cache": kv_cache, "threads": threads}
+    if causal and n != m:
+        call["q_offset"] = "bottom-right"
+    real = kernels.real("openvino-sdpa", q, k, v, causal=causal, **call)
+    model = kernels.emulate("openvino-sdpa", q, k, v, causal=causal, **call)
+    assert _identical(real, model) == 1.0
+
+
+@needs_avx2_build
+def test_gqa_avx2_exact():
+    """GQA 2:1 on a u8 cache, two queries after 39 keys, causal bottom-right, two
+    threads whose split falls inside a K/V head (the AVX2 build, this CPU's)."""
+    _gqa_exact(2, 6, 3, 2, 41, 36, "u8", 2, True)
+
+
+@pytest.mark.slow
+@needs_avx2_build
+@pytest.mark.parametrize("kv_cache", ["f32", "u8"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("h", "h_kv"), [(4, 4), (4, 2), (4, 1), (6, 3)])
+def test_gqa_avx2_exact_slow(h, h_kv, kv_cache, threads):
+    """GQA 1:1, 2:1, 4:1 on the AVX2 build: decoding (one query, odd M; d mod 8 = 4),
+    chunked decoding with the causal mask bottom-right (three queries, d odd), and
+    causal prefill, odd and even N (N mod 4 = 1: MLAS's one-row kernels)."""
+    for seed, (n, m, d, causal) in enumerate(
+        (
+            (1, 37, 20, False),
+            (3, 30, 17, True),
+            (2, 19, 36, False),
+            (9, 9, 24, True),
+            (8, 8, 16, False),
+        )
+    ):
+        _gqa_exact(seed, h, h_kv, n, m, d, kv_cache, threads, causal)
+
+
+@pytest.mark.slow
+@needs_bf16_cpu
+@pytest.mark.parametrize("precision", O.PRECISIONS)
+@pytest.mark.parametrize("kv_cache", O.KV_CACHES)
+def test_gqa_exact_avx512(precision, kv_cache):
+    """GQA 2:1 and 4:1 where the model follows the AVX-512 code: decoding and chunked
+    causal decoding (two threads), and causal prefill."""
+    for seed, (h, h_kv, n, m, d, causal) in enumerate(
+        ((4, 2, 1, 37, 32, False), (8, 2, 3, 40, 64, True), (4, 1, 13, 13, 48, True))
+    ):
+        _gqa_exact(seed, h, h_kv, n, m, d, kv_cache, 2, causal, precision)

@@ -1,15 +1,16 @@
 """OpenVINO's CPU ScaledDotProductAttention (``openvino-sdpa``) and fa_jax's bit-exact
-model of its prefill path.
+model of its prefill and decoding paths.
 
 The real kernel runs where an LLM runs it: a stateful graph built with
 ``openvino.opset13`` (ReadValue of the past K and V, Gather by ``beam_idx``, Concat
 with the new K and V, ScaledDotProductAttention, Assign), which the CPU plugin
 fuses into its ScaledAttnWithKVCache node (a bare SDPA node is decomposed
-instead).  Q, K, V (..., H, N, d) go in as one batch of H' = prod(...) heads,
-FP32; ``precision`` is the ``INFERENCE_PRECISION_HINT`` ("bf16", the default on a
-CPU with AVX-512 BF16, or "f32"), ``kv_cache`` the ``KV_CACHE_PRECISION`` ("u8":
-per-token scale and zero point, the default there; "bf16"; "f32"), ``threads`` the
-``INFERENCE_NUM_THREADS`` (default 1).
+instead).  Q (..., H, N, d) and K, V (..., H_kv, M, d) go in as one batch of
+H' = prod(...) query heads and H'_kv = H' · H_kv / H cache heads, FP32;
+``precision`` is the ``INFERENCE_PRECISION_HINT`` ("bf16", the default on a CPU
+with AVX-512 BF16, or "f32"), ``kv_cache`` the ``KV_CACHE_PRECISION`` ("u8":
+per-token scale and zero point, the default there; "bf16"; "f32"), ``threads``
+the ``INFERENCE_NUM_THREADS`` (default 1).
 
 Which code runs (``nodes/scaled_attn.cpp``):
 
@@ -23,7 +24,7 @@ Which code runs (``nodes/scaled_attn.cpp``):
   N == 1 runs the decoding kernel below, on the cache the one key has just
   entered.  Modelled:
   :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
-- N < M (decoding: non-causal only): the first M - N keys are set as the
+- N < M (decoding): the first M - N keys are set as the
   cache's state (the plugin converts them as its concat does new keys: bit for
   bit what a prefill call of M - N queries leaves, in O(M) rather than O(M²)),
   a call runs the N queries against all M keys with ``mha_single_token`` on the
@@ -37,11 +38,36 @@ Which code runs (``nodes/scaled_attn.cpp``):
   fl(u - zp), times the key's scale), the softmax in FP32 (P not rounded; on a
   u8 cache times the value's scale), O = an FMA chain over the keys (on a u8
   cache the last d_v mod 64 columns run a scalar loop: fma(fl(p · fl(u - zp)),
-  scale, O)) per thread's contiguous share of (head, key) work, the threads'
+  scale, O)) per thread's contiguous share of (cache head, key) work, the threads'
   partial sums added in thread order from zero (``attn_reduce``; one thread: no
   reduction); BF16: rounded to BF16 (the last d_v mod 16 columns as
   ``ov::bfloat16`` rounds).  BF16 on a u8 cache with d mod 16 != 0 is not
   modelled (the model raises).
+
+Grouped-query attention (the ``gqa`` feature: H_kv dividing H, query head h
+reading K/V head h // (H / H_kv)) runs as an LLM's export writes it: the cache
+(the ReadValue/Assign state) holds H_kv heads, and ``repeat_kv`` between the
+concat and the SDPA (Unsqueeze, a bidirectional Broadcast, Reshape) is part of
+the pattern ``StatefulSDPAFusion`` folds into the fused node
+(``transformations/cpu_opset/common/pass/stateful_sdpa_fusion.cpp``,
+``multi_query_bcst``), so the node reads the H_kv-head cache itself.  The
+kernels map query head h to cache head h / ``h_each_group_len`` (the multi-token
+kernels, ``scaled_attn.cpp``; ``heads_per_kv_group`` in ``mha_kv_cache``): each
+query head's arithmetic is that of its cache head repeated, and a u8 cache is
+quantized per token of each cache head (one group of d), as without GQA.  One
+thing differs: the decoding kernel splits its work over the cache, B · H_kv · M
+(cache head, then key: ``mha_foreach_kv`` in ``mha_kv_cache_codec.cpp``), each
+item serving the H / H_kv query heads of its group, so with two threads the
+split may fall inside a group's keys, where with K/V repeated it would fall
+between query heads.
+
+``causal`` with N < M (the ``q_offset`` feature, M - N: the queries after the
+cache) is the mask bottom-right, query i seeing keys up to i + M - N
+(``ncausal = kv_len - q_len + m + 1``): the decoding kernel runs the N queries
+(``use_one_token``: L1 == 1 or a non-empty cache), its softmax on the first
+ncausal scores of each row, P = 0 after (and so an FMA of 0 · V there, which
+leaves O as it is).  Another offset is refused (ValueError): the plugin has no
+other.
 
 ``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1 / fl32(sqrt(d)))
 (``1.0f / std::sqrt(float(d))``: d = 24, 72, 96, 112 differ from fl32(1/sqrt(d))); a
@@ -80,6 +106,7 @@ from fa_jax import openvino_sdpa as ovs
 from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.formats import BF16, FP32, Format, get_format
+from fa_jax.heads import kv_groups, repeat_kv
 from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
@@ -159,28 +186,41 @@ def _scale(scale, d: int) -> float:
 
 
 @functools.cache
-def _compiled(h: int, d: int, d_v: int, causal: bool, scale, precision, kv_cache, threads):
-    """The stateful graph (module docstring), compiled for the CPU."""
+def _compiled(
+    h: int, h_kv: int, d: int, d_v: int, causal: bool, scale, precision, kv_cache, threads
+):
+    """The stateful graph (module docstring), compiled for the CPU: H query heads, the
+    cache's H_kv; with H_kv < H each K/V head repeated H / H_kv times between the
+    concat and the SDPA as an LLM's export writes ``repeat_kv`` (Unsqueeze, a
+    bidirectional Broadcast, Reshape), the pattern ``StatefulSDPAFusion`` folds into
+    the fused node."""
     import openvino as ov
     import openvino.opset13 as op
 
     f32 = ov.Type.f32
     q = op.parameter([-1, h, -1, d], f32, name="q")
-    k = op.parameter([-1, h, -1, d], f32, name="k")
-    v = op.parameter([-1, h, -1, d_v], f32, name="v")
+    k = op.parameter([-1, h_kv, -1, d], f32, name="k")
+    v = op.parameter([-1, h_kv, -1, d_v], f32, name="v")
     beam = op.parameter([-1], ov.Type.i32, name="beam_idx")
+    groups = h // h_kv
     present, sinks = [], []
     for name, x, width in (("k", k, d), ("v", v, d_v)):
         info = ov.op.util.VariableInfo()
-        info.data_shape = ov.PartialShape([-1, h, -1, width])
+        info.data_shape = ov.PartialShape([-1, h_kv, -1, width])
         info.data_type = f32
         info.variable_id = f"past_{name}"
         variable = ov.op.util.Variable(info)
         batch = op.gather(op.shape_of(x), op.constant([0]), op.constant(0))
-        empty = op.concat([batch, op.constant(np.array([h, 0, width], np.int64))], 0)
+        empty = op.concat([batch, op.constant(np.array([h_kv, 0, width], np.int64))], 0)
         past = op.read_value(op.broadcast(op.constant(np.float32(0)), empty), variable)
         cat = op.concat([op.gather(past, beam, op.constant(0)), x], 2)
         sinks.append(op.assign(cat, variable))
+        if groups > 1:  # repeat_kv: (B, H_kv, L, S) -> (B, H_kv, G, L, S) -> (B, H, L, S)
+            cat = op.unsqueeze(cat, op.constant(np.array([2], np.int64)))
+            shape = op.constant(np.array([1, 1, groups, 1, 1], np.int64))
+            cat = op.broadcast(cat, shape, broadcast_spec="bidirectional")
+            shape = op.constant(np.array([0, h, -1, width], np.int64))
+            cat = op.reshape(cat, shape, special_zero=True)
         present.append(cat)
     extra = {}
     if scale is not None:
@@ -198,6 +238,18 @@ def _compiled(h: int, d: int, d_v: int, causal: bool, scale, precision, kv_cache
     return ov.Core().compile_model(model, "CPU", config)
 
 
+def _check_offset(q_offset, n: int, m: int, causal: bool) -> None:
+    """The causal mask the plugin runs: bottom-right (``ncausal = kv_len - q_len + m +
+    1``), q_offset = M - N; none without ``causal`` (ValueError otherwise)."""
+    want = m - n if causal else 0
+    if q_offset != want:
+        what = "M - N (bottom-right: queries after the cache)" if causal else "0 (no causal mask)"
+        raise ValueError(
+            f"openvino-sdpa: q_offset: expected {what} = {want} for N = {n}, M = {m}, "
+            f"causal={bool(causal)}, got {q_offset!r}"
+        )
+
+
 def real_sdpa(
     q,
     k,
@@ -206,48 +258,54 @@ def real_sdpa(
     fmt,
     causal: bool = False,
     scale=None,
+    q_offset: int = 0,
     precision: str = "bf16",
     kv_cache: str = "u8",
     threads: int = 1,
     fill: str = "state",
 ) -> np.ndarray:
-    """OpenVINO's fused SDPA output (..., N, d_v) on the CPU, as float64 (module docstring);
-    ``fill``: how the first M - N keys enter the cache, ``"state"`` (set directly) or
-    ``"prefill"`` (a call of M - N queries), the two bit for bit the same."""
+    """OpenVINO's fused SDPA output (..., H, N, d_v) on the CPU, as float64 (module
+    docstring); K and V (..., H_kv, M, d) with H_kv dividing H; ``q_offset`` M - N
+    for a causal call (0 where N == M); ``fill``: how the first M - N keys enter the
+    cache, ``"state"`` (set directly) or ``"prefill"`` (a call of M - N queries),
+    the two bit for bit the same."""
     _fmt(fmt)
     fill = one_of(fill, tuple(_FILLS), "openvino-sdpa: fill")
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
     kv_cache = one_of(kv_cache, KV_CACHES, "openvino-sdpa: kv_cache")
     threads = positive_int(threads, "openvino-sdpa: threads")
     q, k, v = (np.asarray(t) for t in (q, k, v))
+    groups = kv_groups("openvino-sdpa", q.shape, k.shape, v.shape)
     lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     m, d_v = k.shape[-2], v.shape[-1]
     if n > m:
         raise ValueError(f"openvino-sdpa: expected N <= M (queries after a cache), got {n} > {m}")
-    if causal and n != m:
-        raise ValueError(f"openvino-sdpa: causal: expected N == M, got N = {n}, M = {m}")
+    _check_offset(q_offset, n, m, causal)
     h = int(np.prod(lead, dtype=np.int64)) if lead else 1
-    q4, k4, v4 = (np.asarray(t, np.float32).reshape(1, h, *t.shape[-2:]) for t in (q, k, v))
+    h_kv = h // groups
+    q4 = np.asarray(q, np.float32).reshape(1, h, n, d)
+    k4, v4 = (np.asarray(t, np.float32).reshape(1, h_kv, m, -1) for t in (k, v))
     given = None if scale is None else _scale(scale, d)
-    compiled = _compiled(h, d, d_v, bool(causal), given, precision, kv_cache, threads)
+    compiled = _compiled(h, h_kv, d, d_v, bool(causal), given, precision, kv_cache, threads)
     request = compiled.create_infer_request()
     beam = np.zeros(1, np.int32)
     if m > n:  # the first M - N keys into the cache
-        _FILLS[fill](request, k4[:, :, : m - n], v4[:, :, : m - n], precision)
+        _FILLS[fill](request, k4[:, :, : m - n], v4[:, :, : m - n], precision, h)
     out = request.infer({"q": q4, "k": k4[:, :, m - n :], "v": v4[:, :, m - n :], "beam_idx": beam})
     return np.asarray(out[0], np.float64).reshape(*lead, n, d_v)
 
 
-def _fill_state(request, k, v, precision: str) -> None:
+def _fill_state(request, k, v, precision: str, h: int) -> None:
     """The cache set directly (``VariableState.state``, O(M)): the plugin converts the
     state as its concat converts new keys (u8: ``attn_quant_u8``, one scale and zero
     point per token; else its cache precision).  Under BF16 inference (the hint
     where the plugin takes it: not on a CPU without BF16, ``INFERENCE_PRECISION_HINT``
     of the compiled model f32) the keys and values are rounded to BF16 first
     (nearest even), as the graph rounds its inputs before the cache: a u8 state
-    quantizes the values it is given."""
+    quantizes the values it is given.  ``h``: the query heads (unused)."""
     import openvino as ov
 
+    del h
     runs = request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT")
     for state in request.query_state():
         x = {"past_k": k, "past_v": v}[state.name]
@@ -256,11 +314,11 @@ def _fill_state(request, k, v, precision: str) -> None:
         state.state = ov.Tensor(np.ascontiguousarray(x, np.float32))
 
 
-def _fill_prefill(request, k, v, precision: str) -> None:
-    """The cache filled by a prefill call of M - N zero queries, whose output is
-    unused (the multi-token kernel: O(M²))."""
+def _fill_prefill(request, k, v, precision: str, h: int) -> None:
+    """The cache filled by a prefill call of M - N zero queries (``h`` heads), whose
+    output is unused (the multi-token kernel: O(M²))."""
     del precision
-    h, m, d = k.shape[1:]
+    m, d = k.shape[2:]
     q = np.zeros((1, h, m, d), np.float32)
     request.infer({"q": q, "k": k, "v": v, "beam_idx": np.zeros(1, np.int32)})
 
@@ -269,9 +327,11 @@ _FILLS = {"state": _fill_state, "prefill": _fill_prefill}
 
 
 def _keep(n: int, m: int, causal: bool):
+    """The keys each query sees (None: all): causal bottom-right, query i seeing keys
+    up to i + M - N (``ncausal = kv_len - q_len + m + 1`` in both kernels)."""
     if not causal:
         return None
-    return jnp.asarray(np.arange(m)[None, :] <= np.arange(n)[:, None])
+    return jnp.asarray(np.arange(m)[None, :] <= np.arange(n)[:, None] + (m - n))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "causal", "amx"))
@@ -331,16 +391,42 @@ def _u8_value_tail(p, v_read, v_scale, shares):
     return ops.sum(terms, FP32, axis=-3, accumulation=SEQUENTIAL)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8", "bf16", "code"))
-def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool, code: ovs.VectorCode):
+def _shares(h: int, h_kv: int, m: int, threads: int) -> np.ndarray:
+    """(T, H, 1, M): which thread's share holds each (query head, key).  The work
+    split is over the cache, B · H_kv · M (kv head, then key: ``mha_foreach_kv``
+    in ``mha_kv_cache_codec.cpp``), one item a key of a K/V head for all H / H_kv
+    query heads of its group (``heads_per_kv_group``)."""
+    group = np.arange(h) // (h // h_kv)  # query head h reads K/V head h // G
+    work = (group[:, None] * m + np.arange(m)[None, :])[:, None, :]  # (H, 1, M)
+    return np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h_kv * m, threads)])
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "threads", "u8", "bf16", "code", "causal"))
+def _decode(
+    q,
+    k,
+    v,
+    *,
+    scale: float,
+    threads: int,
+    u8: bool,
+    bf16: bool,
+    code: ovs.VectorCode,
+    causal: bool = False,
+):
     """``mha_single_token`` with BF16 queries on a BF16 or u8 cache (``bf16``), or
-    with FP32 queries on an FP32 or u8 cache (module docstring); q (H, N, d);
-    ``code`` the build (lanes and sums of the dot product and softmax)."""
+    with FP32 queries on an FP32 or u8 cache (module docstring); q (H, N, d), k and v
+    (H_kv, M, ·) with H_kv dividing H; ``code`` the build (lanes and sums of the dot
+    product and softmax); ``causal``: bottom-right."""
+    h, h_kv, n, m = q.shape[0], k.shape[0], q.shape[-2], k.shape[-2]
+    shares = _shares(h, h_kv, m, threads)
+    # Each query head reads its group's K/V head: the cache's rows (each quantized on
+    # its own, u8) read as they are, so repeating them first gives the same values.
+    k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)
     if bf16:
         q, k, v = (ops.cast(t, BF16) for t in (q, k, v))
-    h, m, d_v = k.shape[0], k.shape[-2], v.shape[-1]
-    work = np.arange(h * m).reshape(h, 1, m)  # flattened (head, key) work items
-    shares = np.stack([(work >= lo) & (work < hi) for lo, hi in thread_shares(h * m, threads)])
+    d_v = v.shape[-1]
+    keep = _keep(n, m, causal)
     s = None
     if u8 and not bf16:
         # FP32 queries read V back as fl(fl(u - zp) · scale), and K too (AVX-512) or
@@ -359,12 +445,12 @@ def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool, code: 
         k_read = ops.sub(k_u, jnp.broadcast_to(k_zp, k_u.shape), FP32)
         v = ops.sub(v_u, jnp.broadcast_to(v_zp, v_u.shape), FP32)
         s = ops.mul(ovs.dot_product(q, k_read, code=code), jnp.swapaxes(k_scale, -1, -2), FP32)
-        p = ovs.softmax(s, scale, code=code)
+        p = ovs.softmax(s, scale, keep, code=code)
         w = ops.mul(p, jnp.swapaxes(v_scale, -1, -2), FP32)  # weight · scale of V
     else:
         if s is None:
             s = ovs.dot_product(q, k, fp32=not bf16, code=code)
-        p = w = ovs.softmax(s, scale, code=code)
+        p = w = ovs.softmax(s, scale, keep, code=code)
     parts = []
     if d_v - tail:
         w_t = jnp.where(shares, w, 0.0)
@@ -381,13 +467,27 @@ def _decode(q, k, v, *, scale: float, threads: int, u8: bool, bf16: bool, code: 
 
 
 def _forward(
-    q, k, v, *, policy, causal, scale, precision: str, threads: int, u8: bool, amx: bool, code
+    q,
+    k,
+    v,
+    *,
+    policy,
+    causal,
+    scale,
+    q_offset: int = 0,
+    precision: str = "bf16",
+    threads: int = 1,
+    u8: bool = False,
+    amx: bool = False,
+    code=ovs.AVX512F,
 ):
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
+    groups = kv_groups("openvino-sdpa", q.shape, k.shape, v.shape)
     n, d, m = q.shape[-2], q.shape[-1], k.shape[-2]
+    _check_offset(q_offset, n, m, causal)
     s = _scale(scale, d)
-    if n != m or n == 1:  # one query row runs mha_single_token, on the cache
+    if n != m or n == 1:  # one query row, or queries after a cache: mha_single_token
         if u8 and precision == "bf16" and d % ovs.LANES:
             raise NotImplementedError(
                 f"openvino-sdpa: decoding on a u8 cache with d = {d}: the u8 dot product's "
@@ -395,8 +495,13 @@ def _forward(
             )
         lead = q.shape[:-2]
         flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]
-        out = _decode(*flat, scale=s, threads=threads, u8=u8, bf16=precision == "bf16", code=code)
+        bf16 = precision == "bf16"
+        out = _decode(
+            *flat, scale=s, threads=threads, u8=u8, bf16=bf16, code=code, causal=bool(causal)
+        )
         return out.reshape(*lead, n, v.shape[-1])
+    # the multi-token kernels read K/V head h // G for query head h (h_each_group_len)
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     if precision == "bf16":
         return _bf16_prefill(q, k, v, scale=s, causal=bool(causal), amx=amx)
     rows = n - 1 if n % _M_BLOCK == 1 else n  # the last block of one row: M = 1 kernels
@@ -457,6 +562,7 @@ OPENVINO_SDPA = Kernel(
     unavailable=_unavailable,
     platform=_platform_facts,
     formats=_FORMATS,
+    features=frozenset({"gqa", "q_offset"}),
     options=("precision", "kv_cache", "threads"),
     unmodelled=unmodelled,
 )
