@@ -478,6 +478,7 @@ with np.load(sys.argv[1]) as f:
         out[f"o{i}"] = O.real_sdpa(
             f[f"q{i}"], f[f"k{i}"], f[f"v{i}"], fmt="fp32", precision="f32",
             kv_cache=kv, threads=threads, causal=causal,
+            q_offset=f[f"k{i}"].shape[-2] - f[f"q{i}"].shape[-2] if causal else 0,
         )
 np.savez(sys.argv[3], **out)
 """
@@ -486,20 +487,22 @@ np.savez(sys.argv[3], **out)
 @pytest.mark.extended
 def test_the_avx2_build_is_modelled_on_any_host(tmp_path):
     """OpenVINO run as an AVX2 CPU (natively, or under qemu-user on an AVX-512 host):
-    the plugin's AVX2 build, F32 inference on F32 and u8 caches, decoding and a
-    causal prefill, bit for bit as the model with isa="AVX2" gives it on this host;
-    the AVX-512 model's bits are not these."""
+    the plugin's AVX2 build, F32 inference on F32 and u8 caches, decoding, a causal
+    prefill, and GQA 2:1 decoding after a cache with the causal mask bottom-right,
+    bit for bit as the model with isa="AVX2" gives it on this host; the AVX-512
+    model's bits are not these."""
     from lab import run_as_avx2
 
-    # (kv, threads, causal, h, n, m, d)
+    # (kv, threads, causal, h, h_kv, n, m, d)
     cases = [
-        ("f32", 1, False, 2, 1, 37, 20),
-        ("u8", 2, False, 2, 2, 19, 36),
-        ("f32", 1, True, 2, 9, 9, 24),
+        ("f32", 1, False, 2, 2, 1, 37, 20),
+        ("u8", 2, False, 2, 2, 2, 19, 36),
+        ("f32", 1, True, 2, 2, 9, 9, 24),
+        ("u8", 2, True, 6, 3, 2, 19, 36),
     ]
     arrays, inputs = {}, []
-    for i, (_, _, _, h, n, m, d) in enumerate(cases):
-        q, k, v = _inputs(20 + i, h, n, m, d)
+    for i, (_, _, _, h, h_kv, n, m, d) in enumerate(cases):
+        q, k, v = _gqa_inputs(20 + i, h, h_kv, n, m, d)
         inputs.append((q, k, v))
         arrays.update({f"q{i}": q, f"k{i}": k, f"v{i}": v})
     np.savez(tmp_path / "in.npz", **arrays)
@@ -512,11 +515,12 @@ def test_the_avx2_build_is_modelled_on_any_host(tmp_path):
     assert O._avx2_build(flags), flags
     fp32 = fa_jax.get_format("fp32")
     avx512_equal = []
-    for (kv, threads, causal, _, n, _, d), (q, k, v), r in zip(cases, inputs, real):
+    for (kv, threads, causal, _, _, n, m, d), (q, k, v), r in zip(cases, inputs, real):
         options = {"precision": "f32", "kv_cache": kv, "threads": threads}
-        model = O.sdpa_model(fp32, n, d, isa="AVX2", **options)(q, k, v, causal=causal)
+        at = {"causal": causal, **({"q_offset": m - n} if causal and m != n else {})}
+        model = O.sdpa_model(fp32, n, d, isa="AVX2", **options)(q, k, v, **at)
         np.testing.assert_array_equal(np.asarray(model), r, err_msg=str((kv, causal)))
-        avx512 = O.sdpa_model(fp32, n, d, isa="AVX512", **options)(q, k, v, causal=causal)
+        avx512 = O.sdpa_model(fp32, n, d, isa="AVX512", **options)(q, k, v, **at)
         avx512_equal.append(np.array_equal(np.asarray(avx512), r))
     assert not all(avx512_equal)
 
