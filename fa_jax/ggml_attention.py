@@ -225,14 +225,20 @@ def mask_values(mask, slopes=None):
     return ops.mul(mask, jnp.asarray(slopes, jnp.float64)[:, None], FP32)
 
 
-def _fold_sink(big_m, big_s, o, sink):
+def _fold_sink(big_m, big_s, o, sink, *, fused: bool):
     """A sink logit per row folded into (M, S, o) after the keys (ops.cpp:9031-9046,
-    9331-9347): ``o`` FP32 whatever V's type."""
+    9331-9347): ``o`` FP32 whatever V's type; ``S = S·ms + vs`` one FMA where
+    ``fused`` (the tiled path's), rounded twice otherwise (the scalar loop's: as
+    compiled, found by experiment)."""
     new = sink > big_m
     ms = jnp.where(new, glibc_expf(ops.sub(big_m, sink, FP32)), 1.0)
     vs = jnp.where(new, 1.0, glibc_expf(ops.sub(sink, big_m, FP32)))
     o = jnp.where(new[:, None], ops.mul(o, ms[:, None], FP32), o)
-    return jnp.where(new, sink, big_m), ops.fma(big_s, ms, vs, FP32), o
+    if fused:
+        big_s = ops.fma(big_s, ms, vs, FP32)
+    else:
+        big_s = ops.add(ops.mul(big_s, ms, FP32), vs, FP32)
+    return jnp.where(new, sink, big_m), big_s, o
 
 
 def scalar_chunk(scores, v, mask, *, scale: float, v_fp16: bool, softcap=None, sink=None):
@@ -268,7 +274,7 @@ def scalar_chunk(scores, v, mask, *, scale: float, v_fp16: bool, softcap=None, s
     xs = (s_all.T, jnp.moveaxis(v, 1, 0), keep.T)
     (big_m, big_s, o), _ = jax.lax.scan(step, init, xs)
     if sink is not None:
-        big_m, big_s, o = _fold_sink(big_m, big_s, o, sink)
+        big_m, big_s, o = _fold_sink(big_m, big_s, o, sink, fused=False)
     return big_m, big_s, o
 
 
@@ -399,5 +405,5 @@ def tiled(q, k, v, mask, *, scale: float, code: VecCode = AVX512, softcap=None, 
 
         o, _ = jax.lax.scan(pv, o, (p.T, jnp.moveaxis(v[:, lo:hi], 1, 0)))
     if sinks is not None:
-        _, big_s, o = _fold_sink(big_m, big_s, o, sinks)
+        _, big_s, o = _fold_sink(big_m, big_s, o, sinks, fused=True)
     return _normalise(o, big_s)

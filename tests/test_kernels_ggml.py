@@ -291,3 +291,204 @@ def test_build_script_builds_where_the_kernel_looks(tmp_path, monkeypatch):
     build = load_experiment("build_ggml")
     assert build.default_cache() / "lib" == tmp_path / "fa_jax" / "ggml" / "lib"
     assert ggml_lib._candidates()[0] == build.default_cache() / "lib"
+
+
+# ---- features (ggml_flash_attn_ext's mask, max_bias, logit_softcap; sinks; GQA) ----
+
+FEATURE_NAMES = ("gqa", "mask", "bias", "q_offset", "alibi", "softcap", "sinks")
+
+
+def _feature_call(features, kv, n, m, *, d=64, threads=1, seed=0):
+    """(fmt, q, k, v, keywords) of a call with ``features``: GQA with 2 K/V heads
+    for 6 query heads; a boolean mask keeping about 80 % (the first row none); a
+    bias of FP16 values and -inf; the causal mask bottom-right (N queries after M - N
+    cached keys); ALiBi with max_bias 8 on 6 heads (both of ggml's slope formulas);
+    softcap 1.5 with scale 1; sinks of FP32 logits (head 0's above its rows' maxima)."""
+    from fa_jax.rounding import round_to
+
+    h = 6 if "alibi" in features or "gqa" in features else 2
+    h_kv = 2 if "gqa" in features else h
+    rng = np.random.default_rng(seed)
+    fmt = _FMT[kv]
+    with float64_enabled():
+        q = np.asarray(round_to(rng.standard_normal((h, n, d)), fmt))
+        k, v = (np.asarray(round_to(rng.standard_normal((h_kv, m, d)), fmt)) for _ in "kv")
+    kw: dict = {"kv_type": kv, "threads": threads}
+    if "mask" in features:
+        keep = rng.random((h, n, m)) < 0.8
+        keep[:, 0] = False
+        kw["mask"] = keep
+    if "bias" in features:
+        bias = np.round(rng.standard_normal((1, n, m)) * 64) / 64
+        kw["bias"] = np.where(rng.random((1, n, m)) < 0.1, -np.inf, bias)
+    if "q_offset" in features or "alibi" in features:
+        kw.update(causal=True, q_offset="bottom-right")
+    if "alibi" in features:
+        kw["max_bias"] = 8.0
+    if "softcap" in features:
+        kw.update(softcap=1.5, scale=1.0)
+    if "sinks" in features:
+        sinks = rng.standard_normal(h).astype(np.float32).astype(np.float64) * 2
+        sinks[0] = 4.5  # above the row maxima: the branch that rescales o and S
+        kw["sinks"] = sinks
+    return fmt, q, k, v, kw
+
+
+def _compare_features(features, kv, n, m, *, threads=1, seed=0):
+    fmt, q, k, v, kw = _feature_call(features, kv, n, m, threads=threads, seed=seed)
+    refused = G.unmodelled(fmt, kv_type=kv)
+    if refused is not None:
+        pytest.skip(f"the model refuses this build's code: {refused}")
+    real = kernels.real("ggml", q, k, v, fmt=fmt, **kw)
+    emulated = kernels.emulate("ggml", q, k, v, fmt=fmt, **kw)
+    assert real.shape == emulated.shape == (*q.shape[:-1], v.shape[-1])
+    np.testing.assert_array_equal(emulated, real)
+    return real
+
+
+def test_features_declared():
+    assert kernels.get("ggml").features == {"gqa", "mask", "bias", "q_offset", "softcap", "sinks"}
+    assert "max_bias" in kernels.get("ggml").options
+
+
+@needs_ggml
+def test_features_scalar_exact():
+    """The scalar path with GQA, a boolean mask (a row keeping no key), the causal
+    mask bottom-right and sinks at once (Q8_0 K/V: modelled on both kinds of
+    build), and ALiBi with F16 K/V (the F16 accumulator, six heads' slopes)."""
+    _compare_features(("gqa", "mask", "q_offset", "sinks"), "q8_0", 3, 37)
+    _compare_features(("alibi",), "f16", 3, 37, seed=1)
+
+
+@needs_ggml
+@pytest.mark.slow
+@pytest.mark.parametrize("feature", FEATURE_NAMES)
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_feature_scalar_exact(feature, kv):
+    _compare_features((feature,), kv, 3, 37, seed=2)
+
+
+@needs_ggml
+@pytest.mark.slow
+@pytest.mark.parametrize("feature", FEATURE_NAMES)
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_feature_tiled_exact(feature, kv):
+    """N = 65: a full Q tile and one row; M = 130: a part-filled KV tile."""
+    _compare_features((feature,), kv, 65, 130, seed=3)
+
+
+@needs_ggml
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("feature", FEATURE_NAMES)
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_feature_split_kv_exact(feature, kv, threads):
+    """One query row over 601 keys; with 2 threads the sink goes to the first chunk."""
+    _compare_features((feature,), kv, 1, 601, threads=threads, seed=4)
+
+
+@needs_ggml
+@pytest.mark.slow
+def test_features_together_exact():
+    """Every feature that goes with ALiBi at once, on each path."""
+    every = ("gqa", "mask", "alibi", "softcap", "sinks")
+    _compare_features(every, "f16", 3, 37, seed=5)
+    _compare_features(every, "f32", 65, 130, seed=6)
+    _compare_features(every, "f16", 1, 600, threads=2, seed=7)
+    _compare_features(("gqa", "mask", "bias", "q_offset", "softcap", "sinks"), "q4_0", 3, 64)
+
+
+def test_alibi_slopes():
+    """ggml's slopes: m0^(h+1) below n_head_log2, m1^(2(h - n_head_log2)+1) above."""
+    from fa_jax.ggml_attention import alibi_slopes
+
+    assert alibi_slopes(8.0, 8) == tuple(2.0 ** -(h + 1) for h in range(8))
+    assert alibi_slopes(8.0, 6) == (0.25, 0.0625, 2.0**-6, 2.0**-8, 0.5, 0.125)
+    assert alibi_slopes(0.0, 3) == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.skipif(
+    __import__("platform").libc_ver()[0] != "glibc", reason="compares with glibc's powf"
+)
+def test_glibc_powf_is_the_c_librarys():
+    """The model's powf against the C library's, on ALiBi's slopes for many
+    (max_bias, n_head) and on random arguments (where correct rounding would differ
+    in about 1 case in 300)."""
+    import ctypes
+    import ctypes.util
+
+    from fa_jax.ggml_attention import alibi_slopes, glibc_powf
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.powf.argtypes, libm.powf.restype = [ctypes.c_float, ctypes.c_float], ctypes.c_float
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(0.01, 4.0, 3000).astype(np.float32)
+    ys = rng.uniform(-15.0, 15.0, 3000).astype(np.float32)
+    for x, y in zip(xs.tolist(), ys.tolist()):
+        assert glibc_powf(x, y) == libm.powf(x, y), (x, y)
+    f32 = np.float32
+    for max_bias in (0.5, 5.0, 8.5):
+        for n_head in (3, 12, 40, 96):
+            log2 = 1 << int(np.log2(n_head))
+            m0 = libm.powf(2.0, float(-f32(max_bias) / f32(log2)))
+            m1 = libm.powf(2.0, float(-(f32(max_bias) / f32(2)) / f32(log2)))
+            want = [
+                libm.powf(m0, h + 1) if h < log2 else libm.powf(m1, 2 * (h - log2) + 1)
+                for h in range(n_head)
+            ]
+            assert alibi_slopes(max_bias, n_head) == tuple(want), (max_bias, n_head)
+
+
+def test_ggml_mask_as_llama_cpp_builds_it():
+    """-inf where dropped, else the bias or ALiBi's -|i + q_offset - j|; bottom-right."""
+    out = G.ggml_mask(np, (2,), 2, 4, causal=True, q_offset=2, alibi=True)
+    inf = np.inf
+    np.testing.assert_array_equal(out, [[-2, -1, 0, -inf], [-3, -2, -1, 0]])
+    assert G.ggml_mask(np, (2,), 2, 4, causal=False) is None
+    keep = np.array([[True, False, True, True]])
+    bias = np.full((2, 1, 4), 0.5)
+    both = G.ggml_mask(np, (2,), 1, 4, causal=False, mask=keep, bias=bias)
+    assert both.shape == (2, 1, 4)
+    np.testing.assert_array_equal(both[1, 0], [0.5, -inf, 0.5, 0.5])
+
+
+def test_feature_errors():
+    fp32 = get_format("fp32")
+    q = np.zeros((2, 3, 8))
+    model = G.model(fp32, 3, 8, isa="AVX2")
+    with pytest.raises(ValueError, match="bias with max_bias"):
+        G.model(fp32, 3, 8, isa="AVX2", max_bias=8.0)(q, q, q, bias=np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="max_bias: expected a finite number >= 0"):
+        G.model(fp32, 3, 8, isa="AVX2", max_bias=-1.0)
+    with pytest.raises(ValueError, match="exact in FP16"):
+        model(q, q, q, bias=np.full((3, 3), 1.0 + 2.0**-12))
+    with pytest.raises(NotImplementedError, match="window"):
+        model(q, q, q, window=(1, 0))
+    with pytest.raises(ValueError, match="one sink per head"):
+        G.model(fp32, 3, 8, isa="AVX2", max_bias=8.0)(
+            np.zeros((2, 2, 3, 8)),
+            np.zeros((2, 2, 3, 8)),
+            np.zeros((2, 2, 3, 8)),
+            sinks=np.array([[0.0, 1.0], [1.0, 0.0]]),
+        )
+    with pytest.raises(ValueError, match="'ggml': window: not supported"):
+        kernels.emulate("ggml", q, q, q, fmt="fp32", window=(1, 0))
+
+
+@pytest.mark.slow
+def test_features_answer_on_either_code():
+    """Both codes' models take every feature (their arithmetic for the features is
+    the same C; only the dots and the tiled softmax differ): GQA broadcasts K/V
+    heads as ggml does, and a sink of -inf with no key kept gives NaN, as in C."""
+    fp32 = get_format("fp32")
+    rng = np.random.default_rng(0)
+    q = np.round(rng.standard_normal((4, 2, 8)) * 4) / 4
+    k, v = (np.round(rng.standard_normal((2, 5, 8)) * 4) / 4 for _ in "kv")
+    for isa in G.ISAS:
+        model = G.model(fp32, 2, 8, isa=isa)
+        grouped = model(q, k, v)
+        repeated = model(q, np.repeat(k, 2, axis=0), np.repeat(v, 2, axis=0))
+        np.testing.assert_array_equal(grouped, repeated)
+        none = np.zeros((4, 2, 5), bool)
+        out = model(q, k, v, mask=none, sinks=np.array([0.0, -np.inf, 1.0, 2.0]))
+        assert np.isnan(out[1]).all() and (out[[0, 2, 3]] == 0).all()

@@ -5,12 +5,30 @@ libraries); the model is :mod:`fa_jax.ggml_attention`, which picks the path ggml
 picks (ops.cpp:9441): split-KV for one query row over ``M >= 512`` float K/V (its
 output depends on ``threads``), tiled for ``N >= 64`` rows of float K/V, scalar
 otherwise.  Q is F32; K and V are stored as ``kv_type`` (``f32``, ``f16``, ``bf16``,
-``q8_0``, ``q4_0``); causal attention is an additive F16 mask of 0 and -inf.
+``q8_0``, ``q4_0``).
+
+Features (:data:`FEATURES`), as ``ggml_flash_attn_ext(q, k, v, mask, scale,
+max_bias, logit_softcap)`` and ``ggml_flash_attn_ext_add_sinks`` take them (the
+order in which ggml applies them: :mod:`fa_jax.ggml_attention`):
+
+* ``gqa``: K/V with H_kv heads dividing H; query head h reads K/V head h // (H /
+  H_kv) (ggml's ``ik2 = iq2 / rk2``, the same as :mod:`fa_jax.heads`);
+* ``mask``, ``bias``, ``q_offset`` and the causal mask become ggml's one additive F16
+  mask, built as llama.cpp builds its KQ mask (:func:`ggml_mask`): -inf where a pair
+  is dropped (causal: key j <= i + q_offset), else the bias (0 without; values exact
+  in FP16, else ValueError);
+* ``softcap``: ggml's ``logit_softcap`` (FP32), with glibc's ``tanhf``;
+* ``sinks``: a logit per head (FP32), ``ggml_flash_attn_ext_add_sinks``.
 
 Keywords beyond the common calling convention (:mod:`fa_jax.kernels.model`):
-``kv_type`` (default: ``f32`` for fp32 inputs, ``f16`` for fp16, ``bf16`` for bf16)
-and ``threads`` (default 1).  Quantized K/V take FP32 inputs; ggml's reference
-quantizer makes the blocks (:mod:`fa_jax.ggml_blocks`).
+``kv_type`` (default: ``f32`` for fp32 inputs, ``f16`` for fp16, ``bf16`` for bf16),
+``threads`` (default 1) and ``max_bias`` (default 0: ALiBi off): ALiBi as llama.cpp
+runs it, the mask holding the distance -|i + q_offset - j| of each kept pair, which
+ggml multiplies by each head's slope (from ``max_bias`` and the number of heads);
+the heads are then the last leading axis and the others ggml's batch (without
+ALiBi every leading axis is a head, batch 1); ``bias`` with ``max_bias`` is refused,
+and sinks that differ along the batch.  Quantized K/V take FP32 inputs; ggml's
+reference quantizer makes the blocks (:mod:`fa_jax.ggml_blocks`).
 
 Which code is modelled (:func:`unmodelled`): ggml picks its code when it is built,
 so the loaded build's features decide (:func:`fa_jax.kernels.ggml_lib.build_features`;
@@ -42,7 +60,18 @@ from fa_jax.kernels import cpu, ggml_lib
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
 
-__all__ = ["GGML", "ISAS", "KV_TYPES", "model", "path", "real", "unmodelled"]
+__all__ = [
+    "FEATURES",
+    "GGML",
+    "ISAS",
+    "KV_TYPES",
+    "call_args",
+    "ggml_mask",
+    "model",
+    "path",
+    "real",
+    "unmodelled",
+]
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 FEATURES = frozenset({"bias", "mask", "q_offset", "softcap", "sinks", "gqa"})
@@ -162,7 +191,7 @@ def _as4(t: np.ndarray, b: int = 1) -> np.ndarray:
     return np.asarray(t, np.float32).reshape(b, -1, *t.shape[-2:])
 
 
-def real(
+def call_args(
     q,
     k,
     v,
@@ -178,8 +207,9 @@ def real(
     q_offset=0,
     softcap=None,
     sinks=None,
-) -> np.ndarray:
-    """ggml's output (..., N, d_v) as float64."""
+) -> dict:
+    """The keywords of :func:`fa_jax.kernels.ggml_lib.flash_attn_ext` for a call of
+    :func:`real` (numpy arrays and numbers: what the AVX2 lab's child is given)."""
     kv = _kv_type(fmt, kv_type)
     threads = positive_int(threads, "ggml: threads")
     mb, cap = _options(max_bias, softcap, bias)
@@ -192,19 +222,24 @@ def real(
     )
     if full is not None and full.ndim > 2:
         full = full.reshape(b, h, n, m)
-    out = ggml_lib.flash_attn_ext(
-        _as4(q, b),
-        _as4(np.asarray(k), b),
-        _as4(np.asarray(v), b),
-        full,
-        _scale(scale, q.shape[-1]),
-        kv,
-        threads,
-        max_bias=mb,
-        softcap=0.0 if cap is None else cap,
-        sinks=_sinks_per_head(sinks, lead, b, h),
-    )
-    return out.reshape(*q.shape[:-1], np.shape(v)[-1]).astype(np.float64)
+    return {
+        "q": _as4(q, b),
+        "k": _as4(np.asarray(k), b),
+        "v": _as4(np.asarray(v), b),
+        "mask": full,
+        "scale": _scale(scale, q.shape[-1]),
+        "kv_type": kv,
+        "threads": threads,
+        "max_bias": mb,
+        "softcap": 0.0 if cap is None else cap,
+        "sinks": _sinks_per_head(sinks, lead, b, h),
+    }
+
+
+def real(q, k, v, *, fmt, **keywords) -> np.ndarray:
+    """ggml's output (..., N, d_v) as float64 (keywords: :func:`call_args`)."""
+    out = ggml_lib.flash_attn_ext(**call_args(q, k, v, fmt=fmt, **keywords))
+    return out.reshape(*np.shape(q)[:-1], np.shape(v)[-1]).astype(np.float64)
 
 
 def _stored(x, kv: str):
