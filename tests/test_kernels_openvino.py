@@ -618,3 +618,23 @@ def test_gqa_exact_avx512(precision, kv_cache):
         ((4, 2, 1, 37, 32, False), (8, 2, 3, 40, 64, True), (4, 1, 13, 13, 48, True))
     ):
         _gqa_exact(seed, h, h_kv, n, m, d, kv_cache, 2, causal, precision)
+
+
+@pytest.mark.extended
+def test_chunked_causal_decoding_is_each_query_alone():
+    """N = 3 queries after 9 cached keys, causal bottom-right: query i's row is, bit
+    for bit, one query decoding alone over the first 10 + i keys (its softmax on
+    those, P = 0 after: an FMA of 0 · V leaves O as it is), on the real kernel
+    and in the model of the AVX2 build (any host), one thread, an f32 cache."""
+    q, k, v = _gqa_inputs(3, 4, 2, 3, 12, 20)
+    call = {"fmt": "fp32", "precision": "f32", "kv_cache": "f32", "threads": 1}
+    model = O.sdpa_model(fa_jax.get_format("fp32"), 3, 20, isa="AVX2", precision="f32")
+    runs = {
+        "real": lambda q, k, v, **at: O.real_sdpa(q, k, v, **call, **at),
+        "model": lambda q, k, v, **at: model(q, k, v, **at),
+    }
+    for name, run in runs.items():
+        chunk = np.asarray(run(q, k, v, causal=True, q_offset=9))
+        alone = [np.asarray(run(q[:, i : i + 1], k[:, : 10 + i], v[:, : 10 + i])) for i in range(3)]
+        np.testing.assert_array_equal(chunk, np.concatenate(alone, axis=1), err_msg=name)
+    assert not np.array_equal(chunk, np.asarray(model(q, k, v)))  # the mask matters
