@@ -520,9 +520,10 @@ def sdpa_model(
 ) -> KernelModel:
     """fa_jax's model of ``openvino-sdpa`` (module docstring): the prefill path
     (N == M; neither ``kv_cache`` nor ``threads`` reaches its output) and
-    decoding (N < M, or N = 1) on each ``kv_cache`` with ``threads``; ``isa``
-    ("AVX512" or "AVX2"; None: the build this CPU runs, refused where it is not
-    modelled) the plugin build it follows."""
+    decoding (N < M, or N = 1) on each ``kv_cache`` with ``threads``, K and V with
+    H_kv heads dividing H (``gqa``), a causal call with N < M taking q_offset =
+    M - N (bottom-right); ``isa`` ("AVX512" or "AVX2"; None: the build this CPU
+    runs, refused where it is not modelled) the plugin build it follows."""
     del n, d
     f = _fmt(fmt)
     precision = one_of(precision, PRECISIONS, "openvino-sdpa: precision")
