@@ -599,14 +599,24 @@ def _pv(
     return jax.lax.scan(add, blocks[..., 0, :, :], rest)[0]
 
 
-def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int, kc: int | None):
+def _sharded_pv(
+    p,
+    v,
+    acc: Format,
+    block: int,
+    tile_k: int,
+    shard: int,
+    kc: int | None,
+    rest_fma: bool = False,
+):
     """fl32(P V) as Eigen's contraction sharded over the keys (``evalShardedByInnerDim``,
     unsupported/Eigen/src/Tensor/TensorContractionThreadPool.h): shards of ``shard``
     keys, each its own :func:`_pv` from zero into a buffer of its own, then the
     buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla_own_dots.eigen_buffers_sum`).
     Each shard is cut in blocks for its own size by Eigen's ``kc``
     (:func:`~fa_jax.kernels.xla_own_dots.eigen_kc`); ``block``, probed at the first
-    keys, where no kc cuts them (a shard of one block)."""
+    keys, where no kc cuts them (a shard of one block); ``rest_fma`` as :func:`_pv`'s,
+    in each shard."""
     m = p.shape[-1]
     parts = [
         _pv(
@@ -615,6 +625,7 @@ def _sharded_pv(p, v, acc: Format, block: int, tile_k: int, shard: int, kc: int 
             acc,
             block if kc is None else own_dots.eigen_kc(min(shard, m - lo), kc),
             tile_k,
+            rest_fma=rest_fma,
         )
         for lo in range(0, m, shard)
     ]
@@ -1724,8 +1735,8 @@ def _own_dots(
         ]
         if shards and layout.m % block:
             pv.append(own_dots.OwnDots(pv_joined=True))
-        if shards:
-            pv.append(own_dots.OwnDots(pv_rest_fma=True))
+        if shards:  # each of the above again with Eigen's left-over rows
+            pv += [dataclasses.replace(own, pv_rest_fma=True) for own in pv if not own.pv_joined]
     if qk == [None] and len(pv) == 1:
         return pv[0]
     rng = np.random.default_rng(0)
@@ -1848,7 +1859,14 @@ def _model_core(
                 )
                 if own.pv_shard is None
                 else _sharded_pv(
-                    p[..., lo:hi, :], v, policy.pv_acc, block, tile_k, own.pv_shard, own.pv_kc
+                    p[..., lo:hi, :],
+                    v,
+                    policy.pv_acc,
+                    block,
+                    tile_k,
+                    own.pv_shard,
+                    own.pv_kc,
+                    own.pv_rest_fma,
                 )
                 for lo, hi, tile_k, block in pv
             ],
