@@ -1686,6 +1686,27 @@ MUTANTS: tuple[Mutant, ...] = (
         OV_ISA,
     ),
     _m(
+        "kernels/openvino",
+        "thread_shares(h_kv * m, threads)",
+        "thread_shares(h * m, threads)",
+        "GQA's decoding threads split as if K/V were repeated",
+        f"{_OV}::test_gqa_work_is_split_over_the_cache",
+    ),
+    _m(
+        "kernels/openvino",
+        "<= np.arange(n)[:, None] + (m - n))",
+        "<= np.arange(n)[:, None])",
+        "the causal mask after the cache top-left",
+        f"{_OV}::test_gqa_avx2_exact",
+    ),
+    _m(
+        "kernels/openvino",
+        "want = m - n if causal else 0",
+        "want = 0",
+        "a top-left causal call after the cache accepted",
+        f"{_OV}::test_q_offset_is_the_caches_bottom_right",
+    ),
+    _m(
         "masking",
         "    p = i + q_offset  # the query's position on the key axis",
         "    p = i  # the query's position on the key axis",
