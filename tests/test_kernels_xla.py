@@ -975,7 +975,19 @@ def test_fp32_last_keys_joined_to_the_block_before():
 
 
 @pytest.mark.extended  # 30 s each: the probes and the shard candidates
-@pytest.mark.parametrize(("shape", "m"), [((2, 4, 1, 96), 2001), ((4, 8, 1, 128), 4481)])
+_REFUSED_ON_AVX2 = pytest.mark.xfail(
+    cpu.isa() == "AVX2",
+    raises=ValueError,
+    strict=True,
+    reason="on an AVX2 EPYC no candidate fits Eigen's own dot here (its left-over rows "
+    "of 8-lane packets): the model refuses the shape",
+)
+
+
+@pytest.mark.parametrize(
+    ("shape", "m"),
+    [((2, 4, 1, 96), 2001), pytest.param((4, 8, 1, 128), 4481, marks=_REFUSED_ON_AVX2)],
+)
 def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
     """Grouped rows in groups of 2 K/V heads: P V is Eigen's, sharded over the keys,
     each shard cut in blocks by TSL's slices of its own size.  Over 2001 keys (2
@@ -1008,6 +1020,7 @@ def test_fp32_eigens_left_over_rows_fma_the_last_key():
 
 
 @pytest.mark.extended  # 25 s: fp32's check and bf16's probes
+@_REFUSED_ON_AVX2
 def test_bf16_takes_xlas_own_dots_from_fp32():
     """bf16's own dots run on float32 operands, the kernels fp32's do; its output is
     too coarse for the check to see Eigen's shards (unsharded fitted random inputs
