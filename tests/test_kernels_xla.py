@@ -974,7 +974,6 @@ def test_fp32_last_keys_joined_to_the_block_before():
     _assert_fp32_decoding_exact((2, 12, 1, 16), 3, 4279)
 
 
-@pytest.mark.extended  # 30 s each: the probes and the shard candidates
 _REFUSED_ON_AVX2 = pytest.mark.xfail(
     cpu.isa() == "AVX2",
     raises=ValueError,
@@ -988,6 +987,7 @@ _REFUSED_ON_AVX2 = pytest.mark.xfail(
     ("shape", "m"),
     [((2, 4, 1, 96), 2001), pytest.param((4, 8, 1, 128), 4481, marks=_REFUSED_ON_AVX2)],
 )
+@pytest.mark.extended  # 30 s each: the probes and the shard candidates
 def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
     """Grouped rows in groups of 2 K/V heads: P V is Eigen's, sharded over the keys,
     each shard cut in blocks by TSL's slices of its own size.  Over 2001 keys (2
