@@ -1603,10 +1603,31 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "kernels/xla",
-        'if not cpu.AVX512 <= have or rank < _MAX_ISAS.index("AVX512"):',
-        'if rank < _MAX_ISAS.index("AVX512"):',
-        "the model answers for YNNPACK's AVX2 kernels",
+        '    if cpu.isa() != "AVX512":\n        return (',
+        '    if False:\n        return (',
+        "the model answers for XLA's and YNNPACK's SSE code",
         CPUS_NAMED,
+    ),
+    _m(
+        "kernels/xla",
+        'AVX2 = VectorCode("AVX2", gemv_lanes=(8,))',
+        'AVX2 = VectorCode("AVX2", gemv_lanes=(16,))',
+        "XLA's AVX2 GEMV in AVX-512's 16 lanes",
+        "tests/test_kernels_xla.py::test_the_isa_names_the_vector_code_modelled",
+    ),
+    _m(
+        "kernels/xla",
+        "if rest_fma and (m - rest) % min(block, m):",
+        "if rest_fma and False:",
+        "Eigen's left-over rows never FMA the last key onto their block",
+        "tests/test_kernels_xla.py::test_pv_fmas_the_remainder_onto_its_block_where_asked",
+    ),
+    _m(
+        "kernels/xla",
+        'if rank < _MAX_ISAS.index("AVX2"):',
+        'if rank < _MAX_ISAS.index("AVX"):',
+        "an AVX2 CPU capped at AVX (no FMA) answered",
+        XLA_CAPPED,
     ),
     _m(
         "kernels/xla",
@@ -1617,9 +1638,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "kernels/xla",
-        'if not cpu.AVX512 <= have or rank < _MAX_ISAS.index("AVX512"):',
-        "if not cpu.AVX512 <= have:",
-        "a --xla_cpu_max_isa below AVX512 ignored",
+        '    if rank < _MAX_ISAS.index("AVX512"):\n        return (',
+        '    if False:\n        return (',
+        "a --xla_cpu_max_isa below AVX512 ignored on an AVX-512 CPU",
         XLA_CAPPED,
     ),
     _m(
