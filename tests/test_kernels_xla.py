@@ -999,7 +999,7 @@ def test_fp32_eigens_shards_each_blocked_by_its_own_size(shape, m):
     _assert_fp32_decoding_exact(shape, 2, m)
 
 
-@pytest.mark.extended  # minutes on a 2-core AVX2 EPYC: the probes and Eigen's candidates
+@pytest.mark.slow  # 13 min on a 2-core AVX2 EPYC under load: the probes and Eigen's candidates
 @pytest.mark.xfail(
     cpu.isa() != "AVX2",
     raises=ValueError,
