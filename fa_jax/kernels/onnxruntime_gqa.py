@@ -458,15 +458,15 @@ def _flash_decode(q, k, v, *, alpha: float, local_window: int, kernel, chunk: in
 
 
 @functools.partial(jax.jit, static_argnames=("alpha", "kernel", "first", "one_row"))
-def _flash_step(q, kb, vb, cols, pos, window_start, row_m, l, o, *, alpha, kernel, first, one_row):
+def _flash_softmax(q, kb, cols, pos, window_start, row_m, l, o, *, alpha, kernel, first, one_row):
     """One key block of ``MlasFlashAttentionGQAThreaded`` for query blocks q
-    (..., B, R, d) at key positions ``pos`` (B, R): S = sgemm(Q, Kᵀ, alpha), keys
-    past a row's position or before its window at FP32's lowest; a row with no
-    key left keeps its state (and P = 0); else m' = max(m, rowmax), P = sum-exp
-    of S - m', Σ = its lanes, then l = Σ (first block) or fl(fl(e l) + Σ) with
-    e = expf(m - m') and O = fl(O e); O = sgemm(P, V, beta = 0 or 1 onto O)."""
+    (..., B, R, d) at key positions ``pos`` (B, R), up to its P V product: S =
+    sgemm(Q, Kᵀ, alpha), keys past a row's position or before its window at
+    FP32's lowest; a row with no key left keeps its state (and P = 0); else m' =
+    max(m, rowmax), P = sum-exp of S - m', Σ = its lanes, then l = Σ (first
+    block) or fl(fl(e l) + Σ) with e = expf(m - m') and O = fl(O e).  Returns
+    (m, l, P, the O that the product adds onto or None)."""
     kb = jnp.broadcast_to(kb[..., None, :, :], (*q.shape[:-2], *kb.shape[-2:]))
-    vb = jnp.broadcast_to(vb[..., None, :, :], (*q.shape[:-2], *vb.shape[-2:]))
     s = mlas.sgemm(q, jnp.swapaxes(kb, -1, -2), alpha=alpha, trans_b=True, rows_apart=one_row)
     masked = (cols > pos[..., None]) | (cols < window_start[..., None])
     s = jnp.where(masked, _LOWEST, s)
@@ -482,8 +482,14 @@ def _flash_step(q, kb, vb, cols, pos, window_start, row_m, l, o, *, alpha, kerne
         scale = glibc_expf(ops.sub(row_m, new_m, FP32))
         new_l = ops.add(ops.mul(scale, l, FP32), rowsum, FP32)
         c = jnp.where(dead, o, ops.mul(o, scale, FP32))
-    o = mlas.sgemm(p, vb, c=c, rows_apart=one_row)
-    return jnp.where(dead, row_m, new_m), jnp.where(dead, l, new_l), o
+    return jnp.where(dead, row_m, new_m), jnp.where(dead, l, new_l), p, c
+
+
+@functools.partial(jax.jit, static_argnames=("one_row",))
+def _flash_product(p, vb, c, *, one_row):
+    """O = sgemm(P, V) for a key block: beta = 0 (``c`` None, the first block) or 1."""
+    vb = jnp.broadcast_to(vb[..., None, :, :], (*p.shape[:-2], *vb.shape[-2:]))
+    return mlas.sgemm(p, vb, c=c, rows_apart=one_row)
 
 
 @jax.jit
@@ -507,24 +513,17 @@ def _flash_rows(
     row_m = jnp.full((*q.shape[:-1], 1), _LOWEST)
     l = jnp.zeros_like(row_m)
     o = jnp.zeros(q.shape[:-1] + v.shape[-1:])
-    step = functools.partial(_flash_step, alpha=alpha, kernel=kernel, one_row=r == 1)
+    softmax = functools.partial(_flash_softmax, alpha=alpha, kernel=kernel, one_row=r == 1)
     for lo in range(0, min(k.shape[-2], int(pos.max()) + 1), kv_block):
         kb, vb = k[..., lo : lo + kv_block, :], v[..., lo : lo + kv_block, :]
         cols = jnp.arange(lo, lo + kb.shape[-2])
         # query blocks whose rows all precede the block skip it: every key masked
         skip = (pos[:, :1] + r <= lo).repeat(r, axis=1) if lo else np.zeros_like(pos, bool)
-        row_m, l, o = step(
-            q,
-            kb,
-            vb,
-            cols,
-            jnp.asarray(np.where(skip, -1, pos)),
-            jnp.asarray(window_start),
-            row_m,
-            l,
-            o,
-            first=lo == 0,
+        at = jnp.asarray(np.where(skip, -1, pos))
+        row_m, l, p, c = softmax(
+            q, kb, cols, at, jnp.asarray(window_start), row_m, l, o, first=lo == 0
         )
+        o = _flash_product(p, vb, c, one_row=r == 1)
     return _normalise(o, l)
 
 
