@@ -49,8 +49,10 @@ logit_softcap)`` and ``ggml_flash_attn_ext_add_sinks`` enter every path alike
 * K/V head ``h // (n_head / n_head_kv)`` serves query head h (``ik2 = iq2 / rk2``);
 * a sink logit s per head is folded in after the keys, before the division by S:
   where ``s > M``: ``ms = expf(M - s)``, ``o = fl(o · ms)`` (FP32, also for F16 V),
-  ``M = s``, ``vs = 1``; else ``vs = expf(s - M)``; then ``S = fma(S, ms, vs)``.
-  The split-KV path folds it into the first chunk only (``ic_start == 0``).
+  ``M = s``, ``vs = 1``; else ``vs = expf(s - M)``; then ``S = S·ms + vs``: one
+  FMA on the tiled path, ``fl(fl(S·ms) + vs)`` in the scalar loop (as the build
+  compiles them: found by experiment).  The split-KV path folds it into the first
+  chunk only (``ic_start == 0``).
 The build's vector code (:class:`fa_jax.ggml_vec.VecCode`, ``code``) changes only the
 dots and the tiled path's softmax: the scalar loop's ``ggml_vec_scale_*`` and
 ``ggml_vec_mad_*`` and ``simd_gemm`` round each element alike on any lane count.

@@ -5,7 +5,8 @@ The real-kernel tests skip where ggml's libraries are absent (build them with
 model refuses the loaded build's code, with its reason (:func:`ggml.unmodelled`:
 every K/V type on an AVX-512 build, BF16 with AVX512-BF16, and on an AVX2 build with
 FMA and F16C).  Where the model answers it is bit-exact on every case, so each
-asserts 100 % identical elements.  The AVX2 build's model is also judged on AVX-512
+asserts 100 % identical elements, with the features too (GQA, mask, bias, q_offset,
+ALiBi's max_bias, softcap, sinks) on every path.  The AVX2 build's model is also judged on AVX-512
 hosts, through the lab (tests/lab.py).
 """
 
@@ -396,6 +397,90 @@ def test_features_together_exact():
     _compare_features(every, "f32", 65, 130, seed=6)
     _compare_features(every, "f16", 1, 600, threads=2, seed=7)
     _compare_features(("gqa", "mask", "bias", "q_offset", "softcap", "sinks"), "q4_0", 3, 64)
+
+
+@needs_ggml
+@pytest.mark.slow
+def test_alibi_with_a_batch_exact():
+    """ALiBi on (B, H, N, d) inputs: H the heads of the slopes, B ggml's batch (so one
+    query row over 600 keys takes the scalar path, not split-KV), sinks per head."""
+    from fa_jax.rounding import round_to
+
+    rng = np.random.default_rng(8)
+    with float64_enabled():
+        q = np.asarray(round_to(rng.standard_normal((2, 3, 1, 64)), "fp16"))
+        k, v = (np.asarray(round_to(rng.standard_normal((2, 3, 600, 64)), "fp16")) for _ in "kv")
+    kw = {"kv_type": "f16", "max_bias": 4.0, "sinks": np.array([1.0, 5.0, -2.0])}
+    real = kernels.real("ggml", q, k, v, fmt="fp16", **kw)
+    np.testing.assert_array_equal(kernels.emulate("ggml", q, k, v, fmt="fp16", **kw), real)
+
+
+# The AVX2 lab's child for the features: ggml_lib alone, each case's keywords of
+# flash_attn_ext (G.call_args) from an npz (arrays) and JSON (the rest).
+_LAB_FEATURES_CHILD = """
+import importlib.util, json, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("ggml_lib", sys.argv[1])
+lib = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lib)
+out = {"features": np.array(sorted(lib.build_features()))}
+with np.load(sys.argv[2]) as f:
+    for i, kw in enumerate(json.loads(sys.argv[3])):
+        for name in ("q", "k", "v", "mask", "sinks"):
+            kw[name] = f[f"{name}{i}"] if f"{name}{i}" in f else None
+        out[f"o{i}"] = lib.flash_attn_ext(**kw)
+np.savez(sys.argv[4], **out)
+"""
+
+
+@pytest.mark.extended  # several compiles: minutes on 2 cores
+def test_the_avx2_build_is_modelled_with_features(tmp_path, monkeypatch):
+    """ggml's AVX2 build run as an AVX2 CPU (natively, or under qemu-user on an
+    AVX-512 host) with the features against the model of its code: the scalar loop
+    (F16 with GQA, a mask, bottom-right causal, softcap and sinks; Q4_0 with ALiBi),
+    the tiled path and split-KV with 2 threads (ALiBi, GQA, a mask, softcap, sinks)."""
+    from lab import run_as_avx2
+
+    lib = _avx2_build_dir()
+    every = ("gqa", "mask", "alibi", "softcap", "sinks")
+    cases = [
+        (("gqa", "mask", "q_offset", "softcap", "sinks"), "f16", 3, 37, 1),
+        (("alibi", "sinks"), "q4_0", 3, 64, 1),
+        (every, "f32", 65, 130, 1),
+        (every, "f16", 1, 600, 2),
+    ]
+    arrays, specs, calls = {}, [], []
+    for i, (features, kv, n, m, threads) in enumerate(cases):
+        fmt, q, k, v, kw = _feature_call(features, kv, n, m, threads=threads, seed=10 + i)
+        calls.append((fmt, q, k, v, kw))
+        args = G.call_args(q, k, v, fmt=fmt, **kw)
+        for name in ("q", "k", "v", "mask", "sinks"):
+            x = args.pop(name)
+            if x is not None:
+                arrays[f"{name}{i}"] = x
+        specs.append(args)
+    np.savez(tmp_path / "in.npz", **arrays)
+    env = {**os.environ, "FA_JAX_GGML_LIB": str(lib)}
+    out = tmp_path / "out.npz"
+    run_as_avx2(
+        _LAB_FEATURES_CHILD,
+        ggml_lib.__file__,
+        str(tmp_path / "in.npz"),
+        json.dumps(specs),
+        str(out),
+        env=env,
+    )
+    with np.load(out) as got:
+        features = frozenset(str(f) for f in got["features"])
+        real = [got[f"o{i}"].astype(np.float64) for i in range(len(cases))]
+    assert {"avx2", "fma", "f16c"} <= features and "avx512" not in features
+    monkeypatch.setattr(G, "_build", lambda: features)
+    for (fmt, q, k, v, kw), r in zip(calls, real):
+        options = {name: kw.pop(name) for name in ("kv_type", "threads", "max_bias") if name in kw}
+        r = r.reshape(*q.shape[:-1], v.shape[-1])
+        for isa in (None, "AVX2"):
+            model = G.model(get_format(fmt), q.shape[-2], q.shape[-1], isa=isa, **options)
+            np.testing.assert_array_equal(model(q, k, v, **kw), r, err_msg=f"{options} {isa}")
 
 
 def test_alibi_slopes():

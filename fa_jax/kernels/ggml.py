@@ -58,6 +58,7 @@ from fa_jax._checks import one_of, positive_int
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.kernels import cpu, ggml_lib
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
+from fa_jax.masking import q_offset_of
 from fa_jax.presets import fa2_kernel
 
 __all__ = [
@@ -217,6 +218,7 @@ def call_args(
     q = np.asarray(q)
     lead, n, m = q.shape[:-2], q.shape[-2], np.shape(k)[-2]
     b, h = _layout(lead, mb)
+    q_offset = q_offset_of(q_offset, n, m, "ggml")
     full = ggml_mask(
         np, lead, n, m, causal=causal, q_offset=q_offset, mask=mask, bias=bias, alibi=mb > 0
     )
@@ -303,7 +305,7 @@ def _forward(
         threads=threads,
         code=code,
         max_bias=mb,
-        q_offset=int(q_offset or 0),
+        q_offset=q_offset_of(q_offset, q.shape[-2], k.shape[-2], "ggml"),
         softcap=cap,
     )
 
