@@ -215,8 +215,10 @@ def test_tanhf_and_expm1f_are_glibcs_bits():
     bits = rng.integers(
         np.float32(2.0**-60).view(np.uint32), np.float32(30.0).view(np.uint32), 20000
     )
-    x = bits.astype(np.uint32).view(np.float32) * rng.choice(np.float32([-1, 1]), bits.size)
-    x = np.concatenate([x, np.float32([0.0, -0.0, 1.0, -1.0, 22.0, 2**-55, 0.34657359])])
+    x = bits.astype(np.uint32).view(np.float32) * rng.choice(
+        np.array([-1, 1], np.float32), bits.size
+    )
+    x = np.concatenate([x, np.array([0.0, -0.0, 1.0, -1.0, 22.0, 2**-55, 0.34657359], np.float32)])
     y = np.concatenate([rng.uniform(-2, 44, 20000), rng.uniform(-0.4, 0.4, 2000)])
     y = y.astype(np.float32)
     with float64_enabled():
