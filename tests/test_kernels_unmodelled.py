@@ -34,6 +34,8 @@ VERDICTS = [
     ("onnxruntime-attention", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
     ("onnxruntime-attention", "fp16", {}, {"avx2", "avx512", "zen4", "amx"}),
     ("onnxruntime-mha", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
+    ("onnxruntime-gqa", "fp32", {}, {"avx2", "avx512", "zen4", "amx"}),
+    ("onnxruntime-gqa", "fp16", {}, {"avx2", "avx512", "zen4", "amx"}),
     ("openvino-sdpa", "fp32", {"precision": "f32"}, {"avx2", "avx512", "zen4", "amx"}),
     ("openvino-sdpa", "bf16", {"precision": "bf16"}, {"avx2", "zen4", "amx"}),
 ]
@@ -121,7 +123,14 @@ def test_ggml_without_its_libraries_is_a_native_build_here(monkeypatch):
             assert {"avx512", "avx512_bf16"} <= got
 
 
-_CPU_KERNELS = ["xla", "onnxruntime-attention", "onnxruntime-mha", "openvino-sdpa", "ggml"]
+_CPU_KERNELS = [
+    "xla",
+    "onnxruntime-attention",
+    "onnxruntime-mha",
+    "onnxruntime-gqa",
+    "openvino-sdpa",
+    "ggml",
+]
 
 
 @pytest.mark.parametrize("name", _CPU_KERNELS)
@@ -149,7 +158,7 @@ def test_models_here_answer_only_for_the_code_they_follow(name):
 def test_an_avx512_host_models_every_engine_in_fp32():
     """Where the host has AVX-512 (detected), the fp32 models answer: a refusal there
     would leave the real-kernel tests nothing to judge."""
-    for name in ("xla", "onnxruntime-attention", "onnxruntime-mha"):
+    for name in ("xla", "onnxruntime-attention", "onnxruntime-mha", "onnxruntime-gqa"):
         assert _lookup(name).unmodelled("fp32") is None, name
     assert _lookup("openvino-sdpa").unmodelled("fp32", precision="f32") is None
 
