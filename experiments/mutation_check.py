@@ -1604,7 +1604,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(
         "kernels/xla",
         '    if cpu.isa() != "AVX512":\n        return (',
-        '    if False:\n        return (',
+        "    if False:\n        return (",
         "the model answers for XLA's and YNNPACK's SSE code",
         CPUS_NAMED,
     ),
@@ -1639,7 +1639,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(
         "kernels/xla",
         '    if rank < _MAX_ISAS.index("AVX512"):\n        return (',
-        '    if False:\n        return (',
+        "    if False:\n        return (",
         "a --xla_cpu_max_isa below AVX512 ignored on an AVX-512 CPU",
         XLA_CAPPED,
     ),
@@ -1726,6 +1726,34 @@ MUTANTS: tuple[Mutant, ...] = (
         "want = 0",
         "a top-left causal call after the cache accepted",
         f"{_OV}::test_q_offset_is_the_caches_bottom_right",
+    ),
+    _m(
+        "ggml_attention",
+        "big_m, big_s, o = _fold_sink(big_m, big_s, o, sink, fused=False)",
+        "big_m, big_s, o = _fold_sink(big_m, big_s, o, sink, fused=True)",
+        "the scalar loop's sink S·ms + vs fused like the tiled path's",
+        "tests/test_kernels_ggml.py::test_features_scalar_exact",
+    ),
+    _m(
+        "ggml_attention",
+        "glibc_powf(m1, 2 * (h - log2) + 1)",
+        "glibc_powf(m1, h - log2 + 1)",
+        "ALiBi's slopes past n_head_log2 with the wrong power of m1",
+        "tests/test_kernels_ggml.py::test_alibi_slopes",
+    ),
+    _m(
+        "kernels/onnxruntime_gqa",
+        "masked = (cols > pos[..., None])",
+        "masked = (cols >= pos[..., None])",
+        "GroupQueryAttention's flash blocks masking the diagonal key",
+        "tests/test_kernels_onnxruntime_gqa.py::test_chunked_prefill_is_bit_exact",
+    ),
+    _m(
+        "kernels/onnxruntime_gqa",
+        "pairs = ops.add(acc[..., 0::2], acc[..., 1::2], FP32)",
+        "pairs = ops.add(acc[..., :4], acc[..., 4:], FP32)",
+        "the decoding GEMV's lanes paired as halves, not neighbours",
+        "tests/test_kernels_onnxruntime_gqa.py::test_decode_is_bit_exact",
     ),
     _m(
         "masking",

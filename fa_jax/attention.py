@@ -46,11 +46,9 @@ Sums and products round to ``stats`` (m, l), ``exp`` (shifts, exponentials),
 once.  ``Policy.scale`` "q" scales Q instead of S; "exp2" leaves S unscaled and
 folds the scale into every exp2 (:mod:`fa_jax.softmax`; lse = m · scale + log l).
 
-Masks (:mod:`fa_jax.masking`): ``causal`` (j <= i + q_offset: top-left by default,
-``q_offset="bottom-right"`` for queries behind M - N cached keys), ``q_lengths`` and
-``kv_lengths`` (rows i < q_len, keys j < kv_len, broadcast to the leading
-dimensions), ``window=(left, right)`` (aligned by ``q_offset`` too) and a boolean
-``mask``.  K and V are padded
+Masks (:mod:`fa_jax.masking`): ``causal`` and ``window=(left, right)``, aligned
+by ``q_offset`` (top-left; "bottom-right" behind a KV cache), ``q_lengths``,
+``kv_lengths`` and a boolean ``mask``.  K and V are padded
 to a multiple of ``Bc`` and masked; flash's key loop ends at the last block holding
 a key some row may keep; a fully masked row has output 0, log-sum-exp -inf.  A
 ``bias`` joins the scaled scores in its own stage (:mod:`fa_jax.score_mods`).

@@ -1,10 +1,8 @@
 """OpenVINO's CPU ScaledDotProductAttention numerics on x86-64 with AVX-512 or AVX2:
-its exp, its softmax, its decoding dot product and the BF16 dot products of its
-oneDNN brgemm.
+its exp, softmax, decoding dot product and oneDNN brgemm's BF16 dots.
 
-Step by step in :mod:`fa_jax.ops`, every step rounded as the vector instructions
-round (sources: ``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/softmax_kernel.hpp``
-and ``nodes/scaled_attn.cpp`` of openvinotoolkit/openvino, 2025-2026):
+Step by step in :mod:`fa_jax.ops` (sources: ``nodes/kernels/scaled_attn/`` and
+``nodes/scaled_attn.cpp`` of openvinotoolkit/openvino's CPU plugin, 2025-2026):
 
 ``exp_ps`` (``exp_ps_avx512``), on x = fl(a - max)::
 
@@ -24,28 +22,18 @@ FP32 or rounded to BF16 (nearest even); keys a causal row may not see get P = 0.
 ``bf16_matmul`` (oneDNN's brgemm for ``avx512_core_bf16`` without AMX: K in one
 block, one FP32 accumulator per output, ``vdpbf16ps`` on each pair of K): per
 pair (2i, 2i+1) acc = fl(fl(acc + a_{2i+1} b_{2i+1}) + a_{2i} b_{2i}), the
-products exact in FP32 (the instruction's order in Intel's SDM; an odd K is
-padded with a zero).  On a CPU with AMX the brgemm runs AMX's tile dot instead,
-on K in chunks of 32, the last one K mod 32 (:mod:`fa_jax.tile_dot`, "blocks").
-Denormal inputs and outputs of the instructions, which they flush, are not
-modelled.
+products exact (Intel's SDM; an odd K padded with a zero).  With AMX: its tile
+dot on K in chunks of 32 (:mod:`fa_jax.tile_dot`, "blocks").  Denormals, which
+the instructions flush, are not modelled.
 
-The CPU plugin builds its attention kernels three times (``cross_compiled_file``
-in its CMake: namespaces ``ANY``, ``AVX2`` and ``AVX512F``) and runs the widest the
-CPU has (``with_cpu_x86_avx512f()``, else ``with_cpu_x86_avx2()``).  The
-:class:`VectorCode` of each, :data:`AVX512F` and :data:`AVX2`, gives what differs
-between them here: the lanes (16 or 8, ``vec_len_f32_avx512`` /
-``vec_len_f32_avx2`` of ``scaled_attn/common.hpp``) and the two horizontal sums.
-On AVX2 the softmax's Σ e is 8 lanes (entry j into lane j mod 8) summed by
-``hsum`` (``common.hpp``: ``_mm256_permute_ps`` 0x39 and 0x4e, then
-``_mm256_permute2f128_ps``): ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
-the decoding dot product runs ``simd::simd_loop_reduce<4>`` (``simd/simd_loop.hpp``)
-over blocks of 8 and ends in ``simd::reduce`` (``simd/simd_avx2.hpp``: the two
-halves added, then two ``_mm_hadd_ps``): ((l0 + l4) + (l1 + l5)) + ((l2 + l6) +
-(l3 + l7)), its scalar tail d mod 8.  ``exp_ps_avx2`` is ``exp_ps_avx512`` on 8
-lanes (the same constants and steps: the same bits), and the FMA chains over
-keys of the P V product are the same per column.  The BF16 code of the AVX2
-variant is not modelled.
+The plugin builds its kernels for ``ANY``, ``AVX2`` and ``AVX512F`` and runs the
+widest the CPU has; :class:`VectorCode` (:data:`AVX512F`, :data:`AVX2`) gives what
+differs here: 16 or 8 lanes and the two horizontal sums.  On AVX2 the softmax's
+8 lanes are summed by ``hsum`` (``common.hpp``), ((l0 + l1) + (l2 + l3)) + ((l4 +
+l5) + (l6 + l7)); the decoding dot ends in ``simd::reduce`` (``simd_avx2.hpp``),
+((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), over blocks of 8 and a scalar
+tail d mod 8; ``exp_ps_avx2`` gives ``exp_ps_avx512``'s bits.  The AVX2 variant's
+BF16 code is not modelled.
 
 ``dot_product`` (``mha_single_token.cpp``'s ``dot_product``, AVX-512, the decoding
 kernel's Q·K on a BF16, FP32 or u8 cache): blocks of 16 entries of d, four at a
@@ -57,12 +45,10 @@ acc1) + (acc2 + acc3); with FP32 queries every remaining block goes into 0, then
 ``_mm512_reduce_add_ps``.  The last d mod 16 entries: the products rounded and
 summed in order from the first, that sum added to the vector part's.
 
-``bf16_scalar``: a BF16 output's last d mod 16 columns are stored one by one
-through ``ov::bfloat16(float)``, whose rounding is (bits + ((bits >> 1) &
-0x8000)) >> 16: from the half up where the kept last bit is odd, truncated where
-it is even (the columns before go through ``vcvtneps2bf16``, to nearest even:
-``store_bf16``).  The AMX prefill stores a head's N · d outputs as one run, so
-there only the last row's last (N · d) mod 16 go through it.
+``bf16_scalar``: a BF16 output's last d mod 16 columns go through
+``ov::bfloat16(float)``, (bits + ((bits >> 1) & 0x8000)) >> 16 (the columns before:
+``vcvtneps2bf16``, ``store_bf16``); the AMX prefill stores a head's N · d outputs
+as one run.
 
 ``quantize_u8`` (``attn_quant.cpp``'s ``quant_u8``, the u8 KV cache, one group per
 token, the default group size): scale = fl(fl(max - min) / 255) (0.0001 where 0),

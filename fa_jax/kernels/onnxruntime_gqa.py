@@ -1,83 +1,50 @@
 """ONNX Runtime's ``com.microsoft`` GroupQueryAttention on the CPU, and fa_jax's
-bit-exact model of it.
+bit-exact model of it (docs/kernels.md, "GroupQueryAttention").
 
 ``onnxruntime-gqa``: the op onnxruntime-genai runs for Llama, Mistral, Phi and
-Qwen on CPUs, a graph of one node built with :mod:`onnx.helper` on the
-CPUExecutionProvider (``onnxruntime/contrib_ops/cpu/bert/group_query_attention.cc``,
-``gqa_attention_base.h``).  It always masks causally, bottom-right: the N new
-queries follow a past of P = M - N keys, query i at key position P + i.
+Qwen on CPUs, a graph of one node on the CPUExecutionProvider
+(``contrib_ops/cpu/bert/group_query_attention.cc``, ``gqa_attention_base.h``).
+It masks causally, bottom-right: the N new queries follow a past of P = M - N
+keys, query i at key position P + i.
 
 Calling convention (:mod:`fa_jax.kernels.model`): q (..., H, N, d), k and v
-(..., H_kv, M, d) with H_kv dividing H (feature ``gqa``); the first M - N keys
-and values are the past (``past_key``, ``past_value``, (1, H_kv, P, d)), the
-last N the new ones (``key``, ``value``); ``seqlens_k`` = M - 1 and
-``total_sequence_length`` = M.  So: prefill (N = M, no past), chunked prefill
-(N new queries after P > 0 keys; the op takes it for one batch entry, so every
-leading index is its own call) and decode (N = 1).  The call must be causal
-with ``q_offset`` = M - N (``"bottom-right"``), or, for N = 1 without a window,
-may be non-causal (the op's mask then keeps every key anyway).  Features:
-``window`` (left, right) is ``local_window_size`` = left + 1 (query at position
-p keeps keys p - left ... p; right is moot under the causal mask), ``softcap``
-c is ``softcap``.  ``do_rotary`` stays 0 (no rotary embedding), ``scale=None``
-leaves the op's default, fl(1 / sqrtf(d)) (``ComputeAttentionProbs``), as
-onnxruntime-genai's graphs do; d must be a multiple of 8 (the op's check).
-No ``kv_lengths``: a shorter ``seqlens_k`` puts the new keys right after that
-batch entry's past, which the convention cannot say.
+(..., H_kv, M, d), H_kv dividing H (``gqa``); the first M - N keys and values are
+the past (``past_key``, ``past_value``), the last N the new ones; ``seqlens_k``
+= M - 1, ``total_sequence_length`` = M; every leading index its own call.  The
+call is causal with ``q_offset`` = M - N, or (N = 1, no window) non-causal.
+``window`` (left, right) is ``local_window_size`` = left + 1; ``softcap`` is the
+op's; ``scale=None`` is the op's fl(1 / sqrtf(d)); d a multiple of 8; no
+``kv_lengths`` (a short ``seqlens_k`` is another layout), no rotary.
 
-The CPU op on x86-64 (``group_query_attention.cc``: ``ComputeInternal``) runs,
-per query head h against K/V head h // (H / H_kv), heads split over
-``intra_op_num_threads`` (each GEMM single-threaded), one of two paths.
+Heads go to K/V head h // (H / H_kv), split over ``intra_op_num_threads``.
+FP32 with M > 1 and no softcap (unless ``ORT_GQA_DISABLE_FLASH_ATTENTION``):
+``MlasFlashAttentionGQA`` (``core/mlas/lib/flashattn_gqa.cpp``), blocks from the
+L2 size (Bc = L2 / (32 d), Br = min(Bc, 2d),
+:func:`fa_jax.kernels.onnxruntime.flash_blocks`):
 
-FP32 with M > 1 and no softcap (unless ``ORT_GQA_DISABLE_FLASH_ATTENTION`` is
-set): ``ApplyAttentionFlash`` (``gqa_attention_base.h``), MLAS's
-``MlasFlashAttentionGQA`` (``core/mlas/lib/flashattn_gqa.cpp``), blocks from
-the L2 cache size as MultiHeadAttention's (Bc = L2 / (16 · 2d), Br = min(Bc,
-2d), :func:`fa_jax.kernels.onnxruntime.flash_blocks`):
+- N > 1: per block of Br rows and Bc keys up to the block's last visible key,
+  S = sgemm(Q, Kᵀ, alpha = scale), keys outside a row's causal window at FP32's
+  lowest (a row with none keeps its state), m' = max(m, rowmax), P = MLAS's
+  sum-exp of S - m', l = Σ or fl(fl(expf(m - m') · l) + Σ), O = fl(O · expf(m -
+  m')) then sgemm(P, V, beta 0 or 1) (glibc's ``expf``); finally O · fl(1 / l);
+- N = 1: baseline-ISA GEMVs (``MlasGQADecodeQK``: products rounded, 8 lanes,
+  ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), · scale; ``MlasGQADecodeSV``:
+  O += fl(p_t v_t) in key order), the sum-exp over all M, O · fl(1 / Σ); with fewer
+  heads than threads and several key blocks, flash decoding (per block, then
+  merged in order with expf(m_c - max m_c): the thread count matters).
 
-- N > 1 (``MlasFlashAttentionGQAThreaded``): per block of Br query rows and
-  block of Bc keys, up to the last key the block's last row sees, S =
-  ``MlasSgemmOperation``(Q, Kᵀ, alpha = scale); keys past a row's position or
-  before its window set to FP32's lowest; a row with none left keeps its state
-  (P = 0); else m' = max(m, rowmax), P = MLAS's sum-exp of S - m', l = Σ (first
-  block) or fl(fl(expf(m - m') · l) + Σ) with O = fl(O · expf(m - m'))
-  (glibc's ``expf``), O = sgemm(P, V, beta = 0 on the first block, else 1);
-  finally O · fl(1 / l);
-- N = 1 (``MlasGQADecodeGQAThreaded``): GEMVs compiled for the baseline ISA
-  (``MlasGQADecodeQK``: products rounded, 8 lanes, ((l0 + l1) + (l2 + l3)) +
-  ((l4 + l5) + (l6 + l7)), then · scale; ``MlasGQADecodeSV``: O[h] += fl(p_t
-  v_t[h]) in key order), keys before the window at lowest, the sum-exp over
-  all M, O · fl(1 / Σ);
-- N = 1 with fewer heads than threads and more than one key block: flash
-  decoding (``MlasFlashDecodingGQAThreaded`` and ``...ReduceThreaded``): the
-  same per block of Bc keys, then the blocks merged in order with expf(m_c -
-  max m_c) (so there the output depends on the thread count).
+Otherwise (FP16, a softcap, M = 1): ``GQAAttentionBase::ApplyAttention``: S =
+sgemm over the M keys; per row, on the window's columns [s0, L), the softcap
+(``MlasComputeSoftcap<float>``: s / c, glibc's ``tanhf``
+(:mod:`fa_jax.glibc_tanhf`), · c) and MLAS's softmax of those columns alone (its
+lanes counted from s0), +0 elsewhere; O = sgemm(P, V).  FP16 is widened to FP32
+(no half GEMM on x86-64) and only O rounded to FP16.
 
-Otherwise (FP16, a softcap, or M = 1): ``GQAAttentionBase::ApplyAttention``:
-
-- S = MLAS sgemm(Q, Kᵀ, alpha = scale, beta = 0) over the M keys
-  (``ComputeAttentionProbs``: ``math::GemmEx``, i.e. ``MlasGemm``);
-- per row i, with L = P + i + 1 keys causally visible and the window's start
-  s0 = L - W where W = ``local_window_size`` >= 0 and L > W (else 0): the
-  softcap c · tanh(S / c) on columns [s0, L) (``MlasComputeSoftcap<float>``,
-  ``core/mlas/lib/tanh.cpp``: a division, ``std::tanh``, a product, each in
-  FP32: glibc's ``tanhf``, :mod:`fa_jax.glibc_tanhf`), then MLAS's softmax of
-  those L - s0 columns alone (``ComputeAttentionSoftmaxInplace`` on
-  ``output + start_offset``: the row max, the sum-exp kernel's lanes counted
-  from s0, P = e · fl(1 / Σ)); every other column of the row set to +0;
-- O = MLAS sgemm(P, V) over all M keys (zeros included; one query row takes
-  MLAS's one-row kernel, ``ComputeVxAttentionScore``).
-
-In FP16 x86-64 has no half GEMM (``MlasGQASupported<MLFloat16>`` is false), so Q,
-K, V are widened to FP32, S and P stay FP32 and only O is rounded to FP16.  The
-model is those steps with :mod:`fa_jax.mlas` (sgemm, sum-exp and its lanes),
-:func:`fa_jax.exponential.glibc_expf` and :mod:`fa_jax.glibc_tanhf`, with the
-sum-exp kernel of the MLAS code this CPU runs (AVX-512F or FMA3,
+The sum-exp kernel is that of the MLAS code this CPU runs (AVX-512F or FMA3,
 :func:`fa_jax.kernels.onnxruntime.sum_exp_kernel`); the flash blocks follow
-``l2_cache_size`` (this host's by default) and flash decoding ``threads``.  The
-softcap's ``tanhf`` is the C library's: modelled for glibc's fdlibm one (glibc
-up to 2.40); elsewhere (glibc 2.41's correctly rounded one, another C library)
-the model refuses a softcap.  Sources: ONNX Runtime 1.32 (the flash path is
-newer than 1.28, which always runs ``ApplyAttention``).
+``l2_cache_size`` (this host's by default).  The softcap is modelled for glibc's
+fdlibm ``tanhf`` (glibc up to 2.40) and refused with another C library.
+Sources: ONNX Runtime 1.32 (the flash path is newer than 1.28).
 """
 
 from __future__ import annotations

@@ -1,92 +1,46 @@
 """OpenVINO's CPU ScaledDotProductAttention (``openvino-sdpa``) and fa_jax's bit-exact
-model of its prefill and decoding paths.
+model of its prefill and decoding paths (docs/kernels.md, "OpenVINO").
 
 The real kernel runs where an LLM runs it: a stateful graph built with
 ``openvino.opset13`` (ReadValue of the past K and V, Gather by ``beam_idx``, Concat
 with the new K and V, ScaledDotProductAttention, Assign), which the CPU plugin
-fuses into its ScaledAttnWithKVCache node (a bare SDPA node is decomposed
-instead).  Q (..., H, N, d) and K, V (..., H_kv, M, d) go in as one batch of
-H' = prod(...) query heads and H'_kv = H' · H_kv / H cache heads, FP32;
-``precision`` is the ``INFERENCE_PRECISION_HINT`` ("bf16", the default on a CPU
-with AVX-512 BF16, or "f32"), ``kv_cache`` the ``KV_CACHE_PRECISION`` ("u8":
-per-token scale and zero point, the default there; "bf16"; "f32"), ``threads``
-the ``INFERENCE_NUM_THREADS`` (default 1).
+fuses into its ScaledAttnWithKVCache node.  Q (..., H, N, d) and K, V (..., H_kv,
+M, d) go in as one batch of query heads and cache heads, FP32; ``precision`` is
+the ``INFERENCE_PRECISION_HINT`` ("bf16" or "f32"), ``kv_cache`` the
+``KV_CACHE_PRECISION`` ("u8": per-token scale and zero point; "bf16"; "f32"),
+``threads`` the ``INFERENCE_NUM_THREADS`` (default 1).
 
 Which code runs (``nodes/scaled_attn.cpp``):
 
-- N == M (prefill: the cache is empty, one call): the multi-token kernel on the
-  new K and V themselves (the cache's precision does not reach the output).
-  BF16: Q, K, V rounded to BF16 (nearest even), S = oneDNN brgemm (Q Kᵀ,
-  ``vdpbf16ps``, or AMX's tile dots on a CPU with AMX), OpenVINO's softmax with
-  P rounded to BF16, O = brgemm(P V) in FP32, rounded to BF16.  F32: S = MLAS
-  sgemm (Q Kᵀ, four query rows a call; a last block of one row, N mod 4 = 1,
-  in MLAS's one-row kernels), the same softmax in FP32, O = MLAS sgemm(P V).
-  N == 1 runs the decoding kernel below, on the cache the one key has just
-  entered.  Modelled:
-  :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
-- N < M (decoding): the first M - N keys are set as the
-  cache's state (the plugin converts them as its concat does new keys: bit for
-  bit what a prefill call of M - N queries leaves, in O(M) rather than O(M²)),
-  a call runs the N queries against all M keys with ``mha_single_token`` on the
-  cache, in ``kv_cache`` precision.  BF16 is modelled with every cache (BF16
-  and F32 the same: under BF16 inference the cache holds BF16 values; u8:
-  :func:`fa_jax.openvino_sdpa.quantize_u8`, one
-  scale and zero point per token), F32 with every cache (F32 and BF16 the same:
-  under F32 inference the cache holds FP32 values; u8: K and V read back as
-  :func:`fa_jax.openvino_sdpa.dequantize_u8`, then the FP32 path): S = its AVX-512
-  ``dot_product`` (each query precision its own order; on u8 keys read as
-  fl(u - zp), times the key's scale), the softmax in FP32 (P not rounded; on a
-  u8 cache times the value's scale), O = an FMA chain over the keys (on a u8
-  cache the last d_v mod 64 columns run a scalar loop: fma(fl(p · fl(u - zp)),
-  scale, O)) per thread's contiguous share of (cache head, key) work, the threads'
-  partial sums added in thread order from zero (``attn_reduce``; one thread: no
-  reduction); BF16: rounded to BF16 (the last d_v mod 16 columns as
-  ``ov::bfloat16`` rounds).  BF16 on a u8 cache with d mod 16 != 0 is not
-  modelled (the model raises).
+- N == M (prefill, one call): the multi-token kernel on the new K and V.  BF16:
+  Q, K, V rounded to BF16, S = oneDNN brgemm (``vdpbf16ps`` or AMX's tile dots),
+  OpenVINO's softmax with P rounded to BF16, O = brgemm(P V) rounded to BF16.
+  F32: S = MLAS sgemm (four query rows a call; a last row alone in MLAS's one-row
+  kernels), the softmax in FP32, O = MLAS sgemm(P V).  N == 1 runs the decoding
+  kernel.  Modelled: :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
+- N < M (decoding): the first M - N keys are set as the cache's state (bit for
+  bit what a prefill call leaves, in O(M)), and ``mha_single_token`` runs the N
+  queries on the cache in ``kv_cache`` precision: S = its ``dot_product`` (u8 keys
+  dequantised, or on AVX2 in the affine form), the softmax in FP32, O = an FMA
+  chain over the keys per thread's contiguous share of (cache head, key) work, the
+  threads' partial sums added in thread order (``attn_reduce``); BF16 rounds O.
+  BF16 on a u8 cache with d mod 16 != 0 is not modelled (the model raises).
 
-Grouped-query attention (the ``gqa`` feature: H_kv dividing H, query head h
-reading K/V head h // (H / H_kv)) runs as an LLM's export writes it: the cache
-(the ReadValue/Assign state) holds H_kv heads, and ``repeat_kv`` between the
-concat and the SDPA (Unsqueeze, a bidirectional Broadcast, Reshape) is part of
-the pattern ``StatefulSDPAFusion`` folds into the fused node
-(``transformations/cpu_opset/common/pass/stateful_sdpa_fusion.cpp``,
-``multi_query_bcst``), so the node reads the H_kv-head cache itself.  The
-kernels map query head h to cache head h / ``h_each_group_len`` (the multi-token
-kernels, ``scaled_attn.cpp``; ``heads_per_kv_group`` in ``mha_kv_cache``): each
-query head's arithmetic is that of its cache head repeated, and a u8 cache is
-quantized per token of each cache head (one group of d), as without GQA.  One
-thing differs: the decoding kernel splits its work over the cache, B · H_kv · M
-(cache head, then key: ``mha_foreach_kv`` in ``mha_kv_cache_codec.cpp``), each
-item serving the H / H_kv query heads of its group, so with two threads the
-split may fall inside a group's keys, where with K/V repeated it would fall
-between query heads.
+GQA (the ``gqa`` feature) runs as an LLM export writes it: the cache holds H_kv
+heads and ``repeat_kv`` is folded into the fused node by ``StatefulSDPAFusion``;
+query head h reads cache head h / (H / H_kv), with each head's arithmetic as
+without GQA, but the decoding kernel splits its threads over B · H_kv · M
+(``mha_foreach_kv``), so a split may fall inside a group.  ``causal`` after the
+cache (the ``q_offset`` feature, only M - N) is the mask bottom-right
+(``ncausal = kv_len - q_len + m + 1``).  ``scale=None`` is fl32(1 / fl32(sqrt(d))),
+as the kernel computes it.
 
-``causal`` with N < M (the ``q_offset`` feature, M - N: the queries after the
-cache) is the mask bottom-right, query i seeing keys up to i + M - N
-(``ncausal = kv_len - q_len + m + 1``): the decoding kernel runs the N queries
-(``use_one_token``: L1 == 1 or a non-empty cache), its softmax on the first
-ncausal scores of each row, P = 0 after (and so an FMA of 0 · V there, which
-leaves O as it is).  Another offset is refused (ValueError): the plugin has no
-other.
-
-``scale=None`` is 1/sqrt(d) as the kernel computes it, fl32(1 / fl32(sqrt(d)))
-(``1.0f / std::sqrt(float(d))``: d = 24, 72, 96, 112 differ from fl32(1/sqrt(d))); a
-scale is given to the graph as the node's scale input (with the one-element
-attention mask the plugin then ignores).
-
-The plugin and oneDNN pick their code from CPUID as they run: the model follows
-their AVX-512 code (``avx512_core``: AVX-512 F, BW, DQ and VL), with AVX512-BF16's
-``vdpbf16ps`` or AMX's tile dots for ``precision="bf16"``, and, for
-``precision="f32"``, the plugin's AVX2 build on a CPU with AVX2 and FMA but no
-AVX-512F (the plugin's dispatch, ``with_cpu_x86_avx512f()`` then
-``with_cpu_x86_avx2()``: :data:`fa_jax.openvino_sdpa.AVX2`, the softmax's and the
-decoding dot product's 8 lanes, FP32 queries on u8 keys in the affine form of
-:func:`fa_jax.openvino_sdpa.u8_dot_product`; MLAS's GEMMs give the same bits on
-its FMA3 and AVX-512F kernels).  There ``precision="bf16"`` is F32 inference: the
-plugin, without BF16 on the CPU, compiles the hint as f32 (the compiled model's
-``INFERENCE_PRECISION_HINT`` reads f32), and the model answers with its f32 path.
-Elsewhere (BF16 on AVX-512 without those instructions, an AVX-512F CPU without
-BW, DQ and VL, a CPU below AVX2) it raises
+The plugin and oneDNN pick their code from CPUID: the model follows their
+AVX-512 code (``avx512_core``: F, BW, DQ, VL; bf16 with AVX512-BF16's
+``vdpbf16ps`` or AMX's tile dots) and the plugin's AVX2 build on a CPU with AVX2
+and FMA but no AVX-512F (:data:`fa_jax.openvino_sdpa.AVX2`; there the bf16 hint
+compiles as f32 and is modelled so).  Elsewhere (BF16 on AVX-512 without those
+instructions, AVX-512F without BW, DQ and VL, below AVX2) it raises
 NotImplementedError (:func:`unmodelled`).  ``sdpa_model(..., isa="AVX2")`` (or
 ``"AVX512"``) gives the model of that code on any host.
 """
