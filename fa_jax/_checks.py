@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 __all__ = [
+    "broadcasts_to",
     "is_int",
     "non_negative_int",
     "non_negative_ints",
@@ -74,6 +75,15 @@ def positive_number(v: Any, what: str) -> float:
     if not ok or not math.isfinite(v) or v <= 0:
         raise ValueError(f"{what}: expected a positive finite number, got {v!r}")
     return float(v)
+
+
+def broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether an array of ``shape`` broadcasts to ``target`` exactly (NumPy's rules,
+    the result ``target`` itself)."""
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
 
 
 def one_of(v: T, choices: Sequence[T], what: str) -> T:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from fa_jax._checks import broadcasts_to
+
 __all__ = [
     "ALIGNMENTS",
     "check_broadcast",
@@ -47,11 +49,7 @@ __all__ = [
 
 def check_broadcast(fn: str, name: str, x, target: tuple) -> None:
     """ValueError naming ``name`` unless ``x`` broadcasts to ``target`` (..., N, M)."""
-    try:
-        ok = np.broadcast_shapes(np.shape(x), target) == target
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(np.shape(x), target):
         raise ValueError(
             f"{fn}: {name}: expected an array broadcastable to (..., N, M) = {target}, "
             f"got shape {tuple(np.shape(x))}"

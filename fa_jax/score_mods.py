@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
+from fa_jax._checks import broadcasts_to
 from fa_jax.masking import check_broadcast, q_offset_of
 from fa_jax.policy import Policy
 from fa_jax.softmax import cast_scores
@@ -115,11 +116,7 @@ def prepare_sinks(fn: str, sinks, lead: tuple, policy: Policy):
     :func:`check_sink_values`)."""
     if sinks is None:
         return None
-    try:
-        ok = np.broadcast_shapes(np.shape(sinks), lead) == lead
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(np.shape(sinks), lead):
         raise ValueError(
             f"{fn}: sinks: expected one logit per head, an array broadcastable to Q's "
             f"leading dimensions (..., H) = {lead}, got shape {tuple(np.shape(sinks))}"

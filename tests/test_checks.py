@@ -127,3 +127,12 @@ def test_one_of_rejects(v):
 def test_one_of_does_not_raise_type_errors_for_unhashable_values():
     with pytest.raises(ValueError, match="expected one of"):
         C.one_of({"a": 1}, ("a",), "what")
+
+
+def test_broadcasts_to_is_numpys_rule_onto_the_target_itself():
+    broadcasts_to = C.broadcasts_to
+    assert broadcasts_to((), (2, 3)) and broadcasts_to((3,), (2, 3))
+    assert broadcasts_to((2, 1), (2, 3)) and broadcasts_to((2, 3), (2, 3))
+    assert not broadcasts_to((4,), (2, 3))  # incompatible
+    assert not broadcasts_to((5, 2, 3), (2, 3))  # broadcasts, but to a larger shape
+    assert not broadcasts_to((2, 3), (1, 3))

@@ -191,6 +191,7 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
     """The features given (not None), checked against the inputs and against what
     ``kernel`` supports, then its own options after theirs: what its ``real`` and
     its model get."""
+    from fa_jax._checks import broadcasts_to
     from fa_jax.masking import check_broadcast, check_q_offset, check_window
     from fa_jax.score_mods import check_sink_values, check_softcap
 
@@ -228,11 +229,7 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
     if given["sinks"] is not None:
         sinks = np.asarray(given["sinks"])
         lead = q.shape[:-2]
-        try:
-            ok = np.broadcast_shapes(sinks.shape, lead) == lead
-        except ValueError:
-            ok = False
-        if not ok or not np.issubdtype(sinks.dtype, np.floating):
+        if not broadcasts_to(sinks.shape, lead) or not np.issubdtype(sinks.dtype, np.floating):
             raise ValueError(
                 f"kernel: sinks: expected floats broadcastable to the leading dimensions "
                 f"{lead} (a logit per head), got {sinks.dtype} of shape {sinks.shape}"
@@ -245,11 +242,8 @@ def _features(kernel: Kernel, fmt: Format, q, k, causal: bool, given: dict, opti
         lead = q.shape[:-2]
         if not np.issubdtype(lengths.dtype, np.integer):
             raise ValueError(f"kernel: kv_lengths: expected integers, got dtype {lengths.dtype}")
-        try:
-            ok = np.broadcast_shapes(lengths.shape, lead) == lead
-        except ValueError:
-            ok = False
-        if not ok or lengths.min() < 0 or lengths.max() > k.shape[-2]:
+        in_range = lengths.min() >= 0 and lengths.max() <= k.shape[-2]
+        if not broadcasts_to(lengths.shape, lead) or not in_range:
             raise ValueError(
                 f"kernel: kv_lengths: expected integers in [0, M = {k.shape[-2]}] "
                 f"broadcastable to the leading dimensions {lead}, got shape "
