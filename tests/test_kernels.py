@@ -100,7 +100,8 @@ def test_q_offset_reaches_a_kernel_that_declares_it():
     """Queries behind a KV cache: ``q_offset="bottom-right"`` reaches a kernel with
     the feature as the int M - N (here a kernel whose real side masks by absolute
     position, and whose model is the core's aligned causal mask: the same bits);
-    "top-left" is no feature at all; a kernel without it refuses the offset."""
+    "top-left" is no feature at all; a kernel without it refuses causal N != M
+    under either alignment (its model was checked on square masks only)."""
 
     def real(q, k, v, *, fmt, causal=False, scale=None, q_offset=0):
         p, j = np.arange(q.shape[-2])[:, None] + q_offset, np.arange(k.shape[-2])[None, :]
@@ -132,9 +133,10 @@ def test_q_offset_reaches_a_kernel_that_declares_it():
     for real_out, model_out in got.values():
         np.testing.assert_array_equal(real_out, model_out)
     assert not np.array_equal(got["bottom-right"][0], got["top-left"][0])
-    with pytest.raises(ValueError, match="'xla': q_offset: not supported"):
+    with pytest.raises(ValueError, match=r"'xla': causal: expected N == M .* declares no q_offset"):
         kernels.emulate("xla", q, k, v, fmt="bf16", causal=True, q_offset="bottom-right")
-    kernels.real("xla", q, k, v, fmt="bf16", causal=True, q_offset="top-left")  # no feature
+    with pytest.raises(ValueError, match=r"'xla': causal: expected N == M .* declares no q_offset"):
+        kernels.real("xla", q, k, v, fmt="bf16", causal=True, q_offset="top-left")
     with pytest.raises(ValueError, match="'test-positions': softcap: not supported"):
         kernels.emulate("test-positions", q, k, v, fmt="bf16", softcap=30.0)
     with pytest.raises(ValueError, match=r"kernel: softcap: expected a finite number > 0, got -1"):

@@ -15,7 +15,8 @@ raises ValueError naming the kernel, the feature and what it supports.  A
 feature not given is not passed on, so a kernel without features is called as
 before.  ``q_offset`` is passed on as an int where it is not 0 (top-left: no
 feature); a causal call with N != M must name its alignment (``q_offset``
-"top-left" or "bottom-right"), since kernels differ in the one they take.
+"top-left" or "bottom-right"), since kernels differ in the one they take, and
+reaches only a kernel that declares ``q_offset``.
 
 :func:`timed_calls` puts a timer around every :func:`real` and :func:`emulate`
 call (labelled "<kernel> real", "<kernel> model") while it is active: how
@@ -178,11 +179,18 @@ def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool, q_offset):
     fmt = _native_format(kernel, fmt)
     q, k, v = _shapes(q, k, v)
     _exact_in(fmt, q=q, k=k, v=v)
-    if causal and q_offset is None and q.shape[-2] != k.shape[-2]:
+    n, m = q.shape[-2], k.shape[-2]
+    if causal and q_offset is None and n != m:
         raise ValueError(
             f"kernel: causal: expected N == M, or q_offset naming the mask's alignment "
-            f"('top-left' or 'bottom-right', as kernels differ), got N = {q.shape[-2]}, "
-            f"M = {k.shape[-2]} and no q_offset"
+            f"('top-left' or 'bottom-right', as kernels differ), got N = {n}, "
+            f"M = {m} and no q_offset"
+        )
+    if causal and n != m and "q_offset" not in kernel.features:
+        raise ValueError(
+            f"kernel {kernel.name!r}: causal: expected N == M (its model was checked with "
+            f"causal masks on square score matrices only; it declares no q_offset), got "
+            f"N = {n}, M = {m}"
         )
     return fmt, q, k, v
 
