@@ -320,3 +320,36 @@ def test_the_fma3_models_are_the_avx2_kernels_bits(tmp_path):
         assert _identical(real[name], fma3) == 1.0, name
     avx512f = O.attention_model(O.FP32, 33, 16, isa="AVX512")(q, k, v, causal=True)
     assert _identical(real["attention"], avx512f) < 1.0
+
+
+PAST_CASES = [  # (fmt, h, h_kv, n, m, d, causal)
+    ("fp32", 4, 2, 5, 12, 16, True),
+    pytest.param("fp32", 2, 2, 1, 12, 16, True, marks=pytest.mark.slow),
+    pytest.param("fp16", 2, 2, 5, 12, 16, True, marks=pytest.mark.slow),
+    pytest.param("fp32", 4, 2, 37, 70, 64, True, marks=pytest.mark.slow),
+    pytest.param("fp32", 4, 1, 5, 12, 16, False, marks=pytest.mark.slow),
+]
+
+
+@modelled_here
+@pytest.mark.parametrize(("fmt", "h", "h_kv", "n", "m", "d", "causal"), PAST_CASES)
+def test_attention_behind_past_kv_is_bit_exact(fmt, h, h_kv, n, m, d, causal):
+    """The ONNX Attention op with past K/V (the first M - N keys) and GQA: its causal
+    mask keeps j <= i + M - N (``q_offset="bottom-right"``), none for one query."""
+    rng = np.random.default_rng(n * m)
+    dtype = np.float32 if fmt == "fp32" else np.float16
+    q, k, v = (
+        rng.standard_normal(s).astype(dtype).astype(np.float64)
+        for s in ((1, h, n, d), (1, h_kv, m, d), (1, h_kv, m, d))
+    )
+    how = {"causal": True, "q_offset": "bottom-right"} if causal else {}
+    real = kernels.real("onnxruntime-attention", q, k, v, fmt=fmt, **how)
+    model = kernels.emulate("onnxruntime-attention", q, k, v, fmt=fmt, **how)
+    assert _identical(real, model) == 1.0
+
+
+def test_attention_refuses_a_causal_mask_the_op_does_not_run():
+    q, k, v = _inputs("fp32", 3, 2, 1, 12, 16)
+    for run in (kernels.real, kernels.emulate):
+        with pytest.raises(ValueError, match=r"onnxruntime-attention: q_offset: expected 11"):
+            run("onnxruntime-attention", q, k, v, fmt="fp32", causal=True, q_offset="top-left")

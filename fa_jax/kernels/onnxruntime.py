@@ -16,7 +16,10 @@ In FP16 (``AttentionGemm`` on x86-64, where ``MlasHGemmSupported`` is false) eac
 GEMM upcasts its operands to FP32, runs the FP32 sgemm and rounds C to FP16; the
 softmax upcasts S, runs in FP32 and rounds P to FP16.  So S and P are rounded to
 FP16.  The model is those steps with :mod:`fa_jax.mlas` (its sgemm, exp and
-softmax).  ``scale=None`` passes fl32(1/sqrt(d)) as the op's ``scale``.
+softmax).  ``scale=None`` passes fl32(1/sqrt(d)) as the op's ``scale``.  K/V with
+fewer heads (``gqa``) go in as they are; a causal call with N < M passes the
+first M - N keys as ``past_key``/``past_value`` (``q_offset`` = M - N, the op's
+mask keeping j <= i + M - N; for one query the op masks nothing).
 
 ``onnxruntime-mha``: ``com.microsoft`` MultiHeadAttention (FP32; the CPU op has
 no FP16 kernel), non-causal, which runs ``MlasFlashAttention``
@@ -56,6 +59,7 @@ from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
+from fa_jax.heads import repeat_kv
 from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.presets import fa2_kernel
@@ -149,16 +153,20 @@ def _scale(scale, d: int) -> float:
 
 
 @functools.cache
-def _session(op: str, elem: int, causal: bool, scale: float, threads: int):
+def _session(op: str, elem: int, causal: bool, scale: float, threads: int, past: bool = False):
     import onnxruntime as ort
     from onnx import helper
 
-    node = helper.make_node(op, ["Q", "K", "V"], ["Y"], is_causal=int(causal), scale=scale)
+    # With past K/V (inputs 4 and 5; 3, the mask, left out) the CPU op needs the
+    # present K/V outputs declared too.
+    inputs = ["Q", "K", "V", "", "past_key", "past_value"] if past else ["Q", "K", "V"]
+    outputs = ["Y", "present_key", "present_value"] if past else ["Y"]
+    node = helper.make_node(op, inputs, outputs, is_causal=int(causal), scale=scale)
     graph = helper.make_graph(
         [node],
         "attention",
-        [helper.make_tensor_value_info(n, elem, None) for n in "QKV"],
-        [helper.make_tensor_value_info("Y", elem, None)],
+        [helper.make_tensor_value_info(n, elem, None) for n in inputs if n],
+        [helper.make_tensor_value_info(n, elem, None) for n in outputs],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
     model.ir_version = 10
@@ -170,10 +178,33 @@ def _session(op: str, elem: int, causal: bool, scale: float, threads: int):
     )
 
 
+def _past(causal: bool, n: int, m: int, q_offset: int) -> int:
+    """The number of past keys P a call passes as ``past_key``/``past_value``: the
+    op's causal mask keeps j <= i + P, so a causal call with N != M must be the
+    mask behind them (``q_offset`` = M - N; the op masks nothing for one query, its
+    causal being ``is_causal && q_len > 1``); ValueError otherwise."""
+    want = m - n if causal else 0
+    if q_offset != want or want < 0:
+        raise ValueError(
+            f"onnxruntime-attention: q_offset: expected {want} (the op's causal mask "
+            f"keeps j <= i + P behind its P past keys, P = M - N), got {q_offset} "
+            f"for N = {n}, M = {m}"
+        )
+    return want
+
+
+def _as_bhsd(t, dtype):
+    """(..., H, S, d) as the op's (B, H, S, d): the leading axes before the heads in B."""
+    t = np.asarray(t, dtype)
+    return t.reshape(-1, *(t.shape[-3:] if t.ndim >= 3 else (1, *t.shape)))
+
+
 def real_attention(
-    q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1
+    q, k, v, *, fmt, causal: bool = False, scale=None, threads: int = 1, q_offset: int = 0
 ) -> np.ndarray:
-    """The ONNX ``Attention`` op's output (..., N, d_v) on ONNX Runtime's CPU, as float64."""
+    """The ONNX ``Attention`` op's output (..., N, d_v) on ONNX Runtime's CPU, as
+    float64; with ``q_offset`` = M - N (causal), the first M - N keys and values go
+    in as its past K/V."""
     from onnx import TensorProto
 
     f = _fmt(fmt)
@@ -181,23 +212,31 @@ def real_attention(
     dtype = np.float32 if f.name == FP32.name else np.float16
     elem = TensorProto.FLOAT if dtype is np.float32 else TensorProto.FLOAT16
     q, k, v = (np.asarray(t) for t in (q, k, v))
-    lead = q.shape[:-2]
-    q4, k4, v4 = (np.asarray(t, dtype).reshape(1, -1, *t.shape[-2:]) for t in (q, k, v))
-    sess = _session("Attention", elem, bool(causal), _scale(scale, q.shape[-1]), threads)
-    out = sess.run(None, {"Q": q4, "K": k4, "V": v4})[0]
-    return np.asarray(out, np.float64).reshape(*lead, q.shape[-2], v.shape[-1])
+    lead, n, m = q.shape[:-2], q.shape[-2], k.shape[-2]
+    p = _past(bool(causal), n, m, q_offset)
+    q4, k4, v4 = (_as_bhsd(t, dtype) for t in (q, k, v))
+    sess = _session("Attention", elem, bool(causal), _scale(scale, q.shape[-1]), threads, p > 0)
+    feeds = {"Q": q4, "K": k4[:, :, p:], "V": v4[:, :, p:]}
+    if p:
+        feeds.update(past_key=k4[:, :, :p], past_value=v4[:, :, :p])
+    out = sess.run(["Y"], feeds)[0]
+    return np.asarray(out, np.float64).reshape(*lead, n, v.shape[-1])
 
 
-def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool, kernel):
+def _attention_forward(q, k, v, *, policy, causal, scale, fp16: bool, kernel, q_offset=0):
     """The op's three stages, each compiled on its own (one program for all three
-    compiles several times slower at N = 2048)."""
+    compiles several times slower at N = 2048); K and V repeated for GQA."""
     del policy
     q, k, v = (jnp.asarray(t, jnp.float64) for t in (q, k, v))
     n, m = q.shape[-2], k.shape[-2]
+    _past(bool(causal), n, m, q_offset)
+    if q.ndim >= 3:
+        k, v = (repeat_kv(t, q.shape[-3] // k.shape[-3]) for t in (k, v))
     c = None
-    if causal:
+    if causal and n > 1:  # the op's causal: is_causal && q_len > 1
         lowest = float(np.finfo(np.float16 if fp16 else np.float32).min)
-        mask = np.where(np.arange(m)[None, :] <= np.arange(n)[:, None], 0.0, lowest)
+        keep = np.arange(m)[None, :] <= np.arange(n)[:, None] + q_offset
+        mask = np.where(keep, 0.0, lowest)
         c = jnp.asarray(np.broadcast_to(mask, (*q.shape[:-1], m)))
     s = _scores(q, k, c, scale=_scale(scale, q.shape[-1]), fp16=fp16)
     p = _probabilities(s, fp16=fp16, kernel=kernel)
@@ -255,6 +294,7 @@ ONNXRUNTIME_ATTENTION = Kernel(
     unavailable=_unavailable,
     platform=_platform_facts,
     formats=_FORMATS,
+    features=frozenset({"q_offset", "gqa"}),
     options=("threads",),
     unmodelled=unmodelled,
 )
