@@ -1756,6 +1756,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/test_kernels_onnxruntime_gqa.py::test_decode_is_bit_exact",
     ),
     _m(
+        "kernels/onnxruntime",
+        "keep = np.arange(m)[None, :] <= np.arange(n)[:, None] + q_offset",
+        "keep = np.arange(m)[None, :] <= np.arange(n)[:, None]",
+        "the Attention op's causal mask top-left behind its past K/V",
+        "tests/test_kernels_onnxruntime.py::test_attention_behind_past_kv_is_bit_exact",
+    ),
+    _m(
         "masking",
         "    p = i + q_offset  # the query's position on the key axis",
         "    p = i  # the query's position on the key axis",
