@@ -55,11 +55,13 @@ from jax.core import Tracer
 from fa_jax import ggml_attention as ga
 from fa_jax import ggml_vec, ops
 from fa_jax._checks import one_of, positive_int
-from fa_jax.formats import FP32, Format, get_format
+from fa_jax._x64 import float64_enabled
+from fa_jax.formats import FP16, FP32, Format, get_format
 from fa_jax.kernels import cpu, ggml_lib
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.masking import q_offset_of
 from fa_jax.presets import fa2_kernel
+from fa_jax.rounding import round_to
 
 __all__ = [
     "FEATURES",
@@ -76,7 +78,6 @@ __all__ = [
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 FEATURES = frozenset({"bias", "mask", "q_offset", "softcap", "sinks", "gqa"})
-FP16 = get_format("fp16")
 _DEFAULT_KV = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 
@@ -167,7 +168,9 @@ def _check_bias_f16(bias) -> None:
     if bias is None or isinstance(bias, Tracer):
         return
     b = np.asarray(bias, np.float64)
-    if not np.array_equal(b.astype(np.float16).astype(np.float64), b):
+    with float64_enabled():
+        exact = np.array_equal(np.asarray(round_to(b, FP16)), b)
+    if not exact:
         raise ValueError(
             "ggml: bias: expected values exact in FP16 (ggml's mask is F16), got values that round"
         )
