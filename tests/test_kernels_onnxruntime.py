@@ -284,7 +284,9 @@ from fa_jax.kernels import cpu
 from fa_jax.kernels import onnxruntime as O
 out = {"isa": np.array(O.mlas_isa() or "")}
 with np.load(sys.argv[1]) as f:
-    out["attention"] = O.real_attention(f["q"], f["k"], f["v"], fmt="fp32", causal=True)
+    out["attention"] = O.real_attention(
+        f["q"], f["k"], f["v"], fmt="fp32", causal=True, q_offset=267
+    )
     out["attention16"] = O.real_attention(f["q16"], f["k16"], f["v16"], fmt="fp16")
     out["mha"] = O.real_mha(f["q"], f["k"], f["v"], fmt="fp32")
 np.savez(sys.argv[2], **out)
@@ -295,8 +297,8 @@ np.savez(sys.argv[2], **out)
 def test_the_fma3_models_are_the_avx2_kernels_bits(tmp_path):
     """ONNX Runtime run as an AVX2 CPU (natively, or under qemu-user on an AVX-512
     host): MLAS runs its FMA3 kernels, and the models for ``isa="AVX2"`` give their
-    bits; the AVX-512F models do not.  The MHA case keeps one key block and a last
-    one-row chunk for any L2 of 160 KiB or more (d = 16: Br = 32)."""
+    bits; the AVX-512F models do not.  The causal case has 267 past keys
+    (q_offset = M - N); the MHA case keeps one key block and a last one-row chunk for any L2 of 160 KiB or more (d = 16: Br = 32)."""
     from lab import run_as_avx2
 
     q, k, v = _inputs("fp32", 8, 2, 33, 300, 16)
@@ -316,9 +318,12 @@ def test_the_fma3_models_are_the_avx2_kernels_bits(tmp_path):
     }
     for name, (factory, fmt, qkv, causal) in models.items():
         n, d = qkv[0].shape[-2:]
-        fma3 = factory(fmt, n, d, isa="AVX2")(*qkv, causal=causal)
+        behind = {"q_offset": 267} if causal else {}
+        fma3 = factory(fmt, n, d, isa="AVX2")(*qkv, causal=causal, **behind)
         assert _identical(real[name], fma3) == 1.0, name
-    avx512f = O.attention_model(O.FP32, 33, 16, isa="AVX512")(q, k, v, causal=True)
+    avx512f = O.attention_model(O.FP32, 33, 16, isa="AVX512")(
+        q, k, v, causal=True, q_offset=267
+    )
     assert _identical(real["attention"], avx512f) < 1.0
 
 
