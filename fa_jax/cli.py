@@ -659,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
             "features",
             "decoding",
             "engines",
+            "serving",
         ),
     )
     rp.add_argument("--quick", action="store_true", help="small grids (under a minute each on CPU)")

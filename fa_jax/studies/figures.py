@@ -536,8 +536,9 @@ def reproduce(
     study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all"),
     or a study of today's attention features, ``"features"`` or ``"decoding"``
     (:mod:`fa_jax.studies.feature_figures`, not in "all"), or of inference engines,
-    ``"engines"`` (:mod:`fa_jax.studies.engine_figures`, not in "all"); returns
-    {name: result}."""
+    ``"engines"`` (:mod:`fa_jax.studies.engine_figures`, not in "all"), or of a
+    serving decode, ``"serving"`` (:mod:`fa_jax.studies.serving`, not in "all");
+    returns {name: result}."""
     if which == "fig8":
         from fa_jax.studies.train.study import fig8
 
@@ -562,9 +563,13 @@ def reproduce(
         from fa_jax.studies.engine_figures import engines
 
         return {which: engines(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
+    if which == "serving":  # a decode of 1 to 32k steps vs FP64; not in "all"
+        from fa_jax.studies.serving import serving
+
+        return {which: serving(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
     one_of(
         which,
-        (*FIGURES, "all", "fig8", "fa3-table", "features", "decoding", "engines"),
+        (*FIGURES, "all", "fig8", "fa3-table", "features", "decoding", "engines", "serving"),
         "reproduce: which",
     )
     names = list(FIGURES) if which == "all" else [which]
