@@ -1,12 +1,14 @@
 """Shared test configuration: bounded hypothesis profiles, x64 toggling, a
-compilation cache of the test run's own (never the user's), and the tests kept
-out of the default run for its time (extended_for_time.txt)."""
+compilation cache of the test run's own (never the user's), the tests kept
+out of the default run for its time (extended_for_time.txt), and ``--until``: a
+time after which no test starts (CI's later stages share one time budget)."""
 
 import atexit
 import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import jax
 import pytest
@@ -78,3 +80,20 @@ def pytest_collection_modifyitems(config, items):
     stale = sorted(n for n in listed if n.split("::")[0] in files and n not in collected)
     if stale and whole:
         raise pytest.UsageError(f"{_FOR_TIME.name} names tests that are not collected: {stale}")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--until",
+        type=float,
+        default=None,
+        metavar="EPOCH_SECONDS",
+        help="start no test after this time (seconds since the epoch): those left are "
+        "skipped as not run, each saying so",
+    )
+
+
+def pytest_runtest_setup(item):
+    until = item.config.getoption("--until")
+    if until is not None and time.time() > until:
+        pytest.skip("not run: this stage's time budget (--until) was spent before it started")

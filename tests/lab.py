@@ -5,13 +5,16 @@ Natively where this host is an AVX2 CPU; on an AVX-512 host under qemu-user
 (``qemu-x86_64 -cpu Haswell``: QEMU's TCG emulates AVX2, FMA and F16C but no
 AVX-512, and the program's CPUID reads as a Haswell's).  A test that needs the
 lab skips, saying why, where neither is possible (a CPU below AVX2, qemu-user
-not installed).  Instructions whose results differ between CPU makers
+not installed).  ``FA_JAX_LAB=qemu`` runs it under qemu-user on an AVX2 host too
+(to check qemu against the CPU, or to time the lab as an AVX-512 host runs it).
+Instructions whose results differ between CPU makers
 (RCPPS, RSQRTPS) are not faithful under qemu: a kernel path using them is not
 for the lab.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -26,14 +29,14 @@ QEMU = shutil.which("qemu-x86_64")
 def avx2_python() -> list[str]:
     """The command that runs this Python as an AVX2 CPU (skips where none can)."""
     isa = cpu.isa()
-    if isa == "AVX2":
+    if isa == "AVX2" and os.environ.get("FA_JAX_LAB") != "qemu":
         return [sys.executable]
-    if isa != "AVX512":
+    if isa not in ("AVX2", "AVX512"):
         pytest.skip(f"the AVX2 lab needs an AVX2 or AVX-512 host; this CPU is {cpu.describe()}")
     if QEMU is None:
         pytest.skip(
-            "qemu-user is not installed (apt-get install qemu-user): this AVX-512 host "
-            "cannot run the kernels' AVX2 code"
+            f"qemu-user is not installed (apt-get install qemu-user): this {isa} host "
+            "cannot run the kernels' AVX2 code under it"
         )
     return [QEMU, "-cpu", "Haswell", sys.executable]
 
