@@ -5,7 +5,7 @@ llama-cpp-python==VERSION --no-binary :all: --no-deps``), unpacks it, and builds
 ``vendor/llama.cpp/ggml`` with CMake (shared libraries, no OpenMP, no tests or
 examples) into a cache folder.  ``--variant native`` (the default) builds for this
 CPU (``GGML_NATIVE``, ``-march=native``) into ``<cache>/lib``, where
-:mod:`fa_jax.kernels.ggml_lib` finds them (or point ``FA_JAX_GGML_LIB`` at them);
+:mod:`fa_jax.kernels.ggml.lib` finds them (or point ``FA_JAX_GGML_LIB`` at them);
 ``--variant avx2`` builds ggml's AVX2 code (``GGML_NATIVE=OFF`` with AVX, AVX2,
 BMI2, FMA and F16C: what a Haswell runs) into ``<cache>/avx2/lib``, for the lab that
 runs it as an AVX2 CPU on any host (tests/lab.py).  A variant whose libraries were

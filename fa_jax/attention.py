@@ -36,10 +36,10 @@ Per key block j, with scores S_j (rows × Bc):
     m_new, l_new, P̃ as fa2
     o = ((l α) / l_new) o + fl_p(P̃ / l_new) V_j
 
-``torch_avx2``, PyTorch's CPU flash loop on AVX2 (ATen's ``cpu_flash_attention``),
-is a kernel's loop, not an algorithm variant (:data:`KERNEL_VARIANTS`, used by
-:mod:`fa_jax.kernels.torch_cpu`); :mod:`fa_jax.vector_loop` says what it does
-(a bias joins its scaled scores in one FMA where its build fuses a · b + c).
+A real kernel's own loop (PyTorch's CPU flash loop: :mod:`fa_jax.kernels.torch_cpu`)
+is not an algorithm variant: its engine registers it as a :class:`KernelLoop` (its
+Q Kᵀ, its per-block update, whether a bias joins the scaled scores in one FMA)
+under a name ``flash_attention(variant=...)`` then takes (:func:`register_kernel_loop`).
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts, exponentials),
 ``pv_acc`` (P V) and ``o_acc`` (the running o); the lse m + log l to ``stats``,
@@ -65,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import jax
@@ -101,24 +102,51 @@ from fa_jax.softmax import (
     running_max,
     shifted_exp,
 )
-from fa_jax.vector_loop import LANES as _LANES
-from fa_jax.vector_loop import torch_qk as _torch_qk
-from fa_jax.vector_loop import torch_step as _torch_step
 
 __all__ = [
-    "KERNEL_VARIANTS",
     "VARIANTS",
     "Blocks",
+    "KernelLoop",
     "blocks_from_sram",
     "flash_attention",
+    "kernel_loops",
     "reference_attention",
+    "register_kernel_loop",
 ]
 
 VARIANTS = ("fa1", "fa2", "rowwise")
-# Variants that model one real kernel's loop, lengths masks included as padding.
-KERNEL_VARIANTS = tuple(_LANES)
-# Kernel variants whose loop adds a bias to the scaled scores in one FMA.
-_FUSED_BIAS = tuple(name for name, lanes in _LANES.items() if lanes.fused)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelLoop:
+    """A real kernel's flash loop, run by ``flash_attention(variant=name)``:
+    ``qk(q, k_t, policy)`` its fl_qk_acc(Q Kᵀ); ``step(carry, s, v_j, policy, *,
+    log2_scale)`` its update of (m, l, o) by one key block, as :func:`_fa2_step`;
+    ``fused_bias``, whether it adds a bias to the scaled scores in one FMA.  Its
+    last key block holds only the keys left, unpadded; O = o / l at the end
+    (Policy.normalise)."""
+
+    qk: Callable
+    step: Callable
+    fused_bias: bool
+
+
+_KERNEL_LOOPS: dict[str, KernelLoop] = {}
+
+
+def register_kernel_loop(name: str, loop: KernelLoop) -> None:
+    """Make ``loop`` a variant of :func:`flash_attention` under ``name``; a name an
+    algorithm variant or another loop holds raises."""
+    if not isinstance(loop, KernelLoop):
+        raise TypeError(f"register_kernel_loop: expected a KernelLoop, got {loop!r}")
+    if name in VARIANTS or _KERNEL_LOOPS.get(name, loop) != loop:
+        raise ValueError(f"register_kernel_loop: name {name!r}: expected a new name, got one taken")
+    _KERNEL_LOOPS[name] = loop
+
+
+def kernel_loops() -> tuple[str, ...]:
+    """The names of the registered kernel loops."""
+    return tuple(sorted(_KERNEL_LOOPS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,9 +233,9 @@ def _resolved_scale(scale, d: int, policy: Policy):
 
 
 def _qk(q, k_t, policy: Policy, variant=None):
-    """fl_qk_acc(Q Kᵀ): a kernel loop's GEMM where it has one (fa_jax.vector_loop)."""
-    if variant in _LANES:
-        return _torch_qk(q, k_t, policy, _LANES[variant].gemm)
+    """fl_qk_acc(Q Kᵀ): a kernel loop's own where ``variant`` is one (KernelLoop)."""
+    if variant in _KERNEL_LOOPS:
+        return _KERNEL_LOOPS[variant].qk(q, k_t, policy)
     return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
 
 
@@ -240,7 +268,8 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
     def scores(k_j, col0=0, grad=False):
         width = k_j.shape[-2]
         b_j = _columns(bias, col0, width)
-        fused = call.variant in _FUSED_BIAS and policy.scale == "scores"
+        loop = _KERNEL_LOOPS.get(call.variant or "")
+        fused = loop is not None and loop.fused_bias and policy.scale == "scores"
         if b_j is not None and fused and call.softcap is None:
             # PyTorch's CPU flash loop built with FMA: S' = fl(fl(Q Kᵀ) · scale + B̂), one FMA
             raw = _qk(q, jnp.swapaxes(k_j, -1, -2), policy, call.variant)
@@ -569,8 +598,8 @@ def flash_attention(
     in reverse mode with respect to q, k, v by FlashAttention-2's backward
     (module docstring, :func:`fa_jax.backward.flash_backward`).
     """
-    if variant not in KERNEL_VARIANTS:  # a kernel's loop, used by fa_jax.kernels
-        one_of(variant, VARIANTS, "flash_attention: variant")
+    if variant not in _KERNEL_LOOPS:  # a kernel's loop, registered by fa_jax.kernels
+        one_of(variant, (*VARIANTS, *kernel_loops()), "flash_attention: variant")
     if not isinstance(blocks, Blocks):
         raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
     return _flash(
@@ -683,10 +712,11 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     lead, n, mk, dv = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     variant = cast(str, call.variant)
-    # A vector-loop variant's last block holds only the keys left, unpadded.
-    full = mk - mk % bc if variant in _LANES else mk
+    # A kernel loop's last block holds only the keys left, unpadded.
+    loop = _KERNEL_LOOPS.get(variant)
+    full = mk - mk % bc if loop is not None else mk
     steps = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}
-    update = steps.get(variant) or functools.partial(_torch_step, lanes=_LANES[variant])
+    update = loop.step if loop is not None else steps[variant]
     update = functools.partial(update, log2_scale=_log2_scale(scale, policy))
     scores = _scorer(q, scale, policy, call, args, kv_len, bias, mask)
 
@@ -720,7 +750,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
         rest = (k[..., full:, :], v[..., full:, :], full)
         init = _unless_past(last, full, lambda c: step(c, rest)[0], init)
     m, l, o = init
-    if variant in ("fa2", *_LANES):
+    if variant == "fa2" or loop is not None:
         out = _normalise_output(o, l[..., None], policy)
     else:
         out = ops.cast(o, policy.out)

@@ -109,7 +109,8 @@ def skip_unless_aten_runs(capability: str) -> None:
     its first illegal instruction (:func:`fa_jax.kernels.torch_cpu.runs_here`)."""
     import pytest
 
-    from fa_jax.kernels import cpu, torch_cpu
+    from fa_jax.kernels import torch_cpu
+    from fa_jax.kernels.x86 import cpu
 
     if not torch_cpu.runs_here(capability):
         pytest.skip(

@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from fa_jax.kernels import cpu
+from fa_jax.kernels.x86 import cpu
 
 
 def cpu_flags() -> frozenset[str]:
@@ -36,7 +36,7 @@ def amd() -> bool:
 
 def isa() -> str:
     """ "avx512" (F, BW, VL and DQ: what ATen's and YNNPACK's AVX-512 kernels need),
-    "avx2" (with FMA and F16C), else "other": :func:`fa_jax.kernels.cpu.isa`."""
+    "avx2" (with FMA and F16C), else "other": :func:`fa_jax.kernels.x86.cpu.isa`."""
     return {"AVX512": "avx512", "AVX2": "avx2"}.get(cpu.isa(), "other")
 
 

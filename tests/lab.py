@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from fa_jax.kernels import cpu
+from fa_jax.kernels.x86 import cpu
 
 QEMU = shutil.which("qemu-x86_64")
 

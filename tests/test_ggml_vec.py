@@ -1,4 +1,4 @@
-"""fa_jax.ggml_vec's AVX2 code against a literal scalar transcription of ggml's C.
+"""fa_jax.kernels.ggml.vec's AVX2 code against a literal scalar transcription of ggml's C.
 
 Each reference below follows its C source line by line (ggml 0.25.3, ggml-cpu,
 built with AVX2, FMA and F16C): one Python float per lane, every operation rounded
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from oracle import round_exact
 
-from fa_jax import ggml_vec as gv
 from fa_jax._x64 import float64_enabled
 from fa_jax.formats import FP32, get_format
+from fa_jax.kernels.ggml import vec as gv
 from fa_jax.rounding import round_to
 
 
@@ -202,7 +202,7 @@ def test_avx2_v_expf_follows_the_c_code_over_its_ranges():
 
 
 def test_codes_are_named_as_cpu_isa_names_them():
-    from fa_jax.kernels import cpu
+    from fa_jax.kernels.x86 import cpu
 
     assert set(gv.CODES) <= set(cpu.ISAS)
     assert gv.AVX512.step == 64 and gv.AVX2.step == 32

@@ -1,4 +1,4 @@
-"""fa_jax.kernels.cpu: the CPU's features read with CPUID (masked by XCR0), as the
+"""fa_jax.kernels.x86.cpu: the CPU's features read with CPUID (masked by XCR0), as the
 kernels' libraries read them, and the ISA class a refusal names."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fa_jax.kernels import cpu
+from fa_jax.kernels.x86 import cpu
 
 _NAMED = frozenset(cpu._BITS.values())
 

@@ -23,7 +23,7 @@ from fa_jax import kernels
 from fa_jax._x64 import float64_enabled
 from fa_jax.formats import get_format
 from fa_jax.kernels import ggml as G
-from fa_jax.kernels import ggml_lib
+from fa_jax.kernels.ggml import lib as ggml_lib
 
 _REASON = ggml_lib.unavailable()
 needs_ggml = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
@@ -204,7 +204,7 @@ def test_errors():
 def test_q8_0_rounding_ref_half_away_x86_half_even():
     """ggml's reference quantizer rounds halves away from zero (roundf), its x86 query
     quantizer to even (_mm256_round_ps): a block whose amax is 127 (d = 1) tells them apart."""
-    from fa_jax import ggml_blocks
+    from fa_jax.kernels.ggml import blocks as ggml_blocks
 
     x = np.zeros((32,))
     x[0], x[1], x[2] = 127.0, 2.5, -3.5
@@ -218,7 +218,7 @@ def test_q8_0_rounding_ref_half_away_x86_half_even():
 
 def test_q4_0_scale_from_signed_max():
     """Q4_0's scale is the signed value of largest magnitude over -8 (ggml-quants.c:132)."""
-    from fa_jax import ggml_blocks
+    from fa_jax.kernels.ggml import blocks as ggml_blocks
 
     x = np.linspace(-1.0, 0.5, 32)  # max |x| at -1: d = 1/8, values in [-8, 7]
     with float64_enabled():
@@ -485,7 +485,7 @@ def test_the_avx2_build_is_modelled_with_features(tmp_path, monkeypatch):
 
 def test_alibi_slopes():
     """ggml's slopes: m0^(h+1) below n_head_log2, m1^(2(h - n_head_log2)+1) above."""
-    from fa_jax.ggml_attention import alibi_slopes
+    from fa_jax.kernels.ggml.attention import alibi_slopes
 
     assert alibi_slopes(8.0, 8) == tuple(2.0 ** -(h + 1) for h in range(8))
     assert alibi_slopes(8.0, 6) == (0.25, 0.0625, 2.0**-6, 2.0**-8, 0.5, 0.125)
@@ -502,7 +502,7 @@ def test_glibc_powf_is_the_c_librarys():
     import ctypes
     import ctypes.util
 
-    from fa_jax.ggml_attention import alibi_slopes, glibc_powf
+    from fa_jax.kernels.ggml.attention import alibi_slopes, glibc_powf
 
     libm = ctypes.CDLL(ctypes.util.find_library("m"))
     libm.powf.argtypes, libm.powf.restype = [ctypes.c_float, ctypes.c_float], ctypes.c_float

@@ -1,5 +1,5 @@
 """ONNX Runtime's CPU attention (``onnxruntime-attention``, ``onnxruntime-mha``) and
-MLAS's sgemm, exp and softmax (:mod:`fa_jax.mlas`) against the real library.
+MLAS's sgemm, exp and softmax (:mod:`fa_jax.kernels.x86.mlas`) against the real library.
 
 Skipped where onnxruntime (and onnx) are absent.  The model-vs-real checks run
 where the models answer (:func:`fa_jax.kernels.onnxruntime.unmodelled`: MLAS runs
@@ -15,10 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from fa_jax import kernels, mlas
+from fa_jax import kernels
 from fa_jax._x64 import float64_enabled
-from fa_jax.kernels import cpu
 from fa_jax.kernels import onnxruntime as O
+from fa_jax.kernels.x86 import cpu, mlas
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
@@ -280,7 +280,7 @@ def test_mha_model_is_bit_exact_slow(h, n, blocks, d):
 _LAB_CHILD = """
 import sys
 import numpy as np
-from fa_jax.kernels import cpu
+from fa_jax.kernels.x86 import cpu
 from fa_jax.kernels import onnxruntime as O
 out = {"isa": np.array(O.mlas_isa() or "")}
 with np.load(sys.argv[1]) as f:
@@ -321,9 +321,7 @@ def test_the_fma3_models_are_the_avx2_kernels_bits(tmp_path):
         behind = {"q_offset": 267} if causal else {}
         fma3 = factory(fmt, n, d, isa="AVX2")(*qkv, causal=causal, **behind)
         assert _identical(real[name], fma3) == 1.0, name
-    avx512f = O.attention_model(O.FP32, 33, 16, isa="AVX512")(
-        q, k, v, causal=True, q_offset=267
-    )
+    avx512f = O.attention_model(O.FP32, 33, 16, isa="AVX512")(q, k, v, causal=True, q_offset=267)
     assert _identical(real["attention"], avx512f) < 1.0
 
 

@@ -1,5 +1,5 @@
 """ONNX Runtime's CPU GroupQueryAttention (``onnxruntime-gqa``) and glibc's fdlibm
-``tanhf`` (:mod:`fa_jax.glibc_tanhf`) against the real library.
+``tanhf`` (:mod:`fa_jax.kernels.x86.glibc_tanhf`) against the real library.
 
 Skipped where onnxruntime (and onnx) are absent.  The model-vs-real checks run
 where the model answers (MLAS runs its AVX-512F or FMA3 kernels; a softcap also
@@ -19,8 +19,8 @@ import pytest
 
 from fa_jax import kernels
 from fa_jax._x64 import float64_enabled
-from fa_jax.kernels import cpu
-from fa_jax.kernels import onnxruntime_gqa as G
+from fa_jax.kernels.onnxruntime import gqa as G
+from fa_jax.kernels.x86 import cpu
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
@@ -209,7 +209,7 @@ def _libm(name: str):
 def test_tanhf_and_expm1f_are_glibcs_bits():
     """Every branch of fdlibm's tanhf (|x| below 2^-55, below 1, up to 22, beyond)
     and of the expm1f it calls (k = 0, ±1, below 23, up to 56, beyond)."""
-    from fa_jax.glibc_tanhf import expm1f, tanhf
+    from fa_jax.kernels.x86.glibc_tanhf import expm1f, tanhf
 
     rng = np.random.default_rng(7)
     bits = rng.integers(
@@ -237,7 +237,7 @@ _LAB_CHILD = """
 import sys
 import numpy as np
 from fa_jax.kernels import onnxruntime as O
-from fa_jax.kernels import onnxruntime_gqa as G
+from fa_jax.kernels.onnxruntime import gqa as G
 out = {"isa": np.array(O.mlas_isa() or "")}
 with np.load(sys.argv[1]) as f:
     out["prefill"] = G.real_gqa(f["q"], f["k"], f["v"], fmt="fp32", causal=True, q_offset=5)

@@ -1,5 +1,5 @@
 """OpenVINO's fused CPU ScaledDotProductAttention (``openvino-sdpa``) and its exp and
-softmax (:mod:`fa_jax.openvino_sdpa`) against the real library.
+softmax (:mod:`fa_jax.kernels.openvino.sdpa`) against the real library.
 
 Skipped where openvino is absent.  The model-vs-real checks run where the model
 answers in both precisions (:func:`fa_jax.kernels.openvino.unmodelled`: AVX-512
@@ -25,11 +25,11 @@ from numpy.typing import DTypeLike
 
 import fa_jax
 from fa_jax import BF16, FP32, kernels, ops
-from fa_jax import openvino_sdpa as ovs
 from fa_jax._x64 import float64_enabled
-from fa_jax.kernels import cpu
 from fa_jax.kernels import openvino as O
-from fa_jax.tile_dot import tile_dot
+from fa_jax.kernels.openvino import sdpa as ovs
+from fa_jax.kernels.x86 import cpu
+from fa_jax.kernels.x86.tile_dot import tile_dot
 
 ov = pytest.importorskip("openvino", reason="openvino is not installed")
 
@@ -101,7 +101,7 @@ def test_model_refuses_what_it_does_not_model(monkeypatch):
 
 def test_the_model_follows_the_cpus_amx(monkeypatch):
     """On any CPU: the BF16 prefill's brgemm is the tile dot in blocks of 32 where the
-    CPU has AMX (fa_jax.tile_dot), the vdpbf16ps pair chain elsewhere; the two
+    CPU has AMX (fa_jax.kernels.x86.tile_dot), the vdpbf16ps pair chain elsewhere; the two
     differ on these inputs (d = 80 = 32 + 32 + 16)."""
     for amx in (False, True):
         flags = cpu.AVX512 | {"avx512_bf16"} | ({"amx_bf16"} if amx else set())
@@ -470,7 +470,7 @@ def test_avx2_build_exact(precision, h, n, m, d, kv_cache, threads, causal):
 _LAB_CHILD = """
 import json, sys
 import numpy as np
-from fa_jax.kernels import cpu
+from fa_jax.kernels.x86 import cpu
 from fa_jax.kernels import openvino as O
 out = {"flags": np.array(sorted(cpu.flags()))}
 with np.load(sys.argv[1]) as f:

@@ -36,8 +36,12 @@ from fa_jax import BF16, FP16, FP32, ops  # noqa: E402
 from fa_jax.attention import Blocks  # noqa: E402
 from fa_jax.exponential import glibc_expf  # noqa: E402
 from fa_jax.kernels import torch_cpu  # noqa: E402
+from fa_jax.kernels.torch_cpu.vector_loop import (  # noqa: E402
+    MKL_INTEL_LANES,
+    intel_sgemm_blocks,
+    intel_takes_lanes,
+)
 from fa_jax.rounding import round_to  # noqa: E402
-from fa_jax.vector_loop import MKL_INTEL_LANES, intel_sgemm_blocks, intel_takes_lanes  # noqa: E402
 
 FORMATS = {"bf16": BF16, "fp16": FP16}
 KERNELS = {"math": torch_cpu.TORCH_MATH, "flash": torch_cpu.TORCH_FLASH}
@@ -397,7 +401,7 @@ def test_the_flash_loop_follows_the_cpu(monkeypatch):
 
 def test_flash_follows_atens_amx_packing():
     """Where ATen packs K and V for AMX (:func:`torch_cpu.amx_packs`), on a CPU with
-    AMX-BF16: the AVX512 build's model (AMX's tile dots, fa_jax.tile_dot) is bit
+    AMX-BF16: the AVX512 build's model (AMX's tile dots, fa_jax.kernels.x86.tile_dot) is bit
     for bit the kernel on the first packed shape (the slow tier's cases pack more);
     forced to AVX2, ATen still packs there, with AVX-512-only code, and fails
     exactly where the rule says."""
@@ -525,7 +529,7 @@ def test_batched_gemm_blocks_equal_the_block_by_block_gemm(k):
     k = 201 (two halves and a last product), 590 (three blocks of 192 and a rest
     of 14 in halves), 1100 (five blocks and a rest of 140); FP32 upcasts (24-bit
     values, the emulated path) and bf16 values (the float32 hardware's)."""
-    from fa_jax.vector_loop import gemm_accumulate
+    from fa_jax.kernels.torch_cpu.vector_loop import gemm_accumulate
 
     rng = np.random.default_rng(k)
     with x64_enabled():
@@ -541,7 +545,7 @@ def test_batched_gemm_blocks_equal_the_block_by_block_gemm(k):
 # (format, (B, H, N, d), H_kv, M, features, causal): query blocks of 1 to 3 rows
 # last (33 = 32 + 1, 35 = 32 + 3, 65 = 2 · 32 + 1, 129 = 4 · 32 + 1; N < 32 is one
 # block of N rows), whose GEMMs MKL runs on its small-matrix path
-# (fa_jax.vector_loop.torch_qk, torch_pv); key widths with 1 to 3 keys past the
+# (fa_jax.kernels.torch_cpu.vector_loop.torch_qk, torch_pv); key widths with 1 to 3 keys past the
 # last group of 4 (43, 555, 70), the 4 wholly (64, 512).  Default tier: one
 # case with a mask on the capability here (the model without the small-matrix
 # path misses one output of it by 1 ulp).
@@ -624,7 +628,7 @@ def test_small_last_query_block_bit_identical_slow(capability, index):
 
 def test_small_block_rows_follow_the_kernels_blocks():
     """The rows of the last query block where it holds 1 to 3."""
-    from fa_jax.vector_loop import query_block, small_block_rows
+    from fa_jax.kernels.torch_cpu.vector_loop import query_block, small_block_rows
 
     assert [query_block(n) for n in (1, 33, 191, 192, 767, 768)] == [1, 32, 32, 64, 64, 256]
     rows = {n: small_block_rows(n) for n in (1, 3, 4, 17, 33, 35, 36, 64, 65, 193, 769)}

@@ -15,9 +15,10 @@ from helpers import x64_enabled
 
 import fa_jax
 from fa_jax import kernels
-from fa_jax.kernels import cpu, ggml
+from fa_jax.kernels import ggml
 from fa_jax.kernels.model import KernelModel
 from fa_jax.kernels.registry import _lookup
+from fa_jax.kernels.x86 import cpu
 
 _SSE = frozenset({"sse", "sse2", "sse4_2"})
 _AVX2 = _SSE | {"avx", "avx2", "fma", "f16c"}

@@ -17,7 +17,8 @@ import fa_jax
 from fa_jax import kernels
 from fa_jax.exponential import CORRECTLY_ROUNDED, YNNPACK, ynnpack_exp
 from fa_jax.formats import FP32
-from fa_jax.kernels import cpu, xla
+from fa_jax.kernels import xla
+from fa_jax.kernels.x86 import cpu
 
 
 def _inputs(shape, fmt, seed):
@@ -1088,7 +1089,8 @@ _LAB_CHILD = """
 import json, sys
 import numpy as np
 from fa_jax import get_format, kernels
-from fa_jax.kernels import cpu, xla
+from fa_jax.kernels import xla
+from fa_jax.kernels.x86 import cpu
 out = {"isa": np.array(cpu.isa()), "refusal": np.array(xla.unmodelled() or "")}
 with np.load(sys.argv[2]) as f:
     for i, (fmt, causal) in enumerate(json.loads(sys.argv[1])):

@@ -10,7 +10,9 @@ from helpers import x64_enabled
 
 from fa_jax import ops
 from fa_jax.formats import FP32
-from fa_jax.kernels import cpu, xla, xla_own_dots
+from fa_jax.kernels import xla
+from fa_jax.kernels.x86 import cpu
+from fa_jax.kernels.xla import own_dots as xla_own_dots
 
 
 def _real_gemv(x, a, major: str):

@@ -1,4 +1,4 @@
-"""MLAS's sum-exp kernels (:mod:`fa_jax.mlas`) against their definitions, on any CPU:
+"""MLAS's sum-exp kernels (:mod:`fa_jax.kernels.x86.mlas`) against their definitions, on any CPU:
 the FMA3 kernel's clamp and its +0 below m = -127, and each kernel's lanes summed in
 the order the module docstring states, replayed in float32 by numpy.  The bits of
 the real kernels are judged in test_kernels_onnxruntime (this CPU's kernel, and the
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import x64_enabled
 
-from fa_jax import mlas
+from fa_jax.kernels.x86 import mlas
 
 F32 = np.float32
 

@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from fa_jax import ggml_attention
 from fa_jax._x64 import float64_enabled
 from fa_jax.attention import flash_attention, reference_attention
 from fa_jax.formats import get_format
+from fa_jax.kernels.ggml import attention as ggml_attention
 from fa_jax.presets import PRESETS, golden
 from fa_jax.score_mods import alibi_bias, alibi_slopes
 from fa_jax.studies import serving as sv

@@ -1,4 +1,4 @@
-"""fa_jax.tile_dot: AMX's BF16 tile dot in ATen's chunks, against a float32 loop
+"""fa_jax.kernels.x86.tile_dot: AMX's BF16 tile dot in ATen's chunks, against a float32 loop
 written from the SDM's ``tdpbf16ps`` (two chains per output, added, then added
 into the accumulator)."""
 
@@ -12,7 +12,7 @@ import pytest
 from helpers import x64_enabled
 
 from fa_jax import FP32
-from fa_jax.tile_dot import TERMS, chunk, tile_dot
+from fa_jax.kernels.x86.tile_dot import TERMS, chunk, tile_dot
 
 
 def _loop(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, w: int) -> np.ndarray:

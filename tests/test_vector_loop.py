@@ -1,4 +1,4 @@
-"""fa_jax.vector_loop: the lane sums and GEMM blocks of PyTorch's CPU flash loop,
+"""fa_jax.kernels.torch_cpu.vector_loop: the lane sums and GEMM blocks of PyTorch's CPU flash loop,
 each against a float32 loop written from ATen's source (``functional_base.h``'s
 ``vec_reduce_all``, ``vec_base.h``'s generic build)."""
 
@@ -14,7 +14,7 @@ import pytest
 from helpers import x64_enabled
 
 from fa_jax import FP32, ops
-from fa_jax.vector_loop import (
+from fa_jax.kernels.torch_cpu.vector_loop import (
     LANES,
     MKL_INTEL_LANES,
     Lanes,
@@ -146,8 +146,8 @@ def test_amx_gemms_are_tile_dots():
     query block's 1 to 3 included: no MKL small-matrix path)."""
     from test_tile_dot import _bf16, _loop
 
+    from fa_jax.kernels.torch_cpu.vector_loop import torch_pv, torch_qk
     from fa_jax.presets import fa2_kernel
-    from fa_jax.vector_loop import torch_pv, torch_qk
 
     policy = fa2_kernel("bf16")
     rng = np.random.default_rng(2)
@@ -242,8 +242,8 @@ def test_intel_gemms_are_mkls():
     last query block of r = 2 to 15 rows from d = 24 r."""
     from test_tile_dot import _bf16, _loop
 
+    from fa_jax.kernels.torch_cpu.vector_loop import torch_pv, torch_qk
     from fa_jax.presets import fa2_kernel
-    from fa_jax.vector_loop import torch_pv, torch_qk
 
     rng = np.random.default_rng(5)
     bf16, fp16 = fa2_kernel("bf16"), fa2_kernel("fp16")

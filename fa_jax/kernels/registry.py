@@ -59,7 +59,7 @@ _BUILTINS = {
     "ggml": ("fa_jax.kernels.ggml", "GGML"),
     "onnxruntime-attention": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_ATTENTION"),
     "onnxruntime-mha": ("fa_jax.kernels.onnxruntime", "ONNXRUNTIME_MHA"),
-    "onnxruntime-gqa": ("fa_jax.kernels.onnxruntime_gqa", "ONNXRUNTIME_GQA"),
+    "onnxruntime-gqa": ("fa_jax.kernels.onnxruntime.gqa", "ONNXRUNTIME_GQA"),
     "openvino-sdpa": ("fa_jax.kernels.openvino", "OPENVINO_SDPA"),
 }
 _REGISTERED: dict[str, Kernel] = {}

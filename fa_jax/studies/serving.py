@@ -22,7 +22,7 @@ Features (:data:`FEATURES`, a column ``feature``), d = 128 (64 in the quick grid
   h // 4 (:mod:`fa_jax.heads`);
 * ``alibi``: H = 4 with ALiBi's slopes 2^(-8 h / H), h = 1 … H
   (:func:`fa_jax.score_mods.alibi_slopes`, the same as ggml's from ``max_bias`` =
-  :data:`ALIBI_MAX_BIAS`: :func:`fa_jax.ggml_attention.alibi_slopes`), the bias
+  :data:`ALIBI_MAX_BIAS`: :func:`fa_jax.kernels.ggml.attention.alibi_slopes`), the bias
   -slope · |t - 1 - j| of key j at the query's bottom-right position t - 1
   (:func:`fa_jax.score_mods.alibi_bias` with ``q_offset="bottom-right"``).  ggml
   takes it as llama.cpp does (``max_bias``; the distances in its F16 mask,
@@ -138,7 +138,7 @@ OPENVINO_KV = ("u8", "bf16", "f32")
 PRESET_FORMATS = ("bf16", "fp16")
 ENGINES = ("ggml", "onnxruntime-gqa", "openvino-sdpa")
 # ggml's max_bias whose slopes m0^(h+1), m0 = 2^(-max_bias / H), are ALiBi's 2^(-8 h / H)
-# for H a power of two (fa_jax.ggml_attention.alibi_slopes, fa_jax.score_mods.alibi_slopes).
+# for H a power of two (fa_jax.kernels.ggml.attention.alibi_slopes, fa_jax.score_mods.alibi_slopes).
 ALIBI_MAX_BIAS = 8.0
 PRESET_BLOCKS = Blocks(128, 128)  # the presets' tiles, as fa_jax.studies.validation's
 

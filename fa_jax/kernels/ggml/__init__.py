@@ -1,7 +1,7 @@
 """``ggml``: llama.cpp's CPU flash attention (``ggml_flash_attn_ext``) and its model.
 
-The real kernel runs through :mod:`fa_jax.kernels.ggml_lib` (ctypes on ggml's
-libraries); the model is :mod:`fa_jax.ggml_attention`, which picks the path ggml
+The real kernel runs through :mod:`fa_jax.kernels.ggml.lib` (ctypes on ggml's
+libraries); the model is :mod:`fa_jax.kernels.ggml.attention`, which picks the path ggml
 picks (ops.cpp:9441): split-KV for one query row over ``M >= 512`` float K/V (its
 output depends on ``threads``), tiled for ``N >= 64`` rows of float K/V, scalar
 otherwise.  Q is F32; K and V are stored as ``kv_type`` (``f32``, ``f16``, ``bf16``,
@@ -9,7 +9,7 @@ otherwise.  Q is F32; K and V are stored as ``kv_type`` (``f32``, ``f16``, ``bf1
 
 Features (:data:`FEATURES`), as ``ggml_flash_attn_ext(q, k, v, mask, scale,
 max_bias, logit_softcap)`` and ``ggml_flash_attn_ext_add_sinks`` take them (the
-order in which ggml applies them: :mod:`fa_jax.ggml_attention`):
+order in which ggml applies them: :mod:`fa_jax.kernels.ggml.attention`):
 
 * ``gqa``: K/V with H_kv heads dividing H; query head h reads K/V head h // (H /
   H_kv) (ggml's ``ik2 = iq2 / rk2``, the same as :mod:`fa_jax.heads`);
@@ -28,15 +28,15 @@ ggml multiplies by each head's slope (from ``max_bias`` and the number of heads)
 the heads are then the last leading axis and the others ggml's batch (without
 ALiBi every leading axis is a head, batch 1); ``bias`` with ``max_bias`` is refused,
 and sinks that differ along the batch.  Quantized K/V take FP32 inputs; ggml's
-reference quantizer makes the blocks (:mod:`fa_jax.ggml_blocks`).
+reference quantizer makes the blocks (:mod:`fa_jax.kernels.ggml.blocks`).
 
 Which code is modelled (:func:`unmodelled`): ggml picks its code when it is built,
-so the loaded build's features decide (:func:`fa_jax.kernels.ggml_lib.build_features`;
+so the loaded build's features decide (:func:`fa_jax.kernels.ggml.lib.build_features`;
 without the libraries, those of a native build for this CPU).  The model follows
-an AVX-512 build (:data:`fa_jax.ggml_vec.AVX512`; BF16 K/V: AVX512-BF16's dot) and
-an AVX2 build with FMA and F16C (:data:`fa_jax.ggml_vec.AVX2`: 8-lane dots and exp)
+an AVX-512 build (:data:`fa_jax.kernels.ggml.vec.AVX512`; BF16 K/V: AVX512-BF16's dot) and
+an AVX2 build with FMA and F16C (:data:`fa_jax.kernels.ggml.vec.AVX2`: 8-lane dots and exp)
 for every K/V type; for Q8_0 and Q4_0 K/V both run the same AVX2 code
-(:mod:`fa_jax.ggml_blocks`; glibc's expf and FMAs otherwise).  Builds without AVX2,
+(:mod:`fa_jax.kernels.ggml.blocks`; glibc's expf and FMAs otherwise).  Builds without AVX2,
 FMA and F16C, and BF16 K/V on an AVX-512 build without AVX512-BF16, are refused.
 :func:`model`'s ``isa`` (``"AVX512"`` or ``"AVX2"``) names the build's code instead.
 """
@@ -52,13 +52,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from fa_jax import ggml_attention as ga
-from fa_jax import ggml_vec, ops
+from fa_jax import ops
 from fa_jax._checks import one_of, positive_int
 from fa_jax._x64 import float64_enabled
 from fa_jax.formats import FP16, FP32, Format, get_format
-from fa_jax.kernels import cpu, ggml_lib
+from fa_jax.kernels.ggml import attention as ga
+from fa_jax.kernels.ggml import lib as ggml_lib
+from fa_jax.kernels.ggml import vec as ggml_vec
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
+from fa_jax.kernels.x86 import cpu
 from fa_jax.masking import q_offset_of
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
@@ -212,7 +214,7 @@ def call_args(
     softcap=None,
     sinks=None,
 ) -> dict:
-    """The keywords of :func:`fa_jax.kernels.ggml_lib.flash_attn_ext` for a call of
+    """The keywords of :func:`fa_jax.kernels.ggml.lib.flash_attn_ext` for a call of
     :func:`real` (numpy arrays and numbers: what the AVX2 lab's child is given)."""
     kv = _kv_type(fmt, kv_type)
     threads = positive_int(threads, "ggml: threads")
@@ -255,7 +257,7 @@ def _stored(x, kv: str):
         return x
     if kv in ("f16", "bf16"):
         return round_to(x, get_format("fp16" if kv == "f16" else "bf16"))
-    from fa_jax import ggml_blocks
+    from fa_jax.kernels.ggml import blocks as ggml_blocks
 
     return ggml_blocks.dequantize(*ggml_blocks.quantize_ref(x, kv), kv)
 
@@ -380,7 +382,7 @@ def _forward_jit(
             qd = qf if kv == "f32" else round_to(qf, get_format("fp16" if kv == "f16" else "bf16"))
             scores = ga.dot(qd, kr, kv, code)
         else:
-            from fa_jax import ggml_blocks
+            from fa_jax.kernels.ggml import blocks as ggml_blocks
 
             raw = jnp.repeat(k.reshape(kv_heads, m, d), rep, axis=0)
             scores = ggml_blocks.dot(qf, raw, kv)

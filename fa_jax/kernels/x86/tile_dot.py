@@ -21,7 +21,7 @@ Intel Xeon with AMX"):
   terms, w the largest even divisor of K up to 32 (80 → 4 × 20, 74 → 37 × 2,
   300 → 10 × 30); chunks of 32 with a short last one miss there;
 - ``"blocks"``: oneDNN's brgemm as OpenVINO's CPU plugin calls it in its BF16
-  prefill (:mod:`fa_jax.openvino_sdpa`): chunks of 32, the last one K mod 32
+  prefill (:mod:`fa_jax.kernels.openvino.sdpa`): chunks of 32, the last one K mod 32
   (80 → 32 + 32 + 16).
 """
 

@@ -14,7 +14,7 @@ picks one of:
   both F16: tiles of 64 keys; scores ``q·k`` by ``simd_gemm`` (``simd-gemm.h``: one
   FMA per element of d, in order, Q not rounded), scaled, masked; per row the tile's
   maximum, ``expf`` (glibc) of the old minus the new maximum where it grows, rescale
-  of ``o`` and ``S``, ``ggml_vec_soft_max_f32`` (vec.cpp:531: :func:`fa_jax.ggml_vec.v_expf`
+  of ``o`` and ``S``, ``ggml_vec_soft_max_f32`` (vec.cpp:531: :func:`fa_jax.kernels.ggml.vec.v_expf`
   on 16 lanes (AVX-512) or 8 (AVX2), each vector's sum by a halving tree added in
   double; ``S`` (FP32) plus that double sum rounded to FP32); ``o += P·V`` by
   ``simd_gemm`` (one FMA per key, in order, whatever its register blocking): :func:`tiled`.
@@ -38,7 +38,7 @@ logit_softcap)`` and ``ggml_flash_attn_ext_add_sinks`` enter every path alike
 
 * ``logit_softcap`` c != 0: ``scale /= c`` once (FP32), then each score
   ``s = fl(c · tanhf(fl(s · scale)))`` with glibc's ``tanhf``
-  (:func:`fa_jax.glibc_tanhf.tanhf`; the tiled path's ``ggml_vec_tanh_f32`` is the
+  (:func:`fa_jax.kernels.x86.glibc_tanhf.tanhf`; the tiled path's ``ggml_vec_tanh_f32`` is the
   same scalar ``tanhf`` loop, vec.h:909) -- before the mask is added;
 * the mask (F16, broadcast over heads and batch) is added as ``mv = fl(slope ·
   mask)``; keys where it is -inf are skipped (scalar) or weigh 0 (tiled);
@@ -53,7 +53,7 @@ logit_softcap)`` and ``ggml_flash_attn_ext_add_sinks`` enter every path alike
   FMA on the tiled path, ``fl(fl(S·ms) + vs)`` in the scalar loop (as the build
   compiles them: found by experiment).  The split-KV path folds it into the first
   chunk only (``ic_start == 0``).
-The build's vector code (:class:`fa_jax.ggml_vec.VecCode`, ``code``) changes only the
+The build's vector code (:class:`fa_jax.kernels.ggml.vec.VecCode`, ``code``) changes only the
 dots and the tiled path's softmax: the scalar loop's ``ggml_vec_scale_*`` and
 ``ggml_vec_mad_*`` and ``simd_gemm`` round each element alike on any lane count.
 """
@@ -69,7 +69,7 @@ import numpy as np
 from fa_jax import ops
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP32, get_format
-from fa_jax.ggml_vec import AVX512, VecCode, dot_bf16, dot_f16, dot_f32, reduce_add, v_expf
+from fa_jax.kernels.ggml.vec import AVX512, VecCode, dot_bf16, dot_f16, dot_f32, reduce_add, v_expf
 
 __all__ = [
     "TILE",
@@ -197,13 +197,14 @@ def alibi_slopes(max_bias: float, n_head: int) -> tuple[float, ...]:
 
 
 def _tanhf(x):
-    """glibc's ``tanhf`` (:mod:`fa_jax.glibc_tanhf`); NotImplementedError where that
+    """glibc's ``tanhf`` (:mod:`fa_jax.kernels.x86.glibc_tanhf`); NotImplementedError where that
     model is absent."""
     try:
-        from fa_jax.glibc_tanhf import tanhf
+        from fa_jax.kernels.x86.glibc_tanhf import tanhf
     except ImportError as error:  # pragma: no cover - the module ships with fa_jax
         raise NotImplementedError(
-            "ggml: softcap: glibc's tanhf is not modelled here (fa_jax.glibc_tanhf absent)"
+            "ggml: softcap: glibc's tanhf is not modelled here "
+            "(fa_jax.kernels.x86.glibc_tanhf absent)"
         ) from error
     return tanhf(x)
 

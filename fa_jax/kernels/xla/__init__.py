@@ -56,7 +56,7 @@ by an ulp on a few percent of inputs.
 
 Features (bias, mask, window, key lengths, fewer K/V heads, N != M) go to jax's
 4-D call (:class:`_Layout`): the dots run on the grouped (B·H_kv, G·N, d) view,
-probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla_own_dots`).  The CPU
+probed, or XLA's own dots there (:mod:`~fa_jax.kernels.xla.own_dots`).  The CPU
 code: AVX-512, AVX2 (:class:`VectorCode`).
 """
 
@@ -79,9 +79,9 @@ from fa_jax import masking, ops
 from fa_jax._checks import one_of
 from fa_jax.exponential import YNNPACK, ExpModel, register_exp_model
 from fa_jax.formats import FP32, Format, get_format
-from fa_jax.kernels import cpu
-from fa_jax.kernels import xla_own_dots as own_dots
 from fa_jax.kernels.model import Kernel, KernelModel, flat_heads, refuse
+from fa_jax.kernels.x86 import cpu
+from fa_jax.kernels.xla import own_dots
 from fa_jax.policy import Policy
 from fa_jax.presets import fa2_kernel
 from fa_jax.rounding import round_to
@@ -115,7 +115,7 @@ class VectorCode:
     the model's fixed steps depend on it (the dot orders, blocks and fusions are
     read from the real program by probes, whatever the code).
 
-    ``gemv_lanes``: the float32 lanes XLA's own GEMV (:mod:`~fa_jax.kernels.xla_own_dots`)
+    ``gemv_lanes``: the float32 lanes XLA's own GEMV (:mod:`~fa_jax.kernels.xla.own_dots`)
     can give its vector, the widths of the registers LLVM targets (AVX's 256 bits;
     AVX-512's 512 too); the model checks each against the real program.
 
@@ -139,7 +139,7 @@ class VectorCode:
       AVX-512 kernels' chains folded pairwise, whose tile_k the probes read.
     """
 
-    name: str  # the CPU class, as :func:`fa_jax.kernels.cpu.isa` names it
+    name: str  # the CPU class, as :func:`fa_jax.kernels.x86.cpu.isa` names it
     gemv_lanes: tuple[int, ...]
 
 
@@ -548,7 +548,7 @@ def _pv(
     does not grow with the number of blocks.  ``rest_fma``: the last N mod tile_k
     keys FMA'd in order onto the folded chains of the block they end (one of their
     own, from zero, where the blocks before are whole) before it is added
-    (:attr:`~fa_jax.kernels.xla_own_dots.OwnDots.pv_rest_fma`); ``tail``, those
+    (:attr:`~fa_jax.kernels.xla.own_dots.OwnDots.pv_rest_fma`); ``tail``, those
     keys' (P, V) pairs, given with the keys before them."""
     m = p.shape[-1]
     if joined and m > block and m % block:
@@ -612,9 +612,9 @@ def _sharded_pv(
     """fl32(P V) as Eigen's contraction sharded over the keys (``evalShardedByInnerDim``,
     unsupported/Eigen/src/Tensor/TensorContractionThreadPool.h): shards of ``shard``
     keys, each its own :func:`_pv` from zero into a buffer of its own, then the
-    buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla_own_dots.eigen_buffers_sum`).
+    buffers summed in Eigen's order (:func:`~fa_jax.kernels.xla.own_dots.eigen_buffers_sum`).
     Each shard is cut in blocks for its own size by Eigen's ``kc``
-    (:func:`~fa_jax.kernels.xla_own_dots.eigen_kc`); ``block``, probed at the first
+    (:func:`~fa_jax.kernels.xla.own_dots.eigen_kc`); ``block``, probed at the first
     keys, where no kc cuts them (a shard of one block); ``rest_fma`` as :func:`_pv`'s,
     in each shard."""
     m = p.shape[-1]
@@ -1689,7 +1689,7 @@ def _own_dots_of(
 
 
 def _dots_of(dtype: str, shape: tuple[int, ...], layout: _Layout) -> tuple[str | None, str | None]:
-    """:func:`~fa_jax.kernels.xla_own_dots.own_dots` of the plain program's HLO."""
+    """:func:`~fa_jax.kernels.xla.own_dots.own_dots` of the plain program's HLO."""
     bodies = _computations(_program_text(dtype, shape, False, layout))
     return own_dots.own_dots(bodies.get("ENTRY", ""), bodies)
 
@@ -1700,7 +1700,7 @@ def _own_dots(
 ) -> own_dots.OwnDots | None:
     """How the model reproduces the plain program of ``layout`` in ``dtype`` (jitted:
     bf16 or fp32) on random inputs where it runs a dot as XLA's own
-    (:mod:`~fa_jax.kernels.xla_own_dots`): with one row per group a dot is XLA's
+    (:mod:`~fa_jax.kernels.xla.own_dots`): with one row per group a dot is XLA's
     GEMV of the major the HLO's layouts give, of each width ``code``'s registers
     give it (:attr:`VectorCode.gemv_lanes`), else the probed order; otherwise P V
     is Eigen's contraction, which can shard the keys over threads
@@ -1709,7 +1709,7 @@ def _own_dots(
     ``kc`` that gives the probed block, then unsharded with the last keys joined
     to the block before (measured, rule unknown: docs/kernels.md), then with the
     last N mod tile_k keys FMA'd onto their block (Eigen's rows left over from its
-    vector panels: :attr:`~fa_jax.kernels.xla_own_dots.OwnDots.pv_rest_fma`).  :data:`_PROBED`
+    vector panels: :attr:`~fa_jax.kernels.xla.own_dots.OwnDots.pv_rest_fma`).  :data:`_PROBED`
     without a check where YNNPACK runs both dots, or P V's keys are too few to
     shard and neither dot is a GEMV (every such shape measured fits); None where
     nothing fits."""
@@ -1795,7 +1795,7 @@ def _model_core(
     pairs kept) sets the others to jax's large negative, as ``causal`` does.
     ``fma_step`` (:func:`_contracted`): the step the scale's product is fused into,
     S·scale + bias or S·scale - m, one rounding; ``own``: the dots XLA runs as its
-    own (:class:`~fa_jax.kernels.xla_own_dots.OwnDots`): Q Kᵀ or P V as its GEMV,
+    own (:class:`~fa_jax.kernels.xla.own_dots.OwnDots`): Q Kᵀ or P V as its GEMV,
     in place of ``qk``'s or ``pv``'s probed runs, or P V as Eigen's shards
     (:func:`_sharded_pv`)."""
     fmt = policy.inputs

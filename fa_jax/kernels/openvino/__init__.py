@@ -17,7 +17,7 @@ Which code runs (``nodes/scaled_attn.cpp``):
   OpenVINO's softmax with P rounded to BF16, O = brgemm(P V) rounded to BF16.
   F32: S = MLAS sgemm (four query rows a call; a last row alone in MLAS's one-row
   kernels), the softmax in FP32, O = MLAS sgemm(P V).  N == 1 runs the decoding
-  kernel.  Modelled: :mod:`fa_jax.openvino_sdpa` and :mod:`fa_jax.mlas`.
+  kernel.  Modelled: :mod:`fa_jax.kernels.openvino.sdpa` and :mod:`fa_jax.kernels.x86.mlas`.
 - N < M (decoding): the first M - N keys are set as the cache's state (bit for
   bit what a prefill call leaves, in O(M)), and ``mha_single_token`` runs the N
   queries on the cache in ``kv_cache`` precision: S = its ``dot_product`` (u8 keys
@@ -38,7 +38,7 @@ as the kernel computes it.
 The plugin and oneDNN pick their code from CPUID: the model follows their
 AVX-512 code (``avx512_core``: F, BW, DQ, VL; bf16 with AVX512-BF16's
 ``vdpbf16ps`` or AMX's tile dots) and the plugin's AVX2 build on a CPU with AVX2
-and FMA but no AVX-512F (:data:`fa_jax.openvino_sdpa.AVX2`; there the bf16 hint
+and FMA but no AVX-512F (:data:`fa_jax.kernels.openvino.sdpa.AVX2`; there the bf16 hint
 compiles as f32 and is modelled so).  Elsewhere (BF16 on AVX-512 without those
 instructions, AVX-512F without BW, DQ and VL, below AVX2) it raises
 NotImplementedError (:func:`unmodelled`).  ``sdpa_model(..., isa="AVX2")`` (or
@@ -55,14 +55,14 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fa_jax import mlas, ops
-from fa_jax import openvino_sdpa as ovs
+from fa_jax import ops
 from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.formats import BF16, FP32, Format, get_format
 from fa_jax.heads import kv_groups, repeat_kv
-from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
+from fa_jax.kernels.openvino import sdpa as ovs
+from fa_jax.kernels.x86 import cpu, mlas
 from fa_jax.presets import fa2_kernel
 
 __all__ = ["KV_CACHES", "OPENVINO_SDPA", "PRECISIONS", "real_sdpa", "sdpa_model", "unmodelled"]
@@ -80,7 +80,10 @@ def _unavailable() -> str | None:
     return None
 
 
-ISAS = ("AVX512", "AVX2")  # the plugin's builds the model follows (fa_jax.kernels.cpu.isa names)
+ISAS = (
+    "AVX512",
+    "AVX2",
+)  # the plugin's builds the model follows (fa_jax.kernels.x86.cpu.isa names)
 _CODE = {"AVX512": ovs.AVX512F, "AVX2": ovs.AVX2}
 
 

@@ -12,7 +12,7 @@ CPUs the loops were built on; MKL picks other kernels on an Intel CPU (``gemm``
 "mkl_intel", :func:`intel_sgemm_blocks`, :data:`MKL_INTEL_LANES`, AMX tile dots
 for BF16), and where the CPU has AMX and ATen packs K and V for it
 (``need_pack``), both GEMMs are tile dots on every row (``gemm`` "amx",
-:mod:`fa_jax.tile_dot`): the ``gemm`` of :class:`Lanes`.
+:mod:`fa_jax.kernels.x86.tile_dot`): the ``gemm`` of :class:`Lanes`.
 
 ATen compiles that loop once per CPU capability, with ``Vectorized<float>``
 (``aten/src/ATen/cpu/vec``) of the capability's width; :class:`Lanes` says
@@ -40,16 +40,18 @@ joins the scaled scores in one FMA, S' = fl(fl_qk_acc(Q Kᵀ) · scale + B̂) (A
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 
 from fa_jax import ops
 from fa_jax._checks import one_of
 from fa_jax.accumulation import fma_chains, lanes, tree, vector
+from fa_jax.attention import KernelLoop, register_kernel_loop
 from fa_jax.exponential import GLIBC_EXPF
+from fa_jax.kernels.x86.tile_dot import tile_dot
 from fa_jax.policy import Policy
 from fa_jax.softmax import rescale_factor, running_max, shifted_exp
-from fa_jax.tile_dot import tile_dot
 
 __all__ = [
     "LANES",
@@ -83,7 +85,7 @@ class Lanes:
     the loop calls (:func:`torch_qk`, :func:`torch_pv`): "blas", MKL's as on the
     AMD CPUs the loops were built on; "mkl_intel", MKL's on an Intel CPU with
     AVX-512 and AMX; "amx", AMX tile dots on K and V packed for them
-    (:mod:`fa_jax.tile_dot`)."""
+    (:mod:`fa_jax.kernels.x86.tile_dot`)."""
 
     count: int
     combine: str
@@ -338,7 +340,7 @@ def small_block_rows(n: int) -> int:
 
 def torch_qk(q, k_t, policy: Policy, gemm: str = "blas"):
     """fl_qk_acc(Q Kᵀ) as the kernel's GEMM adds it: AMX tile dots where K is packed
-    for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); MKL's Intel GEMMs
+    for them (``gemm`` "amx": :func:`fa_jax.kernels.x86.tile_dot.tile_dot`); MKL's Intel GEMMs
     (``gemm`` "mkl_intel": :func:`_intel_qk`); else each dot in index order
     (``policy.accumulation``), except on the rows of :func:`small_block_rows`,
     where MKL's small-matrix path sums the head dimension in 4 lanes (lane i
@@ -370,7 +372,7 @@ def torch_qk(q, k_t, policy: Policy, gemm: str = "blas"):
 
 def torch_pv(o, p, v_j, policy: Policy, gemm: str = "blas"):
     """o ⊕ P V as the kernel's GEMM adds it into o: AMX tile dots from o where V is
-    packed for them (``gemm`` "amx": :func:`fa_jax.tile_dot.tile_dot`); MKL's Intel
+    packed for them (``gemm`` "amx": :func:`fa_jax.kernels.x86.tile_dot.tile_dot`); MKL's Intel
     GEMMs (``gemm`` "mkl_intel": :func:`_intel_pv`); else :func:`gemm_accumulate`, except
     on the rows of :func:`small_block_rows`, where MKL's small-matrix path runs one
     chain of fused multiply-adds from o over the keys in index order."""
@@ -436,3 +438,15 @@ def torch_step(carry, s, v_j, policy: Policy, *, lanes: Lanes, log2_scale):
     o = ops.mul(o, alpha[..., None], policy.o_acc)
     o = torch_pv(o, ops.cast(e, policy.p), v_j, policy, lanes.gemm)
     return m_new, l_new, o
+
+
+# Each build's loop as a variant of fa_jax.attention.flash_attention.
+for _name, _lanes in LANES.items():
+    register_kernel_loop(
+        _name,
+        KernelLoop(
+            qk=functools.partial(torch_qk, gemm=_lanes.gemm),
+            step=functools.partial(torch_step, lanes=_lanes),
+            fused_bias=_lanes.fused,
+        ),
+    )

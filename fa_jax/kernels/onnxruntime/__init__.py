@@ -15,7 +15,7 @@ the output does not depend on the thread count):
 In FP16 (``AttentionGemm`` on x86-64, where ``MlasHGemmSupported`` is false) each
 GEMM upcasts its operands to FP32, runs the FP32 sgemm and rounds C to FP16; the
 softmax upcasts S, runs in FP32 and rounds P to FP16.  So S and P are rounded to
-FP16.  The model is those steps with :mod:`fa_jax.mlas` (its sgemm, exp and
+FP16.  The model is those steps with :mod:`fa_jax.kernels.x86.mlas` (its sgemm, exp and
 softmax).  ``scale=None`` passes fl32(1/sqrt(d)) as the op's ``scale``.  K/V with
 fewer heads (``gqa``) go in as they are; a causal call with N < M passes the
 first M - N keys as ``past_key``/``past_value`` (``q_offset`` = M - N, the op's
@@ -39,8 +39,8 @@ threads, each GEMM runs on one) and, for the MHA model, ``l2_cache_size``.
 MLAS picks its kernels when it starts, from CPUID (``platform.cpp``): its AVX-512F
 kernels where the CPU has AVX-512F and the OS saves the ZMM registers, else its
 FMA3 kernels where it has AVX2 and FMA, else SSE ones.  The models follow the
-first two (:mod:`fa_jax.mlas`: :data:`~fa_jax.mlas.AVX512F`,
-:data:`~fa_jax.mlas.FMA3`), the ones MLAS runs here unless ``isa`` ("AVX512",
+first two (:mod:`fa_jax.kernels.x86.mlas`: :data:`~fa_jax.kernels.x86.mlas.AVX512F`,
+:data:`~fa_jax.kernels.x86.mlas.FMA3`), the ones MLAS runs here unless ``isa`` ("AVX512",
 "AVX2") names one; on a CPU that runs the SSE kernels they raise
 NotImplementedError (:func:`unmodelled`).
 """
@@ -54,14 +54,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import mlas, ops
+from fa_jax import ops
 from fa_jax._checks import one_of, positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
 from fa_jax.heads import repeat_kv
-from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
+from fa_jax.kernels.x86 import cpu, mlas
 from fa_jax.presets import fa2_kernel
 
 __all__ = [

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from fa_jax import ops
 from fa_jax._checks import one_of
 from fa_jax.formats import FP32, get_format
-from fa_jax.ggml_vec import hsum_float_8
+from fa_jax.kernels.ggml.vec import hsum_float_8
 
 __all__ = ["QK", "dequantize", "dot", "quantize_q8_0_x86", "quantize_ref"]
 

@@ -36,7 +36,7 @@ L2 size (Bc = L2 / (32 d), Br = min(Bc, 2d),
 Otherwise (FP16, a softcap, M = 1): ``GQAAttentionBase::ApplyAttention``: S =
 sgemm over the M keys; per row, on the window's columns [s0, L), the softcap
 (``MlasComputeSoftcap<float>``: s / c, glibc's ``tanhf``
-(:mod:`fa_jax.glibc_tanhf`), · c) and MLAS's softmax of those columns alone (its
+(:mod:`fa_jax.kernels.x86.glibc_tanhf`), · c) and MLAS's softmax of those columns alone (its
 lanes counted from s0), +0 elsewhere; O = sgemm(P, V).  FP16 is widened to FP32
 (no half GEMM on x86-64) and only O rounded to FP16.
 
@@ -57,12 +57,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import mlas, ops
+from fa_jax import ops
 from fa_jax._checks import positive_int
 from fa_jax.accumulation import SEQUENTIAL
 from fa_jax.exponential import glibc_expf
 from fa_jax.formats import FP16, FP32, Format, get_format
-from fa_jax.glibc_tanhf import GLIBC_TANHF
 from fa_jax.heads import kv_groups, repeat_kv
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.kernels.onnxruntime import (
@@ -74,6 +73,8 @@ from fa_jax.kernels.onnxruntime import (
     sum_exp_kernel,
 )
 from fa_jax.kernels.onnxruntime import unmodelled as _mlas_unmodelled
+from fa_jax.kernels.x86 import mlas
+from fa_jax.kernels.x86.glibc_tanhf import GLIBC_TANHF
 from fa_jax.presets import fa2_kernel
 
 __all__ = [

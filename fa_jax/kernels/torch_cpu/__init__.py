@@ -9,7 +9,7 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   GEMM, in index order with FMA); softmax as ATen's CPU kernel computes it
   (``native/cpu/SoftMaxKernel.cpp``: row max, e = exp(S − m) on every entry,
   Σ e by ``vec::reduce_all``, P = fl32(e · fl32(1 / Σ)));
-  O = fl_in(P V) (FP32 GEMMs blocked as :func:`fa_jax.vector_loop.gemm_k_blocks`,
+  O = fl_in(P V) (FP32 GEMMs blocked as :func:`fa_jax.kernels.torch_cpu.vector_loop.gemm_k_blocks`,
   on Intel :func:`intel_sgemm_blocks`).  Model: those steps in :mod:`fa_jax.ops`.
 
 ``torch-flash`` (``SDPBackend.FLASH_ATTENTION``, ``cpu_flash_attention`` in
@@ -21,7 +21,7 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   P̃ stored in the input format, the row sum over two lane accumulators,
   l = α l + Σ P̃, o = fl(α o) ⊕ P V (the GEMM's blocked FP32 accumulation);
   at the end O = fl_in(fl32(o · fl32(1 / l))).  Model: a ``torch_*`` loop of
-  :func:`fa_jax.attention.flash_attention` (:mod:`fa_jax.vector_loop` gives
+  :func:`fa_jax.attention.flash_attention` (:mod:`fa_jax.kernels.torch_cpu.vector_loop` gives
   every step) with the kernel's block sizes.  What was read in the source and
   what was measured on the kernel: the exp (``fexp_u20``, not the ``exp_u20``
   of older sources), the two accumulators and the GEMM's blocks were found by
@@ -29,7 +29,7 @@ fp16, under ``torch.nn.attention.sdpa_kernel``:
   where the last query block holds 1 to 3 rows (N = 33, 35, 65, ..., N <= 3),
   MKL's small-matrix path sums Q Kᵀ in 4 lanes over the head dimension (8 for
   the key block's last width mod 4 keys) and P V as one FMA chain from o
-  (:func:`fa_jax.vector_loop.torch_qk`, ``torch_pv``), revealed by probes on
+  (:func:`fa_jax.kernels.torch_cpu.vector_loop.torch_qk`, ``torch_pv``), revealed by probes on
   MKL's ``cblas_gemm_f16f16f32`` and ``sgemm_``.
 
 ATen builds both kernels once per CPU capability and dispatches to one
@@ -48,7 +48,7 @@ AVX512     16     halving (i+8, i+4, i+2, i+1)    fexp_u20 / Sleef    FMA
 =========  =====  ==============================  ==================  ===========
 
 Where torch-flash packs K and V for AMX (:func:`amx_packs`, ``need_pack``), its
-GEMMs are tile dots (:mod:`fa_jax.tile_dot`, the ``torch_avx512_amx`` loop); on an
+GEMMs are tile dots (:mod:`fa_jax.kernels.x86.tile_dot`, the ``torch_avx512_amx`` loop); on an
 Intel CPU the GEMMs are MKL's Intel kernels (the ``*_intel`` loops).  Where this
 CPU runs a kernel not modelled, a model raises ``NotImplementedError`` with the
 reason (:func:`unmodelled_here`; docs/kernels.md).
@@ -83,14 +83,8 @@ from fa_jax.exponential import (
 )
 from fa_jax.formats import FP32, Format, get_format
 from fa_jax.heads import kv_groups, repeat_kv
-from fa_jax.kernels import cpu
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
-from fa_jax.policy import Policy
-from fa_jax.presets import fa2_kernel
-from fa_jax.rounding import round_to
-from fa_jax.score_mods import add_bias
-from fa_jax.softmax import shifted_exp
-from fa_jax.vector_loop import (
+from fa_jax.kernels.torch_cpu.vector_loop import (
     INTEL_GEMM_K,
     LANES,
     MKL_INTEL_LANES,
@@ -102,6 +96,12 @@ from fa_jax.vector_loop import (
     query_block,
     query_split,
 )
+from fa_jax.kernels.x86 import cpu
+from fa_jax.policy import Policy
+from fa_jax.presets import fa2_kernel
+from fa_jax.rounding import round_to
+from fa_jax.score_mods import add_bias
+from fa_jax.softmax import shifted_exp
 
 __all__ = [
     "CAPABILITIES",
@@ -125,7 +125,7 @@ _DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
 @dataclasses.dataclass(frozen=True)
 class Build:
     """What one CPU capability's build of the kernels computes: the flash loop's
-    variant (:data:`fa_jax.vector_loop.LANES`, with MKL's GEMMs as on an AMD CPU),
+    variant (:data:`fa_jax.kernels.torch_cpu.vector_loop.LANES`, with MKL's GEMMs as on an AMD CPU),
     the flash loop's exp and the softmax's exp; ``amx``, the flash loop's variant
     where it packs K and V for AMX in bf16 (:func:`amx_packs`), or None where the
     build cannot (its packing code is AVX-512's: the kernel fails)."""
@@ -489,8 +489,8 @@ def _math_forward(
 
 
 def _gemm(c, a, b, fmt, k_blocks=gemm_k_blocks):
-    """:func:`fa_jax.vector_loop.gemm_accumulate` (c + a @ b summed per inner block
-    of ``k_blocks`` from 0, each block then added into c in order) as one batched
+    """:func:`vector_loop.gemm_accumulate` (c + a @ b summed per inner block of
+    ``k_blocks`` from 0, each block then added into c in order) as one batched
     matmul of the blocks,
     the narrower ones padded with zero products at their end (a sum from 0 never
     holds -0, so adding 0 changes no bit), and a loop adding their sums: the same

@@ -23,7 +23,7 @@ FP32 or rounded to BF16 (nearest even); keys a causal row may not see get P = 0.
 block, one FP32 accumulator per output, ``vdpbf16ps`` on each pair of K): per
 pair (2i, 2i+1) acc = fl(fl(acc + a_{2i+1} b_{2i+1}) + a_{2i} b_{2i}), the
 products exact (Intel's SDM; an odd K padded with a zero).  With AMX: its tile
-dot on K in chunks of 32 (:mod:`fa_jax.tile_dot`, "blocks").  Denormals, which
+dot on K in chunks of 32 (:mod:`fa_jax.kernels.x86.tile_dot`, "blocks").  Denormals, which
 the instructions flush, are not modelled.
 
 The plugin builds its kernels for ``ANY``, ``AVX2`` and ``AVX512F`` and runs the
@@ -71,7 +71,7 @@ import numpy as np
 from fa_jax import ops
 from fa_jax.exponential import ExpModel, _pow2, register_exp_model
 from fa_jax.formats import BF16, FP32
-from fa_jax.tile_dot import tile_dot
+from fa_jax.kernels.x86.tile_dot import tile_dot
 
 __all__ = [
     "AVX2",
