@@ -298,7 +298,8 @@ def test_the_fma3_models_are_the_avx2_kernels_bits(tmp_path):
     """ONNX Runtime run as an AVX2 CPU (natively, or under qemu-user on an AVX-512
     host): MLAS runs its FMA3 kernels, and the models for ``isa="AVX2"`` give their
     bits; the AVX-512F models do not.  The causal case has 267 past keys
-    (q_offset = M - N); the MHA case keeps one key block and a last one-row chunk for any L2 of 160 KiB or more (d = 16: Br = 32)."""
+    (q_offset = M - N); the MHA case keeps one key block and a last one-row chunk
+    for any L2 of 160 KiB or more (d = 16: Br = 32)."""
     from lab import run_as_avx2
 
     q, k, v = _inputs("fp32", 8, 2, 33, 300, 16)
