@@ -1,4 +1,5 @@
-"""The package's shape: numerics in fa_jax/, studies in fa_jax/studies/, arrows pointing down."""
+"""The package's shape: numerics in fa_jax/, engines in fa_jax/kernels/, studies in
+fa_jax/studies/, arrows pointing down."""
 
 import ast
 import pathlib
@@ -44,11 +45,38 @@ def test_numerics_do_not_import_the_studies(path):
     assert not studies, f"{_rel(path)} imports {sorted(studies)}"
 
 
-def test_import_fa_jax_loads_no_study():
+CORE = [p for p in MODULES if p.parent == PACKAGE and p.name != "cli.py"]
+
+
+@pytest.mark.parametrize("path", CORE, ids=_rel)
+def test_the_core_knows_no_engine(path):
+    engines = {m for m in _imported_modules(path) if m.startswith("fa_jax.kernels")}
+    assert not engines, f"{_rel(path)} imports {sorted(engines)}"
+
+
+def test_each_engine_keeps_to_its_folder():
+    """An engine's folder imports no other engine's (kernels/x86/ is shared)."""
+    kernels = PACKAGE / "kernels"
+    folders = [p for p in kernels.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    engines = {p.name for p in folders} - {"x86"}
+    for folder in folders:
+        for path in folder.rglob("*.py"):
+            others = {
+                m
+                for m in _imported_modules(path)
+                if m.split(".")[:2] == ["fa_jax", "kernels"]
+                and len(m.split(".")) > 2
+                and m.split(".")[2] in engines - {folder.name}
+            }
+            assert not others, f"{_rel(path)} imports {sorted(others)}"
+
+
+def test_import_fa_jax_loads_no_study_and_no_engine():
     code = "import sys, fa_jax; print(sorted(m for m in sys.modules if m.startswith('fa_jax')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = eval(out.stdout)
     assert loaded and not [m for m in loaded if m.startswith("fa_jax.studies")], loaded
+    assert not [m for m in loaded if m.startswith("fa_jax.kernels")], loaded
     assert "fa_jax.cli" not in loaded
 
 
