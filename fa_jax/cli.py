@@ -330,7 +330,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from fa_jax.studies.figures import reproduce
+    from fa_jax.studies.reproduce import reproduce
     from fa_jax.studies.results import check_out_dir
 
     if args.kernel is not None and args.figure in ("fig8", "fa3-table"):

@@ -102,7 +102,7 @@ def _one_line(capsys, prefix: str) -> str:
 
 def _no_run(monkeypatch):
     """Make any computation fail loudly: the checks must come before it."""
-    from fa_jax.studies import attribution, figures
+    from fa_jax.studies import attribution, figure_runs
     from fa_jax.studies.sweep import engine
 
     def boom(*args, **kwargs):
@@ -110,7 +110,7 @@ def _no_run(monkeypatch):
 
     monkeypatch.setattr(engine, "_sweep", boom)
     monkeypatch.setattr(attribution, "attribute", boom)
-    monkeypatch.setattr(figures, "run_sweep", boom)
+    monkeypatch.setattr(figure_runs, "run_sweep", boom)
 
 
 @pytest.mark.parametrize("cmd", ["sweep", "attribute", "reproduce"])

@@ -220,7 +220,7 @@ def test_descale_order_changes_the_fp8_rmse_negligibly(x64):
 
 def test_reproduce_routes_fa3_table_and_all_stays_figures(monkeypatch, tmp_path, capsys):
     from fa_jax.cli import main
-    from fa_jax.studies import figures as reproduce
+    from fa_jax.studies import reproduce
 
     calls = []
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from fa_jax.cli import main
-from fa_jax.studies.figures import FIGURES, fig3, fig4, fig5, fig6, reproduce
+from fa_jax.studies.figures import FIGURES, fig3, fig4, fig5, fig6
+from fa_jax.studies.reproduce import reproduce
 from fa_jax.studies.sweep import SramBlocks
 
 POLICIES = ("paper_uniform", "fa2_kernel")

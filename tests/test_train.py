@@ -340,7 +340,7 @@ def test_study_config_rejects_bad_arguments():
 
 def test_reproduce_dispatches_fig8_and_keeps_it_out_of_all(monkeypatch, tmp_path):
     from fa_jax.cli import build_parser
-    from fa_jax.studies import figures as rp
+    from fa_jax.studies import reproduce as rp
 
     calls = []
 

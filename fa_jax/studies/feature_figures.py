@@ -29,7 +29,7 @@ import math
 
 from fa_jax.attention import Blocks
 from fa_jax.studies import DEFAULT_POLICIES
-from fa_jax.studies.figures import _finish, _grid, _load, _ratio, _run
+from fa_jax.studies.figure_runs import figure_grid, finish_figure, load_means, ratio, run_figure
 from fa_jax.studies.results import pyplot
 from fa_jax.studies.sweep import Features
 from fa_jax.studies.table import print_table
@@ -56,7 +56,7 @@ def _means_by_feature(csv_path, grid):
     out = {}
     for feat in grid.features:
         sub = dataclasses.replace(grid, features=(feat,))
-        means, _ = _load(csv_path, sub)
+        means, _ = load_means(csv_path, sub)
         for (p, f, n, _blk, comp, m), v in means.items():
             out[(p, f, n, feat.label(), comp, m)] = v
     return out
@@ -67,14 +67,14 @@ def features(
 ) -> dict:
     """Flash and baseline deviation from golden per attention feature (module docstring)."""
     base = dict(formats=("bf16", "fp16"), blocks=(Blocks(64, 64),), heads=4, features=_FEATURES)
-    grid = _grid(
+    grid = figure_grid(
         quick,
         dict(base, seq_lens=(256, 1024), seeds=(0, 1)),
         dict(base, seq_lens=(1024, 2048, 4096), seeds=(0, 1, 2)),
         policies,
         grid_overrides,
     )
-    out, csv_path, _, _ = _run("features", grid, out_dir, quiet, split=not quick)
+    out, csv_path, _, _ = run_figure("features", grid, out_dir, quiet, split=not quick)
     means = _means_by_feature(csv_path, grid)
     rows = []
     for p in grid.policies:
@@ -92,7 +92,7 @@ def features(
                             "seq_len": n,
                             "flash_vs_golden": fl,
                             "baseline_vs_golden": bl,
-                            "ratio": _ratio(fl, bl),
+                            "ratio": ratio(fl, bl),
                         }
                     )
     print_table(
@@ -141,7 +141,7 @@ def features(
             ax.legend(fontsize=7)
         for ax in row:
             ax.set_xlabel("sequence length N")
-    return _finish(
+    return finish_figure(
         fig,
         "Flash vs baseline deviation per attention feature",
         out,
@@ -162,14 +162,14 @@ def decoding(
         return tuple(Features(queries=1, num_splits=s) for s in splits)
 
     base = dict(formats=("bf16",), blocks=(Blocks(1, 128),), d=128, heads=2, seeds=(0, 1, 2, 3))
-    grid = _grid(
+    grid = figure_grid(
         quick,
         dict(base, seq_lens=(4096, 16384), features=entries(quick_splits)),
         dict(base, seq_lens=(4096, 16384, 65536, 131072), features=entries(full_splits)),
         policies,
         grid_overrides,
     )
-    out, csv_path, _, _ = _run("decoding", grid, out_dir, quiet, split=not quick)
+    out, csv_path, _, _ = run_figure("decoding", grid, out_dir, quiet, split=not quick)
     means = _means_by_feature(csv_path, grid)
     f = grid.resolved_formats()[0].name
     rows = []
@@ -215,7 +215,7 @@ def decoding(
         ax.set_xlabel("split-KV parts S")
         ax.set_ylabel("max |flash - golden| (dotted: baseline)")
         ax.legend(fontsize=7)
-    return _finish(
+    return finish_figure(
         fig, f"Split-KV decoding, one query row ({f})", out, "decoding", grid, csv_path, rows
     )
 

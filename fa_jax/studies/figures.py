@@ -36,146 +36,42 @@ N=16384 point for Fig 5 on a machine with the memory for N² float64 scores.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import pathlib
-from typing import Any
 
-from fa_jax._checks import one_of
 from fa_jax.studies import DEFAULT_POLICIES
-from fa_jax.studies.results import check_out_dir, pyplot, read_csv, write_json
-from fa_jax.studies.sweep import COLUMNS, KEY_COLUMNS, Grid, SramBlocks, row_key, run_sweep
+from fa_jax.studies.figure_runs import (
+    figure_grid,
+    finish_figure,
+    format_names,
+    ratio,
+    run_figure,
+)
+from fa_jax.studies.results import pyplot
+from fa_jax.studies.sweep import SramBlocks
 from fa_jax.studies.table import print_table
 
-__all__ = ["DEFAULT_POLICIES", "FIGURES", "fig3", "fig4", "fig5", "fig6", "reproduce"]
+__all__ = ["DEFAULT_POLICIES", "FIGURES", "fig3", "fig4", "fig5", "fig6"]
 
-_BASE = dict(d=64, batch=1, heads=1, distribution="normal", variants=("fa2",))
 _NAMED = ("bf16", "fp16", "tf32", "fp32")
 _MANTISSAS = tuple(range(2, 24))
-_FORMAT_CHUNK = 4
-
-
-# -- helpers --------------------------------------------------------------------
-
-
-def _grid(quick: bool, quick_kw: dict, full_kw: dict, policies, overrides) -> Grid:
-    kw: dict[str, Any] = dict(_BASE, **(quick_kw if quick else full_kw))
-    kw["policies"] = tuple(policies)
-    kw.update(overrides or {})
-    return Grid(**kw)
-
-
-def _keys(grid: Grid) -> set[tuple]:
-    """The key-column tuples (as in the CSV) of every configuration of ``grid``."""
-    return {
-        tuple(row_key(grid, p, f, n, label, b, v, seed, feat).values())
-        for feat in grid.features
-        for p in grid.policies
-        for f in grid.resolved_formats()
-        for n in grid.seq_lens
-        for label, b in grid.resolved_blocks()
-        for v in grid.variants
-        for seed in grid.seeds
-    }
-
-
-def _load(csv_path, grid: Grid) -> tuple[dict, dict]:
-    """Mean over ``grid``'s seeds: {(policy, format, seq_len, blocks, comparison,
-    metric): value}, plus per-configuration info {(format, blocks): row}.  Only the
-    rows of ``grid``'s own configurations count: other runs in the same CSV (more
-    seeds, other lengths) are left out of its means."""
-    keys = _keys(grid)
-    sums: dict = {}
-    info: dict = {}
-    for r in read_csv(csv_path, COLUMNS):
-        if tuple(r[c] for c in KEY_COLUMNS) not in keys:
-            continue
-        key = (
-            r["policy"],
-            r["format"],
-            int(r["seq_len"]),
-            r["blocks"],
-            r["comparison"],
-            r["metric"],
-        )
-        s = sums.setdefault(key, [0.0, 0])
-        s[0] += float(r["value"])
-        s[1] += 1
-        info[(r["format"], r["blocks"])] = {
-            "exp_bits": int(r["exp_bits"]),
-            "man_bits": int(r["man_bits"]),
-            "br": int(r["br"]),
-            "bc": int(r["bc"]),
-        }
-    return {k: s / n for k, (s, n) in sums.items()}, info
-
-
-def _run(name: str, grid: Grid, out_dir, quiet: bool, *, split: bool = False):
-    """run_sweep into out_dir/name.  ``split`` (the full grids): one sweep per
-    sequence length and per chunk of ``_FORMAT_CHUNK`` formats, into the same
-    (resumable) CSV, so peak memory follows one length and a few formats rather
-    than the whole vmapped, padded grid; metadata.json then holds the last
-    sub-grid and ``grid.json`` always holds the whole one."""
-    out = check_out_dir(pathlib.Path(out_dir) / name, {"results.csv": COLUMNS})
-    out.mkdir(parents=True, exist_ok=True)
-    fmts = grid.formats
-    if split:
-        chunks = [fmts[i : i + _FORMAT_CHUNK] for i in range(0, len(fmts), _FORMAT_CHUNK)]
-        for n in sorted(grid.seq_lens):
-            for c in chunks:
-                sub = dataclasses.replace(grid, seq_lens=(n,), formats=c)
-                csv_path = run_sweep(sub, out, quiet=quiet)
-    else:
-        csv_path = run_sweep(grid, out, quiet=quiet)
-    write_json(out / "grid.json", grid.to_json())
-    means, info = _load(csv_path, grid)
-    return out, csv_path, means, info
-
-
-def _result(name, grid, csv_path, png, rows) -> dict:
-    return {
-        "figure": name,
-        "csv": str(csv_path),
-        "png": str(png),
-        "grid": grid.to_json(),
-        "rows": rows,
-    }
-
-
-def _finish(fig, title: str, out, name: str, grid, csv_path, rows) -> dict:
-    """Title, lay out, save and close a figure; the figure function's result."""
-    fig.suptitle(title)
-    fig.tight_layout()
-    png = out / f"{name}.png"
-    fig.savefig(png, dpi=120)
-    pyplot("fa_jax.studies.figures: plotting").close(fig)
-    return _result(name, grid, csv_path, png, rows)
-
-
-def _fmt_names(grid: Grid):
-    return [f.name for f in grid.resolved_formats()]
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else math.inf
 
 
 def _per_format(name, fmts, out_dir, quick, policies, grid_overrides, quiet):
     """Figs 3 and 4: each format at one N and one tiling; rows of max |out - golden|
     for flash and baseline, max |flash - baseline| and the flash/baseline ratio."""
     blocks = (SramBlocks(8192),)
-    grid = _grid(
+    grid = figure_grid(
         quick,
         dict(formats=fmts, seq_lens=(512,), blocks=blocks, seeds=(0, 1)),
         dict(formats=fmts, seq_lens=(4096,), blocks=blocks, seeds=(0, 1, 2)),
         policies,
         grid_overrides,
     )
-    out, csv_path, means, info = _run(name, grid, out_dir, quiet, split=not quick)
+    out, csv_path, means, info = run_figure(name, grid, out_dir, quiet, split=not quick)
     n, blk = grid.seq_lens[0], grid.resolved_blocks()[0][0]
     rows = []
     for p in grid.policies:
-        for f in _fmt_names(grid):
+        for f in format_names(grid):
             fl, bl, fb = (
                 means[(p, f, n, blk, c, "max_abs_diff")]
                 for c in ("flash_vs_golden", "baseline_vs_golden", "flash_vs_baseline")
@@ -189,7 +85,7 @@ def _per_format(name, fmts, out_dir, quick, policies, grid_overrides, quiet):
                     "flash_vs_golden": fl,
                     "baseline_vs_golden": bl,
                     "flash_vs_baseline": fb,
-                    "ratio": _ratio(fl, bl),
+                    "ratio": ratio(fl, bl),
                 }
             )
     return grid, out, csv_path, rows, n, blk
@@ -247,7 +143,7 @@ def fig3(
         ax.set_xlabel("mantissa bits (8 exponent bits)")
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    return _finish(
+    return finish_figure(
         fig,
         f"Fig 3: deviation vs mantissa bits (N={n}, tiles {blk})",
         out,
@@ -277,7 +173,7 @@ def fig4(
     )
 
     plt = pyplot("fa_jax.studies.figures: plotting")
-    fmts_ = _fmt_names(grid)
+    fmts_ = format_names(grid)
     fig, axes = plt.subplots(
         1, len(grid.policies), figsize=(5 * len(grid.policies), 4), squeeze=False, sharey=True
     )
@@ -311,7 +207,7 @@ def fig4(
         ax.set_title(p)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    return _finish(
+    return finish_figure(
         fig,
         f"Fig 4: flash vs baseline deviation from FP64 golden (N={n}, tiles {blk})",
         out,
@@ -331,7 +227,7 @@ def fig5(
     """BF16 at fixed tiles, vs N: max, mean and std of |out - golden| for flash and
     baseline (paper Fig 5: grows with N)."""
     blocks = (SramBlocks(8192),)
-    grid = _grid(
+    grid = figure_grid(
         quick,
         dict(formats=("bf16",), seq_lens=(128, 256, 512, 1024), blocks=blocks, seeds=(0, 1)),
         dict(
@@ -343,10 +239,10 @@ def fig5(
         policies,
         grid_overrides,
     )
-    out, csv_path, means, _ = _run("fig5", grid, out_dir, quiet, split=not quick)
+    out, csv_path, means, _ = run_figure("fig5", grid, out_dir, quiet, split=not quick)
     blk = grid.resolved_blocks()[0][0]
     bc = grid.resolved_blocks()[0][1].bc
-    f = _fmt_names(grid)[0]
+    f = format_names(grid)[0]
     rows = []
     for p in grid.policies:
         for n in sorted(grid.seq_lens):
@@ -358,7 +254,7 @@ def fig5(
                     ("std_abs_diff", "std"),
                 ):
                     r[f"{short}_{ms}"] = means[(p, f, n, blk, comp, m)]
-            r["ratio_max"] = _ratio(r["flash_max"], r["baseline_max"])
+            r["ratio_max"] = ratio(r["flash_max"], r["baseline_max"])
             rows.append(r)
     print_table(
         (
@@ -407,7 +303,7 @@ def fig5(
     for ax in axes[0]:
         ax.set_xlabel("sequence length N")
         ax.legend(fontsize=7)
-    return _finish(
+    return finish_figure(
         fig,
         f"Fig 5: deviation vs sequence length ({f}, tiles {blk})",
         out,
@@ -445,16 +341,16 @@ def fig6(
         SramBlocks(65536),
         SramBlocks(131072),
     )
-    grid = _grid(
+    grid = figure_grid(
         quick,
         dict(formats=("bf16",), seq_lens=(1024,), blocks=blocks, seeds=(0, 1)),
         dict(formats=("bf16",), seq_lens=(8192,), blocks=blocks, seeds=(0, 1, 2)),
         policies,
         grid_overrides,
     )
-    out, csv_path, means, _ = _run("fig6", grid, out_dir, quiet, split=not quick)
+    out, csv_path, means, _ = run_figure("fig6", grid, out_dir, quiet, split=not quick)
     n = grid.seq_lens[0]
-    f = _fmt_names(grid)[0]
+    f = format_names(grid)[0]
     rows = []
     for p in grid.policies:
         for label, b in grid.resolved_blocks():
@@ -470,7 +366,7 @@ def fig6(
                     "kv_blocks": math.ceil(n / b.bc),
                     "flash_vs_golden": fl,
                     "baseline_vs_golden": bl,
-                    "ratio": _ratio(fl, bl),
+                    "ratio": ratio(fl, bl),
                 }
             )
     print_table(
@@ -513,7 +409,7 @@ def fig6(
         ax.set_title(p)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("max |out - golden|")
-    return _finish(
+    return finish_figure(
         fig, f"Fig 6: deviation vs tile sizes ({f}, N={n})", out, "fig6", grid, csv_path, rows
     )
 
@@ -521,57 +417,3 @@ def fig6(
 # -- all ------------------------------------------------------------------------------
 
 FIGURES = {"fig3": fig3, "fig4": fig4, "fig5": fig5, "fig6": fig6}
-
-
-def reproduce(
-    which: str,
-    out_dir,
-    *,
-    quick: bool,
-    policies=DEFAULT_POLICIES,
-    quiet: bool = False,
-    ablations: bool = False,
-) -> dict:
-    """Run one figure (``"fig3"`` .. ``"fig6"``), ``"all"`` of those, the training
-    study ``"fig8"`` (:func:`fa_jax.studies.train.study.fig8`; needs optax, not in "all"),
-    or a study of today's attention features, ``"features"`` or ``"decoding"``
-    (:mod:`fa_jax.studies.feature_figures`, not in "all"), or of inference engines,
-    ``"engines"`` (:mod:`fa_jax.studies.engine_figures`, not in "all"), or of a
-    serving decode, ``"serving"`` (:mod:`fa_jax.studies.serving`, not in "all");
-    returns {name: result}."""
-    if which == "fig8":
-        from fa_jax.studies.train.study import fig8
-
-        return {"fig8": fig8(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
-    if which == "fa3-table":  # FlashAttention-3 Table 3; not in "all"
-        from fa_jax.studies.fa3_table import fa3_table
-
-        if tuple(policies) != DEFAULT_POLICIES:
-            raise ValueError(
-                f"--policy: fa3-table's rows fix their own policies "
-                f"(fa_jax.studies.fa3_table.ROWS), got {list(policies)}"
-            )
-        return {"fa3-table": fa3_table(out_dir, quick=quick, quiet=quiet, ablations=ablations)}
-    if ablations:
-        raise ValueError(f"--ablations: only fa3-table has ablation rows, got {which!r}")
-    if which in ("features", "decoding"):
-        from fa_jax.studies.feature_figures import FEATURE_FIGURES
-
-        study = FEATURE_FIGURES[which]
-        return {which: study(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
-    if which == "engines":  # inference engines vs FP64; not in "all"
-        from fa_jax.studies.engine_figures import engines
-
-        return {which: engines(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
-    if which == "serving":  # a decode of 1 to 32k steps vs FP64; not in "all"
-        from fa_jax.studies.serving import serving
-
-        return {which: serving(out_dir, quick=quick, policies=tuple(policies), quiet=quiet)}
-    one_of(
-        which,
-        (*FIGURES, "all", "fig8", "fa3-table", "features", "decoding", "engines", "serving"),
-        "reproduce: which",
-    )
-    names = list(FIGURES) if which == "all" else [which]
-    policies = tuple(policies)
-    return {n: FIGURES[n](out_dir, quick=quick, policies=policies, quiet=quiet) for n in names}
