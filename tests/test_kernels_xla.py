@@ -19,6 +19,7 @@ from fa_jax.exponential import CORRECTLY_ROUNDED, YNNPACK, ynnpack_exp
 from fa_jax.formats import FP32
 from fa_jax.kernels import xla
 from fa_jax.kernels.x86 import cpu
+from fa_jax.kernels.xla import calls, forward, hlo, orders, probes
 
 
 def _inputs(shape, fmt, seed):
@@ -125,32 +126,32 @@ def test_pv_probes_count_the_terms_the_revealed_order_predicts():
     order, whatever this CPU's blocks are."""
     shape = (1, 335, 40)
     n = shape[1]
-    run = xla._attention("float32", False, None)
-    runs = xla._pv_order("float32", shape)
+    run = calls.real_call("float32", False, None)
+    runs = probes.pv_order("float32", shape)
     assert runs[0][0] == 0 and runs[-1][1] == n
-    p = xla._probe_p("float32", shape, False)
+    p = probes.probe_p("float32", shape, False)
     for lo, hi, tile_k, block in runs:
-        assert tile_k in xla._TILES_K and 2 <= block <= n and block % tile_k == 0
+        assert tile_k in probes.TILES_K and 2 <= block <= n and block % tile_k == 0
         inside = [1, 2, 3, 4, min(block, n - 1) - tile_k]
-        want = xla._pv_predicted(n, inside, p, tile_k, n)
-        got = xla._pv_probe_counts(run, shape, inside)[:, lo:hi]
+        want = probes.pv_predicted(n, inside, p, tile_k, n)
+        got = probes.pv_probe_counts(run, shape, inside)[:, lo:hi]
         assert (got == want[:, None]).all()
-        others = [t for t in xla._TILES_K if t != tile_k]
+        others = [t for t in probes.TILES_K if t != tile_k]
         assert all(
-            not (got == xla._pv_predicted(n, inside, p, t, n)[:, None]).all() for t in others
+            not (got == probes.pv_predicted(n, inside, p, t, n)[:, None]).all() for t in others
         )
         if block < n - 1:
-            got = xla._pv_probe_counts(run, shape, [block])[:, lo:hi]
-            assert not (got == xla._pv_predicted(n, [block], p, tile_k, n)[:, None]).all()
+            got = probes.pv_probe_counts(run, shape, [block])[:, lo:hi]
+            assert not (got == probes.pv_predicted(n, [block], p, tile_k, n)[:, None]).all()
 
 
 def test_compensated_step_corrects_what_plain_addition_loses():
     """Kahan: 1 + 2^-24 + 2^-24 is 1 added plainly, 1 + 2^-23 compensated."""
     with x64_enabled():
         tiny = jnp.asarray(2.0**-24)
-        total, error = xla._kahan(jnp.asarray(1.0), jnp.asarray(0.0), jnp.asarray(0.0), FP32)
-        total, error = xla._kahan(tiny, total, error, FP32)
-        total, error = xla._kahan(tiny, total, error, FP32)
+        total, error = orders.kahan(jnp.asarray(1.0), jnp.asarray(0.0), jnp.asarray(0.0), FP32)
+        total, error = orders.kahan(tiny, total, error, FP32)
+        total, error = orders.kahan(tiny, total, error, FP32)
         assert float(total) - float(error) == 1.0 + 2 * float(tiny)
 
 
@@ -206,7 +207,9 @@ def test_softmax_sum_follows_ynnpacks_lanes_groups_and_kahan_steps(m):
     rng = np.random.default_rng(m)
     e = np.exp2(rng.uniform(-30, 0, size=(3, m))).astype(np.float32)
     with x64_enabled():
-        got = np.asarray(jax.jit(lambda x: xla._softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64)))
+        got = np.asarray(
+            jax.jit(lambda x: orders.softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64))
+        )
     want = np.array([_ynnpack_sum_float_k1(row) for row in e], np.float64)
     assert np.array_equal(got, want)
 
@@ -220,7 +223,9 @@ def test_softmax_sum_ragged_last_chunk_takes_no_compensated_step():
     rng = np.random.default_rng(m)
     e = np.exp(-3 * np.abs(rng.standard_normal((256, m)))).astype(np.float32)
     with x64_enabled():
-        got = np.asarray(jax.jit(lambda x: xla._softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64)))
+        got = np.asarray(
+            jax.jit(lambda x: orders.softmax_sum(x, FP32))(jnp.asarray(e, jnp.float64))
+        )
     want = np.array([_ynnpack_sum_float_k1(row) for row in e], np.float64)
     assert np.array_equal(got, want)
 
@@ -280,10 +285,12 @@ def test_pv_follows_chains_folds_blocks_and_the_remainder(m, tile_k, block, join
     want = [[_chains(p[i] * v[:, c], tile_k, block, joined) for c in range(3)] for i in range(2)]
     with x64_enabled():
         args = (jnp.asarray(p, jnp.float64), jnp.asarray(v, jnp.float64), FP32, block, tile_k)
-        pv = jax.jit(xla._pv, static_argnums=(2, 3, 4, 5))
+        pv = jax.jit(orders.pv_dot, static_argnums=(2, 3, 4, 5))
         assert np.array_equal(np.asarray(pv(*args, joined)), np.asarray(want, np.float64))
         if eager:
-            assert np.array_equal(np.asarray(xla._pv(*args, joined)), np.asarray(want, np.float64))
+            assert np.array_equal(
+                np.asarray(orders.pv_dot(*args, joined)), np.asarray(want, np.float64)
+            )
 
 
 def _chains_rest_fma(terms: np.ndarray, tile_k: int, block: int) -> np.float32:
@@ -328,7 +335,7 @@ def test_pv_fmas_the_remainder_onto_its_block_where_asked(m, tile_k, block):
     )
     with x64_enabled():
         args = (jnp.asarray(p, jnp.float64), jnp.asarray(v, jnp.float64), FP32, block, tile_k)
-        pv = jax.jit(xla._pv, static_argnums=(2, 3, 4, 5, 6))
+        pv = jax.jit(orders.pv_dot, static_argnums=(2, 3, 4, 5, 6))
         assert np.array_equal(np.asarray(pv(*args, False, True)), want)
         assert np.array_equal(np.asarray(pv(*args, False, False)), other)
     if m == 37:  # (at 33 one key alone is a rounded product either way)
@@ -339,7 +346,11 @@ def _model_qk(q, k, order, *, jit: bool) -> np.ndarray:
     """The model's fl32(Q Kᵀ) of float32-valued ``q`` and ``k`` in ``order`` (pairs,
     tile_k, block), jitted or op by op, as float64."""
     pairs, tile_k, block = order
-    qk = jax.jit(xla._qk, static_argnames=("pairs", "acc", "tile_k", "block")) if jit else xla._qk
+    qk = (
+        jax.jit(orders.qk_dot, static_argnames=("pairs", "acc", "tile_k", "block"))
+        if jit
+        else orders.qk_dot
+    )
     with x64_enabled():
         args = (jnp.asarray(q, jnp.float64), jnp.asarray(k, jnp.float64))
         return np.asarray(qk(*args, pairs=pairs, acc=FP32, tile_k=tile_k, block=block))
@@ -386,7 +397,7 @@ def test_simulated_probes_add_as_the_model_does(order):
     d, block = 77, order[2]
     rng = np.random.default_rng(block)
     q, k = _bf16_valued(rng, (5, d)), _bf16_valued(rng, (1, d))
-    want = xla._simulated_qk(q * k, order).astype(np.float64)  # bf16 products, exact in f32
+    want = probes.simulated_qk(q * k, order).astype(np.float64)  # bf16 products, exact in f32
     assert np.array_equal(_model_qk(q, k, order, jit=False)[:, 0], want)
     assert np.array_equal(_model_qk(q, k, order, jit=True)[:, 0], want)
 
@@ -400,8 +411,8 @@ def test_qk_candidates_tell_blocks_of_31_from_32():
     terms = np.full((len(pairs), d), 0.25, np.float32)
     for row, (a, b) in enumerate(pairs):
         terms[row, a], terms[row, b] = 2.0**23, -(2.0**23)
-    counts = 4 * xla._simulated_qk(terms, (False, 2, 32))
-    assert xla._qk_candidates("bfloat16", d, pairs, counts) == [(True, 2, 32), (False, 2, 32)]
+    counts = 4 * probes.simulated_qk(terms, (False, 2, 32))
+    assert probes.qk_candidates("bfloat16", d, pairs, counts) == [(True, 2, 32), (False, 2, 32)]
 
 
 def _dot_of_two_kernels(tail_rows: int, first: tuple, last: tuple):
@@ -415,8 +426,8 @@ def _dot_of_two_kernels(tail_rows: int, first: tuple, last: tuple):
         for b in range(bh):
             for j in np.flatnonzero(np.any(k[b] != 0, axis=-1)):
                 terms = (q[b] * k[b, j]).astype(np.float32)
-                s[b, :, j] = xla._simulated_qk(terms, first)
-                s[b, n - tail_rows :, j] = xla._simulated_qk(terms[n - tail_rows :], last)
+                s[b, :, j] = probes.simulated_qk(terms, first)
+                s[b, n - tail_rows :, j] = probes.simulated_qk(terms[n - tail_rows :], last)
         s = s * float(np.float32(1 / np.sqrt(d)))
         p = np.exp(s - s.max(axis=-1, keepdims=True))
         return (p / p.sum(axis=-1, keepdims=True)) @ v
@@ -437,14 +448,14 @@ def test_last_rows_of_another_kernel_are_refused(tail_rows):
         {(a, b) for a in range(16) for b in range(a + 1, 16)} | {(0, b) for b in range(1, d)}
     )
     keys = [0, m - 1]
-    counts = xla._qk_probe_counts(run, shape, pairs, keys, m)
+    counts = probes.qk_probe_counts(run, shape, pairs, keys, m)
     read = {key: counts[:, col] for col, key in enumerate(keys)}
-    assert xla._qk_candidates("bfloat16", d, pairs, read[0])[0] == (True, 2, 32)
+    assert probes.qk_candidates("bfloat16", d, pairs, read[0])[0] == (True, 2, 32)
     if tail_rows:
         with pytest.raises(ValueError, match="last query rows"):
-            xla._check_last_rows(run, shape, "bfloat16", pairs, read, m)
+            probes.check_last_rows(run, shape, "bfloat16", pairs, read, m)
     else:
-        xla._check_last_rows(run, shape, "bfloat16", pairs, read, m)
+        probes.check_last_rows(run, shape, "bfloat16", pairs, read, m)
 
 
 def test_qk_candidates_find_a_cut_reduction():
@@ -456,8 +467,8 @@ def test_qk_candidates_find_a_cut_reduction():
     terms = np.full((len(pairs), d), 0.25, np.float32)
     for row, (a, b) in enumerate(pairs):
         terms[row, a], terms[row, b] = 2.0**23, -(2.0**23)
-    counts = 4 * xla._simulated_dot(terms, 1, 66)
-    assert xla._qk_candidates("float32", d, pairs, counts) == [(False, 1, 66)]
+    counts = 4 * probes.simulated_dot(terms, 1, 66)
+    assert probes.qk_candidates("float32", d, pairs, counts) == [(False, 1, 66)]
 
 
 def _decoding_inputs(fmt, shape, kv_heads, m, seed=0):
@@ -515,7 +526,7 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
     with x64_enabled():
         for fused, sums in ((False, plain), (True, ynn)):
             got = np.asarray(
-                jax.jit(lambda x, fused=fused: xla._windowed_sum(x, ((32, 12, fused),), FP32))(
+                jax.jit(lambda x, fused=fused: orders.windowed_sum(x, ((32, 12, fused),), FP32))(
                     jnp.asarray(e, jnp.float64)
                 )
             )
@@ -524,7 +535,7 @@ def test_windowed_sum_adds_padded_windows_then_their_sums():
                 want = want + sums[:, j].astype(np.float32)
             assert np.array_equal(got, want.astype(np.float64))
         # The window sums reduced in the windows' YNNPACK fusion: YNNPACK's sum again.
-        got = jax.jit(lambda x: xla._windowed_sum(x, ((32, 12, True),), FP32, ynn_total=True))(
+        got = jax.jit(lambda x: orders.windowed_sum(x, ((32, 12, True),), FP32, ynn_total=True))(
             jnp.asarray(e, jnp.float64)
         )
         want = [_ynnpack_sum_float_k1(row.astype(np.float32)) for row in ynn]
@@ -551,9 +562,9 @@ ENTRY %main (x: f32[2,16,2048]) -> f32[2,16] {
   ROOT %ynn_fusion.1 = f32[2,16]{1,0} fusion(%x), kind=kCustom, \
 calls=%fused_computation.1, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
 }""".replace("\\\n", "")
-    assert xla._window_in(fusion, (2, 16, 64), "float32") == (((32, 0, True),), True)
+    assert hlo.window_in(fusion, (2, 16, 64), "float32") == (((32, 0, True),), True)
     alone = fusion.replace("reduce(%reduce-window.1,", "reduce(%other,")
-    assert xla._window_in(alone, (2, 16, 64), "float32") == (((32, 0, True),), False)
+    assert hlo.window_in(alone, (2, 16, 64), "float32") == (((32, 0, True),), False)
 
 
 def test_windowed_sum_reduces_level_after_level():
@@ -576,7 +587,7 @@ def test_windowed_sum_reduces_level_after_level():
     want = np.float32(0) + last[:, 0] + last[:, 1]
     with x64_enabled():
         levels = ((32, 8, False), (32, 0, False))
-        got = jax.jit(lambda x: xla._windowed_sum(x, levels, FP32))(jnp.asarray(e, jnp.float64))
+        got = jax.jit(lambda x: orders.windowed_sum(x, levels, FP32))(jnp.asarray(e, jnp.float64))
     assert np.array_equal(np.asarray(got), want.astype(np.float64))
 
 
@@ -610,7 +621,7 @@ def test_fp32_grouped_heads_with_a_scale_off_a_power_of_two(shape, kv_heads, m):
 def test_small_shapes_in_xlas_own_loop_fusions(shape, causal, feature, fmt):
     """Below about 64 keys XLA runs the softmax in its own loop fusions: the sum a
     left-to-right loop, and the scale's product fused into the next addition
-    (:func:`fa_jax.kernels.xla._contracted`).  Both were missed before (58% at
+    (:func:`fa_jax.kernels.xla.hlo.contracted`).  Both were missed before (58% at
     (1, 1, 8, 64) fp32)."""
     q, k, v = _inputs(shape, fmt, 5)
     rng = np.random.default_rng(6)
@@ -629,16 +640,16 @@ def test_small_shapes_in_xlas_own_loop_fusions(shape, causal, feature, fmt):
 
 def test_contracted_reads_which_step_the_scales_product_feeds():
     """The HLO reading behind the FMA steps, on XLA's programs for these shapes."""
-    assert xla._contracted(xla._program_text("float32", (1, 8, 80), False, None)) == "subtract"
-    assert xla._contracted(xla._program_text("float32", (1, 8, 80), True, None)) == "select"
-    biased = xla._Layout(1, 1, 1, 8, 8, bias=(1, 1, 8, 8))
-    assert xla._contracted(xla._program_text("float32", (1, 8, 80), False, biased)) == "add"
-    masked = xla._Layout(1, 1, 1, 8, 8, mask=(1, 1, 8, 8))
-    assert xla._contracted(xla._program_text("float32", (1, 8, 80), False, masked)) == "select"
+    assert hlo.contracted(hlo.program_text("float32", (1, 8, 80), False, None)) == "subtract"
+    assert hlo.contracted(hlo.program_text("float32", (1, 8, 80), True, None)) == "select"
+    biased = calls.Layout(1, 1, 1, 8, 8, bias=(1, 1, 8, 8))
+    assert hlo.contracted(hlo.program_text("float32", (1, 8, 80), False, biased)) == "add"
+    masked = calls.Layout(1, 1, 1, 8, 8, mask=(1, 1, 8, 8))
+    assert hlo.contracted(hlo.program_text("float32", (1, 8, 80), False, masked)) == "select"
     # A mask's select is data: never folded, every product rounded.
-    assert xla._fma_step("float32", (1, 8, 80), False, masked) is None
+    assert probes.fma_step("float32", (1, 8, 80), False, masked) is None
     # Exp and sum in YNNPACK fusions: every product rounded.
-    assert xla._contracted(xla._program_text("float32", (2, 512, 64), False, None)) is None
+    assert hlo.contracted(hlo.program_text("float32", (2, 512, 64), False, None)) is None
 
 
 def test_fused_probe_scores_tell_the_two_shifts_apart():
@@ -646,7 +657,7 @@ def test_fused_probe_scores_tell_the_two_shifts_apart():
     more than a float32 ulp of exp near 1 (so a ratio of outputs tells them apart)."""
     for d in (80, 96, 128, 33):
         scale = float(np.float32(1 / np.sqrt(d)))
-        x, top, rounded, fused = xla._fused_probe_scores(scale)
+        x, top, rounded, fused = probes.fused_probe_scores(scale)
         assert float(np.float32(x)) == x and float(np.float32(top)) == top and x < top
         assert float(np.float32(x * scale)) != x * scale
         assert abs(fused - rounded) > 2.0**-20
@@ -700,11 +711,11 @@ def test_fp16_sparse_pv_probes_read_what_the_uniform_ones_read():
     masked probes that keep 1024 keys (beyond 2^14 the only ones) read the same
     counts, scaled to their P, as the uniform ones, for every query."""
     m = 2**14
-    layout = xla._Layout(1, 1, 4, 1, m)
+    layout = calls.Layout(1, 1, 4, 1, m)
     shape = (1, 4, 64)
     tests = [1, 2, 3, 4, 7, 8, 9, 4095, 4096, 8191, 8192, 8193, m - 10]
-    uniform = xla._pv_probe_counts(xla._grouped_run("float16", layout), shape, tests, m)
-    sparse = xla._pv_sparse_probe_counts(xla._masked_grouped_run(layout), shape, tests, m)
+    uniform = probes.pv_probe_counts(calls.grouped_call("float16", layout), shape, tests, m)
+    sparse = probes.pv_sparse_probe_counts(calls.masked_grouped_call(layout), shape, tests, m)
     assert np.array_equal(uniform, sparse)
 
 
@@ -713,16 +724,15 @@ def test_qk_probes_tell_the_candidate_orders_apart_and_fit_the_real_kernel():
     the dot is not cut into blocks, no other candidate (pairs or not, every tile_k):
     the probes pin the order."""
     shape = (1, 64, 35)
-    orders = xla._qk_order("bfloat16", shape)
-    pairs, tile_k, block = orders[0]
+    pairs, tile_k, block = probes.qk_order("bfloat16", shape)[0]
     assert 0 < block <= 35  # the block is the host's (35 on an AMD EPYC, 32 on a Xeon with AMX)
-    run = xla._attention("bfloat16", False, None)
+    run = calls.real_call("bfloat16", False, None)
     head = range(16)
     tail = range(30, 35)
     probe_pairs = {(a, b) for a in (*head, *tail) for b in (*head, *tail) if a < b}
     probe_pairs = sorted({*probe_pairs, *((0, b) for b in range(1, 35))})  # the block's cut
-    counts = xla._qk_probe_counts(run, shape, probe_pairs, [0])[:, 0]
-    found = xla._qk_candidates("bfloat16", 35, probe_pairs, counts)
+    counts = probes.qk_probe_counts(run, shape, probe_pairs, [0])[:, 0]
+    found = probes.qk_candidates("bfloat16", 35, probe_pairs, counts)
     assert found[0] == (pairs, tile_k, block)
     if block == 35:  # an uncut dot: the probes pin its order
         assert found == [(pairs, tile_k, block)]
@@ -740,12 +750,12 @@ def test_the_model_runs_the_exp_xlas_program_runs():
     skip_unmodelled("xla")
     bf16 = xla.model(fa_jax.BF16, 512, 64).policy
     assert bf16.exp_model is YNNPACK
-    assert xla._exp_model(bf16, (1, 64, 64), False) is YNNPACK
-    assert xla._exp_model(bf16, (1, 16, 8), False) is xla.XLA_CPU_EXP
+    assert forward.exp_model_for(bf16, (1, 64, 64), False) is YNNPACK
+    assert forward.exp_model_for(bf16, (1, 16, 8), False) is xla.XLA_CPU_EXP
     fp16 = xla.model(fa_jax.FP16, 512, 64).policy
-    assert xla._exp_model(fp16, (1, 512, 64), False) is xla.XLA_CPU_EXP
+    assert forward.exp_model_for(fp16, (1, 512, 64), False) is xla.XLA_CPU_EXP
     chosen = bf16.replace(exp_model=CORRECTLY_ROUNDED)
-    assert xla._exp_model(chosen, (1, 16, 8), False) is CORRECTLY_ROUNDED
+    assert forward.exp_model_for(chosen, (1, 16, 8), False) is CORRECTLY_ROUNDED
 
 
 def _exp_against_xla(x: np.ndarray) -> int:
@@ -794,7 +804,7 @@ def _shifted_exp(shift: str):
 def _exp_is_fused(shift: str, rows: int) -> bool:
     a = jax.ShapeDtypeStruct((rows, 2), np.float32)
     text = _shifted_exp(shift).lower(a, _EYE).compile().as_text() or ""
-    bodies = xla._computations(text)
+    bodies = hlo.computations(text)
     for line in bodies["ENTRY"].splitlines():
         called = re.search(r"calls=%([^,\s]+)", line)
         if called and "exponential(" in bodies.get(called.group(1), ""):
@@ -863,8 +873,8 @@ def test_only_ps_conversion_counts_as_p_rounded():
   %multiply.1 = f32[1,2,64,64]{3,2,1,0} multiply(%exp.0, %broadcast.9)
   %convert.72 = bf16[1,2,64,64]{3,2,1,0} convert(%multiply.1)
   ROOT %convert.71 = f32[1,2,64,64]{3,2,1,0} convert(%convert.72)"""
-    assert not xla._converts_product_to_bf16(inputs_only)
-    assert xla._converts_product_to_bf16(with_p)
+    assert not hlo.converts_product_to_bf16(inputs_only)
+    assert hlo.converts_product_to_bf16(with_p)
 
 
 @pytest.mark.parametrize(
@@ -889,7 +899,7 @@ def test_only_ps_conversion_counts_as_p_rounded():
 )
 def test_fp32_decoding_over_a_ragged_last_task_is_bit_identical(shape, kv_heads, m):
     """Few query rows over more than 1024 keys: YNNPACK cuts Q Kᵀ's columns into
-    tasks (:func:`xla._qk_split`); the last, narrower task gets an order of its own
+    tasks (:func:`probes.qk_split`); the last, narrower task gets an order of its own
     (its first key probed), on the reference kernel's rounded products where it is
     narrower than a column block."""
     _assert_fp32_decoding_exact(shape, kv_heads, m)
@@ -897,9 +907,9 @@ def test_fp32_decoding_over_a_ragged_last_task_is_bit_identical(shape, kv_heads,
 
 def test_qk_split_follows_ynnpack_task_sizes():
     """choose_split_factors (ynnpack/subgraph/dot.cc): (rows + keys) · d reaches 64 Ki."""
-    assert xla._qk_split(3, 5000, 64) == 1024
-    assert xla._qk_split(2, 4097, 128) == 512
-    assert xla._qk_split(3, 500, 64) >= 500  # one task
+    assert probes.qk_split(3, 5000, 64) == 1024
+    assert probes.qk_split(2, 4097, 128) == 512
+    assert probes.qk_split(3, 500, 64) >= 500  # one task
 
 
 @pytest.mark.parametrize(
@@ -948,9 +958,9 @@ def test_fp32_one_row_per_group_as_xlas_own_gemv(shape, kv_heads, m):
 def test_one_row_per_group_reads_as_xlas_own_gemvs():
     """(2,4,1,33)/40: both dots bare in fp32's program, Q Kᵀ over K's minor d
     (row-major), P V over V's major keys (column-major); bf16's the same."""
-    layout = xla._Layout(2, 4, 1, 1, 40)
+    layout = calls.Layout(2, 4, 1, 1, 40)
     for dtype in ("float32", "bfloat16"):
-        assert xla._dots_of(dtype, (8, 1, 33), layout) == ("row", "column")
+        assert hlo.own_dot_majors(dtype, (8, 1, 33), layout) == ("row", "column")
 
 
 def _measured_on_an_epyc(raises: type[Exception], reason: str):
@@ -1039,14 +1049,14 @@ def test_fp32_where_nothing_fits_xlas_own_dot_is_refused(monkeypatch):
     (2,2,5,80)/1500, which needs Eigen's shards of 752 keys, it is offered only
     1000 (and none)."""
     monkeypatch.setattr(xla.own_dots, "eigen_shards", lambda k: [1000])
-    xla._own_dots.cache_clear()
+    forward.fitted_own_dots.cache_clear()
     q = np.zeros((2, 2, 5, 80))
     k = np.zeros((2, 2, 1500, 80))
     try:
         with pytest.raises(ValueError, match="XLA runs its own dot here"):
             _emulate(q, k, k, fmt="fp32")
     finally:
-        xla._own_dots.cache_clear()
+        forward.fitted_own_dots.cache_clear()
 
 
 def test_fp32_with_d_1_is_refused():
@@ -1063,11 +1073,11 @@ def test_own_dots_reads_xlas_gemv_and_skips_ynnpack_programs():
     skip_unmodelled("xla", "fp32")  # the check runs the model
     code = xla.vector_code("fp32")  # this CPU's
     with x64_enabled():
-        own = xla._own_dots("float32", (1, 1, 128), xla._Layout(1, 1, 1, 1, 1000), code)
+        own = forward.fitted_own_dots("float32", (1, 1, 128), calls.Layout(1, 1, 1, 1, 1000), code)
         assert own is not None and own.qk is not None and own.pv is not None
         assert {own.qk.lanes, own.pv.lanes} <= set(code.gemv_lanes) and own.pv_shard is None
-        layout = xla._Layout(1, 2, 1, 512, 512)
-        assert xla._own_dots("float32", (2, 512, 64), layout) == xla._PROBED
+        layout = calls.Layout(1, 2, 1, 512, 512)
+        assert forward.fitted_own_dots("float32", (2, 512, 64), layout) == forward.PROBED
 
 
 def test_the_isa_names_the_vector_code_modelled():

@@ -12,6 +12,7 @@ from fa_jax import ops
 from fa_jax.formats import FP32
 from fa_jax.kernels import xla
 from fa_jax.kernels.x86 import cpu
+from fa_jax.kernels.xla import hlo, orders
 from fa_jax.kernels.xla import own_dots as xla_own_dots
 
 
@@ -23,7 +24,7 @@ def _real_gemv(x, a, major: str):
         a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
     dims = (((2,), (3 if major == "row" else 2,)), ((0, 1), (0, 1)))
     run = jax.jit(lambda x, a: jax.lax.dot_general(x, a, dims))
-    bodies = xla._computations(run.lower(x, a).compile().as_text() or "")
+    bodies = hlo.computations(run.lower(x, a).compile().as_text() or "")
     read = xla_own_dots.own_dots(bodies["ENTRY"], bodies)[0]
     return np.asarray(run(x, a), np.float64).reshape(*x.shape[:2], 1, -1), read
 
@@ -35,7 +36,7 @@ def _lanes(x, a, major: str, expected):
     """The widths XLA's GEMV takes in this CPU's code (:attr:`xla.VectorCode.gemv_lanes`;
     AVX-512's, the widest, where the code is not modelled) at which
     :func:`xla_own_dots.gemv` (jitted) equals ``expected``."""
-    code = xla._CODES.get(cpu.isa(), xla.AVX512)
+    code = orders.CODES.get(cpu.isa(), xla.AVX512)
     with x64_enabled():
         x, a = (jnp.asarray(t, jnp.float64) for t in (x[:, :, None], a))
         return [
@@ -92,7 +93,7 @@ def test_the_lone_column_major_output_is_not_one_chain():
 def test_own_dots_reads_the_entry_in_order():
     """Q Kᵀ then P V: a bare dot is XLA's, one in a called fusion is not."""
     fused = "%fused_computation = {\n  %d = f32[2] dot(%a, %b)\n}"
-    bodies = xla._computations(fused + "\nENTRY %main {\n}")
+    bodies = hlo.computations(fused + "\nENTRY %main {\n}")
     entry = (
         "  %f = f32[4]{0} fusion(%a), kind=kCustom, calls=%fused_computation\n"
         "  %dot.1 = f32[2] dot(%v, %f), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
