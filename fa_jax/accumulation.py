@@ -889,7 +889,7 @@ def _parse_tree(text: str) -> Tree:
     return result
 
 
-# -- evaluation schedules of summation trees (fa_jax.ops, fa_jax.sum32) --------------
+# -- evaluation schedules of summation trees (fa_jax.ops, fa_jax.carrier32.sums) --------------
 
 _FREE_PADDING = 4096  # padded node evaluations a segment may add before a new one starts
 

@@ -44,9 +44,8 @@ needs operands of at most 26 significand bits (FP32 or narrower), so that its
 products are exact.  With ``fmt`` FP64 every op is plain float64 arithmetic (the
 golden policy).  The float64 path needs ``jax_enable_x64``.  Every op also takes
 float32 carriers (all operands float32; a mix raises), for formats that fit
-float32, with no 64-bit type in the program: :mod:`fa_jax.ops32` (elementwise),
-:mod:`fa_jax.exp32`, :mod:`fa_jax.sum32` (sum, matmul) and :mod:`fa_jax.lse32`
-(``log_sum``).  ``carrier`` and ``carrier_dtype`` choose one.
+float32, with no 64-bit type in the program: :mod:`fa_jax.carrier32` (elementwise,
+exp, sum and matmul, ``log_sum``).  ``carrier`` and ``carrier_dtype`` choose one.
 
 Reductions (``sum``, ``matmul``) take an :class:`~fa_jax.accumulation.Accumulation`
 model; its docstring says how exact each one is.  ``matmul`` passes ``precision=HIGHEST`` and
@@ -68,9 +67,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from fa_jax import exp32, lse32, native32, ops32, sum32
 from fa_jax._checks import one_of
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
+from fa_jax.carrier32 import elementwise as ops32
+from fa_jax.carrier32 import exp as exp32
+from fa_jax.carrier32 import lse as lse32
+from fa_jax.carrier32 import native as native32
+from fa_jax.carrier32 import sums as sum32
 from fa_jax.formats import Format, get_format
 from fa_jax.rounding import RoundingMode, round_to
 from fa_jax.widening import widen
@@ -197,7 +200,7 @@ def constant(value: float, fmt, dtype) -> jax.Array:
     s = m.astype(np.float32)  # nearest, a normal float32
     rest = np.sign(abs(m) - abs(np.float64(s)))  # the sign of |v| - |s| 2^e
     return round_to(
-        ops32._round_sum(
+        ops32.round_sum(
             jnp.asarray(s), jnp.asarray(rest, jnp.int32), jnp.asarray(e, jnp.int32), fmt
         ),
         fmt,
@@ -215,7 +218,7 @@ def _check(*xs) -> None:
 
 
 def _float32(*xs) -> bool:
-    """Whether every operand is a float32 carrier, which :mod:`fa_jax.ops32` computes
+    """Whether every operand is a float32 carrier, which :mod:`fa_jax.carrier32` computes
     (the same bits, no float64 needed); a float32 operand beside others raises."""
     dtypes = [np.dtype(jnp.result_type(x)) for x in xs]  # no device copy of host operands
     if all(d == np.float32 for d in dtypes):
@@ -426,7 +429,7 @@ def log_sum(m, l, fmt, *, scale=None) -> jax.Array:
     max and sum (l > 0).  The float64 path rounds float64's m · scale (exact for
     values of at most 26 significand bits) + log l: not correctly rounded after a
     cancellation m ≈ -ln l, nor where m · scale is a midpoint that ln l breaks
-    (ln l lost in float64).  Float32 carriers go to :mod:`fa_jax.lse32`, correctly
+    (ln l lost in float64).  Float32 carriers go to :mod:`fa_jax.carrier32.lse`, correctly
     rounded (the two can differ in those cases; it is not the float64 path's
     default because its program costs seconds to compile)."""
     operands = (m, l) if scale is None else (m, l, scale)
@@ -450,7 +453,7 @@ def _sequential(terms, fmt: Format, start):
     def step(acc, t):
         return add(acc, t, fmt), None
 
-    return ops32._scan(step, start, terms)[0]
+    return ops32.scan_steps(step, start, terms)[0]
 
 
 def _sum_and_error(x, axis: int = 0) -> tuple[jax.Array, jax.Array]:
@@ -535,7 +538,7 @@ def _sequential_pairs(s, e, fmt: Format, start):
         total, err = _two_sum(acc, s_k)
         return _round_to_odd_then(total, err + e_k, fmt), None
 
-    return ops32._scan(step, start, (s, e))[0]
+    return ops32.scan_steps(step, start, (s, e))[0]
 
 
 def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None) -> jax.Array:
@@ -599,7 +602,7 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
         return add(acc, dot(*ab), fmt), None
 
     def emulated():
-        return ops32._scan(step, start, (a_chunks, b_chunks))[0]
+        return ops32.scan_steps(step, start, (a_chunks, b_chunks))[0]
 
     if c == 1 and native32.is_binary32(fmt):
         return native32.sequential_matmul(a, b, start, emulated)
@@ -672,7 +675,7 @@ def _tensor_core_scan(c, blocks, products, fmt: Format, model: Accumulation):
             return _tensor_core_block(jnp.concatenate([c[..., None], p], axis=-1), fmt, model), None
         return add(c, _tensor_core_block(p, fmt, model), fmt), None
 
-    return ops32._scan(step, c, blocks)[0]
+    return ops32.scan_steps(step, c, blocks)[0]
 
 
 def _tensor_core_sum(x, fmt: Format, model: Accumulation, c):

@@ -53,7 +53,7 @@ with ``"exp2"``), and how flash attention's final
 output is normalised: ``"divide"`` (fl_out(o / l)) or ``"reciprocal"``
 (fl_out(fl_o_acc(o · fl_stats(1 / l))), as PyTorch's CPU flash kernel does), and the
 ``carrier`` the emulation computes in: ``"float64"``, ``"float32"`` (no 64-bit
-type, for every stage that fits float32: :mod:`fa_jax.ops32`) or ``"auto"``
+type, for every stage that fits float32: :mod:`fa_jax.carrier32.elementwise`) or ``"auto"``
 (float64 when ``jax_enable_x64`` is on, else float32).  Both give the same bits.
 
 A Policy is a pytree whose leaves are its formats' widths, so policies can be

@@ -1,6 +1,6 @@
 """The float32-carrier exp/exp2 against the float64 ops, bit for bit.
 
-``fa_jax.exp32.exp``/``exp2`` must give exactly the bits of ``fa_jax.ops.exp``/
+``fa_jax.carrier32.exp.exp``/``exp2`` must give exactly the bits of ``fa_jax.ops.exp``/
 ``exp2`` (float64 ``exp``, rounded once): on every value of the small formats,
 random float32 over the whole range, the boundaries where results overflow or go
 subnormal in a format or below its smallest subnormal, signed zeros, infinities,
@@ -24,7 +24,8 @@ import pytest
 from helpers import wide_names, x64_enabled
 from oracle import round_exact
 
-from fa_jax import FP32, custom, exp32, get_format, ops
+from fa_jax import FP32, custom, get_format, ops
+from fa_jax.carrier32 import exp as exp32
 
 FUNCTIONS = ("exp", "exp2")
 FORMATS = [get_format(name) for name in ("bf16", "fp16", "tf32", "fp32", "e4m3fn", "e5m2")] + [

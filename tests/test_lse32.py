@@ -1,4 +1,4 @@
-"""fa_jax.lse32: ``fl_fmt(m·scale + ln l)`` on float32 carriers, correctly rounded.
+"""fa_jax.carrier32.lse: ``fl_fmt(m·scale + ln l)`` on float32 carriers, correctly rounded.
 
 Against the float64 path (``round_to(m * scale + log(l), fmt)`` with float64
 carriers): the bits agree, or mpmath decides and ours is the correctly rounded
@@ -18,7 +18,8 @@ import pytest
 from helpers import wide_names, x64_enabled
 from mpmath.libmp import mpf_pos, round_down
 
-from fa_jax import FP32, FP64, custom, get_format, lse32
+from fa_jax import FP32, FP64, custom, get_format
+from fa_jax.carrier32 import lse as lse32
 from fa_jax.rounding import round_to
 
 NAMES = ["bf16", "fp16", "fp32", "tf32", "e4m3fn", "e5m2"]

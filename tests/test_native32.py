@@ -1,4 +1,4 @@
-"""The sequential FP32 accumulation on float32 hardware (``fa_jax.native32``).
+"""The sequential FP32 accumulation on float32 hardware (``fa_jax.carrier32.native``).
 
 Where its checks pass, the result must be numpy's float32 loop (IEEE binary32
 with subnormals, so no flush can hide); where any check fails for any
@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from helpers import x64_enabled
 
-from fa_jax import get_format, native32, ops, sum32
+from fa_jax import get_format, ops
+from fa_jax.carrier32 import native as native32
+from fa_jax.carrier32 import sums as sum32
 
 FP32 = get_format("fp32")
 SENTINEL = -12345.0  # what the fallback returns: it ran

@@ -247,7 +247,7 @@ def test_div_by_full_float64_divisors_resolves_midpoints(fmt):
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_float32_carriers_go_to_ops32_with_the_same_bits(jit):
-    """The elementwise ops take float32 carriers too (fa_jax.ops32, no float64 in
+    """The elementwise ops take float32 carriers too (fa_jax.carrier32.elementwise, no float64 in
     their programs): the same bits as the float64 carrier's."""
     rng = np.random.default_rng(5)
     a, b, c = (np.asarray(ops.cast(jnp.asarray(rng.normal(0, 4, 64)), BF16)) for _ in range(3))

@@ -1,6 +1,6 @@
 """The float32-carrier ops against the float64 op layer, bit for bit.
 
-``fa_jax.ops32`` must give exactly the bits of ``fa_jax.ops`` (float64 carriers,
+``fa_jax.carrier32.elementwise`` must give exactly the bits of ``fa_jax.ops`` (float64 carriers,
 correctly rounded) for every format that fits float32, whatever XLA does to
 float32 subnormals: operands are values of the format, every subnormal and
 overflow boundary of the format and of float32 with their float32 neighbours,
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from helpers import wide_names, x64_enabled
 
-from fa_jax import BF16, FP32, FP64, custom, get_format, ops, ops32
+from fa_jax import BF16, FP32, FP64, custom, get_format, ops
+from fa_jax.carrier32 import elementwise as ops32
 from fa_jax.rounding import round_to
 
 FORMATS = [

@@ -1,5 +1,5 @@
-"""The digit-slice dots of ``fa_jax.slices32``: exact float32 dots, a sound loss
-bound, and the rounding ``fa_jax.sum32`` makes of them against an exact oracle.
+"""The digit-slice dots of ``fa_jax.carrier32.slices``: exact float32 dots, a sound loss
+bound, and the rounding ``fa_jax.carrier32.sums`` makes of them against an exact oracle.
 
 Where the fast path's loss bound decides an output, its rounding must be the
 exact sum (``fractions.Fraction``) rounded once; the pieces must miss less than
@@ -16,7 +16,9 @@ import pytest
 from helpers import x64_enabled
 from oracle import exact_matmul, exactly_rounded_matmul, round_exact
 
-from fa_jax import get_format, slices32, sum32
+from fa_jax import get_format
+from fa_jax.carrier32 import slices as slices32
+from fa_jax.carrier32 import sums as sum32
 from fa_jax.rounding import round_to
 
 FP32, BF16 = get_format("fp32"), get_format("bf16")

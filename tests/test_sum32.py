@@ -1,6 +1,6 @@
 """The float32-carrier reductions against the float64 op layer and an exact oracle.
 
-``fa_jax.sum32.sum`` / ``matmul`` must give the bits of ``fa_jax.ops.sum`` /
+``fa_jax.carrier32.sums.sum`` / ``matmul`` must give the bits of ``fa_jax.ops.sum`` /
 ``matmul`` on float64 carriers for every accumulation model, and for "exact" the
 exact sum (``fractions.Fraction``) rounded once: huge cancellation, ties broken
 by a tiny last term, subnormal terms and results, signed zeros, inf and NaN.
@@ -17,7 +17,8 @@ import pytest
 from helpers import wide_tensors, x64_enabled
 from oracle import exact_matmul, exactly_rounded_matmul, round_exact
 
-from fa_jax import custom, get_format, ops, sum32
+from fa_jax import custom, get_format, ops
+from fa_jax.carrier32 import sums as sum32
 from fa_jax.rounding import round_to
 
 FP32, BF16, FP16 = get_format("fp32"), get_format("bf16"), get_format("fp16")

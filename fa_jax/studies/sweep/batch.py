@@ -24,7 +24,7 @@ bytes per configuration and head; 3 · 8 · N · (Bc + d) for flash) would pass
 the memory budget (default :data:`MEMORY_BUDGET`).
 
 Carriers: the golden and baseline programs compute on float64 carriers; the
-flash programs on the batch's ``carrier``.  A float32 one (:mod:`fa_jax.ops32`,
+flash programs on the batch's ``carrier``.  A float32 one (:mod:`fa_jax.carrier32.elementwise`,
 the same bits, no 64-bit type in the program) reads Q, K, V rounded on the host
 to each configuration's input format, and its outputs are widened back (exactly)
 before the metrics.

@@ -4,7 +4,7 @@
 rounded to nearest, ties to even, for every format that fits float32, with no
 64-bit type in the program.  Everything but the final rounding is integer
 arithmetic (uint32 limbs), so flushed float32 subnormals and contracted
-``a * b + c`` (see :mod:`fa_jax.ops32`) cannot touch it.
+``a * b + c`` (see :mod:`fa_jax.carrier32.elementwise`) cannot touch it.
 
 Method (table-driven logarithm, Tang 1990, "Table-driven implementation of the
 logarithm function in IEEE floating-point arithmetic", ACM TOMS 16(4); Muller,
@@ -34,7 +34,7 @@ logarithm function in IEEE floating-point arithmetic", ACM TOMS 16(4); Muller,
   the smaller of the two, far below the larger's last bit), so the window's sum
   lies in the same open interval between multiples of its bit 1 as ``m·scale + H``.
   The nearest 24-bit value of that sum and the sign of the rest go to
-  :func:`fa_jax.ops32._round_parts`, then :func:`fa_jax.rounding.round_to`.
+  :func:`fa_jax.carrier32.elementwise.round_parts`, then :func:`fa_jax.rounding.round_to`.
 
 Hence the result is ``fl_fmt(y)`` with ``|y - x| < 2**-105.5``, ``x = m·scale + ln l``
 the exact value: correctly rounded unless ``x`` lies that close to a rounding
@@ -57,26 +57,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax.ops32 import (
-    _ABS,
-    _HIDDEN,
-    _I32,
-    _INF_BITS,
-    _SIGN,
-    _U32,
-    _bits,
-    _check,
-    _clamp,
-    _first_nan,
-    _float,
-    _format,
-    _is_nan,
-    _nearest,
-    _normalised,
-    _product,
-    _round_parts,
-    _stand_in,
-    _unpack,
+from fa_jax.carrier32.elementwise import (
+    ABS_MASK,
+    HIDDEN_BIT,
+    I32,
+    INF_BITS,
+    SIGN_MASK,
+    U32,
+    as_format,
+    bits_of,
+    check_carriers,
+    clamp_int,
+    exact_product,
+    first_nan,
+    float_of_bits,
+    is_nan,
+    nearest_rounded,
+    normalise_parts,
+    round_parts,
+    stand_in,
+    unpack,
 )
 from fa_jax.rounding import round_to
 
@@ -90,9 +90,9 @@ _HALF_WAY = 106  # j from which F / 2 and k = e + 1 are used (1 + 106/256 > 1.41
 _TERMS = 12  # ln(1 + z) - z to the w**12 term
 _WINDOW_TOP = 122  # window bit of the largest term's leading bit's successor
 _NOWHERE = -(1 << 20)  # the position of a zero term: below every window
-_M16 = _U32(0xFFFF)
-_M32 = _U32(0xFFFFFFFF)
-_POSITIVE_NAN = _U32(0x7FC00000)
+_M16 = U32(0xFFFF)
+_M32 = U32(0xFFFFFFFF)
+_POSITIVE_NAN = U32(0x7FC00000)
 
 
 # -- constants: fixed point with 112 fraction bits, exact to the nearest ----------------
@@ -101,7 +101,7 @@ _POSITIVE_NAN = _U32(0x7FC00000)
 def _limbs_of(value: int, n: int) -> tuple[np.uint32, ...]:
     """The n 16-bit limbs (least significant first) of ``value mod 2**(16 n)``."""
     value %= 1 << (16 * n)
-    return tuple(_U32((value >> (16 * i)) & 0xFFFF) for i in range(n))
+    return tuple(U32((value >> (16 * i)) & 0xFFFF) for i in range(n))
 
 
 def _fixed(value: decimal.Decimal) -> int:
@@ -138,7 +138,7 @@ _RECIPROCALS = {
 # The Horner steps' constants: 1/n for n = _TERMS - 1 down to 2, then 0 twice
 # (the products w T_2 and w² T_2).
 _HORNER = np.array(
-    [_RECIPROCALS[n] for n in range(_TERMS - 1, 1, -1)] + [(_U32(0),) * _UNIT_LIMBS] * 2,
+    [_RECIPROCALS[n] for n in range(_TERMS - 1, 1, -1)] + [(U32(0),) * _UNIT_LIMBS] * 2,
     np.uint32,
 )
 
@@ -148,11 +148,11 @@ _HORNER = np.array(
 
 def _add(a, b, carry=None) -> list:
     """``a + b + carry`` modulo ``2**(16 len(a))`` (``carry`` 0 or 1, default 0)."""
-    out, carry = [], _U32(0) if carry is None else carry
+    out, carry = [], U32(0) if carry is None else carry
     for x, y in zip(a, b):
         s = x + y + carry
         out.append(s & _M16)
-        carry = s >> _U32(16)
+        carry = s >> U32(16)
     return out
 
 
@@ -166,11 +166,11 @@ def _where(cond, a, b) -> list:
 
 def _times_small(a, k) -> list:
     """``a · k`` for constant limbs ``a`` and a uint32 ``k < 2**8``."""
-    out, carry = [], _U32(0)
+    out, carry = [], U32(0)
     for x in a:
         s = x * k + carry
         out.append(s & _M16)
-        carry = s >> _U32(16)
+        carry = s >> U32(16)
     return out
 
 
@@ -182,13 +182,13 @@ def _times_w(t, d, b) -> list:
         for k, dk in enumerate(d):
             p = ti * dk  # < 2**32
             cols[i + k] = cols[i + k] + (p & _M16)
-            cols[i + k + 1] = cols[i + k + 1] + (p >> _U32(16))
-    limbs, carry = [], _U32(0)
+            cols[i + k + 1] = cols[i + k + 1] + (p >> U32(16))
+    limbs, carry = [], U32(0)
     for c in cols:
         s = c + carry
         limbs.append(s & _M16)
-        carry = s >> _U32(16)
-    up = _U32(16) - b
+        carry = s >> U32(16)
+    up = U32(16) - b
     return [((limbs[i + 2] >> b) | (limbs[i + 3] << up)) & _M16 for i in range(_UNIT_LIMBS)]
 
 
@@ -198,18 +198,18 @@ def _times_w(t, d, b) -> list:
 def _log_fixed(l):
     """``H ≈ ln l`` for finite positive float32 ``l``: the 8 limbs of ``|H| 2**112`` and
     whether ``H < 0`` (module docstring)."""
-    p = _unpack(l)
-    frac = p.sig - _HIDDEN
-    j = ((frac + _U32(1 << 14)) >> _U32(15)).astype(jnp.int32)  # round(256 (F - 1))
+    p = unpack(l)
+    frac = p.sig - HIDDEN_BIT
+    j = ((frac + U32(1 << 14)) >> U32(15)).astype(jnp.int32)  # round(256 (F - 1))
     big, t = jnp.asarray(_R)[j], jnp.asarray(_T)[j]
-    high, low = _product(p.sig, big)  # F r_j = (high 2**24 + low) 2**-(46 + t)
-    dh = high.astype(jnp.int32) - (_I32(1 << 22) << t.astype(jnp.int32))
-    z_neg = dh < _I32(0)  # z = (dh 2**24 + low) 2**-(46 + t)
-    borrow = z_neg & (low != _U32(0))
+    high, low = exact_product(p.sig, big)  # F r_j = (high 2**24 + low) 2**-(46 + t)
+    dh = high.astype(jnp.int32) - (I32(1 << 22) << t.astype(jnp.int32))
+    z_neg = dh < I32(0)  # z = (dh 2**24 + low) 2**-(46 + t)
+    borrow = z_neg & (low != U32(0))
     a = jnp.where(z_neg, -dh - borrow.astype(jnp.int32), dh).astype(jnp.uint32)
-    bl = jnp.where(borrow, _U32(1 << 24) - low, jnp.where(z_neg, _U32(0), low))
-    d = [bl & _M16, (bl >> _U32(16)) | ((a & _U32(0xFF)) << _U32(8)), a >> _U32(8)]
-    b = _U32(14) + t  # w = |D| 2**-(46 + t) = |D| 2**-(32 + b)
+    bl = jnp.where(borrow, U32(1 << 24) - low, jnp.where(z_neg, U32(0), low))
+    d = [bl & _M16, (bl >> U32(16)) | ((a & U32(0xFF)) << U32(8)), a >> U32(8)]
+    b = U32(14) + t  # w = |D| 2**-(46 + t) = |D| 2**-(32 + b)
 
     coefficients = jnp.asarray(_HORNER)
 
@@ -217,34 +217,34 @@ def _log_fixed(l):
         i, terms = state
         product = _times_w(list(terms), d, b)
         c = [coefficients[i, n] for n in range(_UNIT_LIMBS)]
-        subtract = ~z_neg & (i < _I32(_TERMS - 2))
-        flip = jnp.where(subtract, _M16, _U32(0))  # c - P = c + (P ^ 0xFFFF...) + 1
+        subtract = ~z_neg & (i < I32(_TERMS - 2))
+        flip = jnp.where(subtract, _M16, U32(0))  # c - P = c + (P ^ 0xFFFF...) + 1
         product = [x ^ flip for x in product]
-        return i + _I32(1), tuple(_add(c, product, subtract.astype(jnp.uint32)))
+        return i + I32(1), tuple(_add(c, product, subtract.astype(jnp.uint32)))
 
     start = tuple(jnp.broadcast_to(c, l.shape) for c in _RECIPROCALS[_TERMS])
-    steps = _I32(_TERMS)  # an int32 counter: fori_loop's is int64 under x64
+    steps = I32(_TERMS)  # an int32 counter: fori_loop's is int64 under x64
     # Two steps a trip (_TERMS is even): half the loop state's trips through memory.
     _, s = jax.lax.while_loop(
-        lambda st: st[0] < steps, lambda st: horner(horner(st)), (_I32(0), start)
+        lambda st: st[0] < steps, lambda st: horner(horner(st)), (I32(0), start)
     )
     s = [*s, jnp.zeros_like(frac)]  # S = w² T_2
 
-    c = _U32(2) - t  # |z| 2**112 = |D| 2**(64 + c)
+    c = U32(2) - t  # |z| 2**112 = |D| 2**(64 + c)
     shifted = [
         d[0] << c,
-        (d[1] << c) | (d[0] >> (_U32(16) - c)),
-        (d[2] << c) | (d[1] >> (_U32(16) - c)),
+        (d[1] << c) | (d[0] >> (U32(16) - c)),
+        (d[2] << c) | (d[1] >> (U32(16) - c)),
     ]
-    w = [jnp.zeros_like(frac)] * 4 + [x & _M16 for x in shifted] + [d[2] >> (_U32(16) - c)]
+    w = [jnp.zeros_like(frac)] * 4 + [x & _M16 for x in shifted] + [d[2] >> (U32(16) - c)]
     z = _where(z_neg, _negate(w), w)
 
-    k = p.exp + (j >= _I32(_HALF_WAY)).astype(jnp.int32)
+    k = p.exp + (j >= I32(_HALF_WAY)).astype(jnp.int32)
     k_ln2 = _times_small(_LN2, jnp.abs(k).astype(jnp.uint32))
-    k_ln2 = _where(k < _I32(0), _negate(k_ln2), k_ln2)
+    k_ln2 = _where(k < I32(0), _negate(k_ln2), k_ln2)
     table = [jnp.asarray(col)[j] for col in _L]
     h = _add(_add(_add(k_ln2, table), z), _negate(s))
-    negative = (h[-1] >> _U32(15)) != _U32(0)
+    negative = (h[-1] >> U32(15)) != U32(0)
     return _where(negative, _negate(h), h), negative
 
 
@@ -252,31 +252,29 @@ def _log_fixed(l):
 
 
 def _bit_length(x) -> jax.Array:
-    return _I32(32) - jax.lax.clz(x).astype(jnp.int32)
+    return I32(32) - jax.lax.clz(x).astype(jnp.int32)
 
 
 def _place(sig, s) -> list:
     """``sig 2**s`` in four 32-bit limbs, for ``s + bit_length(sig) <= 122``; where
     ``s < 1`` the bits below window bit 1 are dropped and bit 0 says whether any was
     set (a sticky bit)."""
-    r = (s & _I32(31)).astype(jnp.uint32)
-    q = s >> _I32(5)
+    r = (s & I32(31)).astype(jnp.uint32)
+    q = s >> I32(5)
     lo = sig << r
-    hi = jnp.where(r == _U32(0), _U32(0), sig >> ((_U32(32) - r) & _U32(31)))
-    n = _clamp(_I32(1) - s, 1, 31).astype(jnp.uint32)
-    under = ((sig >> n) << _U32(1)) | ((sig & ((_U32(1) << n) - _U32(1))) != _U32(0)).astype(
-        jnp.uint32
-    )
-    below = s < _I32(1)
+    hi = jnp.where(r == U32(0), U32(0), sig >> ((U32(32) - r) & U32(31)))
+    n = clamp_int(I32(1) - s, 1, 31).astype(jnp.uint32)
+    under = ((sig >> n) << U32(1)) | ((sig & ((U32(1) << n) - U32(1))) != U32(0)).astype(jnp.uint32)
+    below = s < I32(1)
     out = []
     for i in range(4):
-        placed = jnp.where(q == _I32(i), lo, jnp.where(q == _I32(i - 1), hi, _U32(0)))
-        out.append(jnp.where(below, under if i == 0 else _U32(0), placed))
+        placed = jnp.where(q == I32(i), lo, jnp.where(q == I32(i - 1), hi, U32(0)))
+        out.append(jnp.where(below, under if i == 0 else U32(0), placed))
     return out
 
 
 def _add32(a, b) -> list:
-    out, carry = [], _U32(0)
+    out, carry = [], U32(0)
     for x, y in zip(a, b):
         s = x + y
         s2 = s + carry
@@ -286,12 +284,12 @@ def _add32(a, b) -> list:
 
 
 def _negate32(a) -> list:
-    return _add32([x ^ _M32 for x in a], [_U32(1), _U32(0), _U32(0), _U32(0)])
+    return _add32([x ^ _M32 for x in a], [U32(1), U32(0), U32(0), U32(0)])
 
 
 def _group(terms, bottom) -> list:
     """The OR of the placed terms (their bits are disjoint): one signed group's magnitude."""
-    acc = [_U32(0)] * 4
+    acc = [U32(0)] * 4
     for sig, pos in terms:
         acc = [x | y for x, y in zip(acc, _place(sig, pos - bottom))]
     return acc
@@ -300,56 +298,56 @@ def _group(terms, bottom) -> list:
 def _normalise128(v):
     """(v shifted left until its leading bit is bit 127, the shift)."""
     lz = jnp.where(
-        v[3] != _U32(0),
+        v[3] != U32(0),
         jax.lax.clz(v[3]),
         jnp.where(
-            v[2] != _U32(0),
-            _U32(32) + jax.lax.clz(v[2]),
-            jnp.where(v[1] != _U32(0), _U32(64) + jax.lax.clz(v[1]), _U32(96) + jax.lax.clz(v[0])),
+            v[2] != U32(0),
+            U32(32) + jax.lax.clz(v[2]),
+            jnp.where(v[1] != U32(0), U32(64) + jax.lax.clz(v[1]), U32(96) + jax.lax.clz(v[0])),
         ),
     )
-    q, r = (lz >> _U32(5)).astype(jnp.int32), lz & _U32(31)
+    q, r = (lz >> U32(5)).astype(jnp.int32), lz & U32(31)
     moved = [
         sum(
-            (jnp.where(q == _I32(shift), v[i - shift], _U32(0)) for shift in range(i + 1)),
-            _U32(0),
+            (jnp.where(q == I32(shift), v[i - shift], U32(0)) for shift in range(i + 1)),
+            U32(0),
         )
         for i in range(4)
     ]
-    back = (_U32(32) - r) & _U32(31)
+    back = (U32(32) - r) & U32(31)
     out = [
-        (moved[i] << r) | jnp.where(r == _U32(0), _U32(0), moved[i - 1] >> back if i else _U32(0))
+        (moved[i] << r) | jnp.where(r == U32(0), U32(0), moved[i - 1] >> back if i else U32(0))
         for i in range(4)
     ]
     return out, lz.astype(jnp.int32)
 
 
 def _sum_rounded(groups, fmt):
-    """``_round_parts`` of the exact sum of signed groups of ``(sig, pos)`` terms
+    """``round_parts`` of the exact sum of signed groups of ``(sig, pos)`` terms
     (``sig 2**pos``, ``sig < 2**24``; a group's terms have disjoint bits)."""
     tops = [
-        jnp.where(sig == _U32(0), _I32(_NOWHERE), pos + _bit_length(sig))
+        jnp.where(sig == U32(0), I32(_NOWHERE), pos + _bit_length(sig))
         for _, terms in groups
         for sig, pos in terms
     ]
     top = tops[0]
     for x in tops[1:]:
         top = jnp.maximum(top, x)
-    bottom = top - _I32(_WINDOW_TOP)  # the weight of window bit 0
-    total = [_U32(0)] * 4
+    bottom = top - I32(_WINDOW_TOP)  # the weight of window bit 0
+    total = [U32(0)] * 4
     for negative, terms in groups:
         acc = _group(terms, bottom)
         total = _add32(total, _where(negative, _negate32(acc), acc))
-    sign = total[3] & _SIGN
-    mag = _where(sign != _U32(0), _negate32(total), total)
-    zero = (mag[0] | mag[1] | mag[2] | mag[3]) == _U32(0)
+    sign = total[3] & SIGN_MASK
+    mag = _where(sign != U32(0), _negate32(total), total)
+    zero = (mag[0] | mag[1] | mag[2] | mag[3]) == U32(0)
     norm, lz = _normalise128(mag)
-    kept = norm[3] >> _U32(8)
-    guard = (norm[3] >> _U32(7)) & _U32(1)
-    sticky = ((norm[3] & _U32(0x7F)) | norm[2] | norm[1] | norm[0]) != _U32(0)
-    sig, rest = _nearest(kept, guard, _U32(1), sticky)
-    sig, exp = _normalised(sig, bottom + _I32(127) - lz)
-    return _round_parts(sign, exp, sig, zero, rest, fmt)
+    kept = norm[3] >> U32(8)
+    guard = (norm[3] >> U32(7)) & U32(1)
+    sticky = ((norm[3] & U32(0x7F)) | norm[2] | norm[1] | norm[0]) != U32(0)
+    sig, rest = nearest_rounded(kept, guard, U32(1), sticky)
+    sig, exp = normalise_parts(sig, bottom + I32(127) - lz)
+    return round_parts(sign, exp, sig, zero, rest, fmt)
 
 
 def _fallback(m, l, scale) -> jax.Array:
@@ -358,17 +356,17 @@ def _fallback(m, l, scale) -> jax.Array:
     With ``scale``, as XLA's CPU backend computes it under ``jit``: contracted into
     one fused multiply-add, which returns its first NaN operand (``m``, ``scale``,
     ``ln l``), else the default NaN of an invalid ``0 · inf`` or ``inf - inf``."""
-    lb = _bits(l)
+    lb = bits_of(l)
     log = jnp.where(
-        (lb & _ABS) == _U32(0),
-        _float(_U32(0xFF800000)),  # ln ±0 = -inf
-        jnp.where((lb & _SIGN) != _U32(0), _float(_POSITIVE_NAN), jnp.zeros_like(l)),
+        (lb & ABS_MASK) == U32(0),
+        float_of_bits(U32(0xFF800000)),  # ln ±0 = -inf
+        jnp.where((lb & SIGN_MASK) != U32(0), float_of_bits(_POSITIVE_NAN), jnp.zeros_like(l)),
     )
-    log = jnp.where(lb == _INF_BITS, l, log)  # ln inf = inf
-    log = jnp.where(_is_nan(l), l, log)
+    log = jnp.where(lb == INF_BITS, l, log)  # ln inf = inf
+    log = jnp.where(is_nan(l), l, log)
     if scale is None:
-        return _first_nan(_stand_in(m) + log, m, log)
-    return _first_nan(_stand_in(m) * _stand_in(scale) + log, m, scale, log)
+        return first_nan(stand_in(m) + log, m, log)
+    return first_nan(stand_in(m) * stand_in(scale) + log, m, scale, log)
 
 
 def lse(m, l, fmt, scale=None) -> jax.Array:
@@ -376,28 +374,28 @@ def lse(m, l, fmt, scale=None) -> jax.Array:
     correctly rounded (module docstring), for float32 carrier arrays ``m``, ``l``
     (and ``scale``) that broadcast together.  Returns a float32 carrier array."""
     args = (m, l) if scale is None else (m, l, scale)
-    _check(*args)
-    fmt = _format(fmt)
+    check_carriers(*args)
+    fmt = as_format(fmt)
     arrays = jnp.broadcast_arrays(*(jnp.asarray(x) for x in args))
     m, l = arrays[0], arrays[1]
     scale = arrays[2] if scale is not None else None
-    pm = _unpack(m)
+    pm = unpack(m)
     if scale is None:
-        sign, m_terms = pm.sign, [(pm.sig, pm.exp - _I32(23))]
+        sign, m_terms = pm.sign, [(pm.sig, pm.exp - I32(23))]
         finite = pm.finite
     else:
-        ps = _unpack(scale)
-        high, low = _product(pm.sig, ps.sig)  # m·scale = (high 2**24 + low) 2**(e - 46)
-        e = pm.exp + ps.exp - _I32(46)
+        ps = unpack(scale)
+        high, low = exact_product(pm.sig, ps.sig)  # m·scale = (high 2**24 + low) 2**(e - 46)
+        e = pm.exp + ps.exp - I32(46)
         zero = pm.zero | ps.zero
-        high, low = jnp.where(zero, _U32(0), high), jnp.where(zero, _U32(0), low)
-        sign, m_terms = pm.sign ^ ps.sign, [(high, e + _I32(24)), (low, e)]
+        high, low = jnp.where(zero, U32(0), high), jnp.where(zero, U32(0), low)
+        sign, m_terms = pm.sign ^ ps.sign, [(high, e + I32(24)), (low, e)]
         finite = pm.finite & ps.finite
-    pl = _unpack(l)
-    positive = ~pl.zero & (pl.sign == _U32(0))
+    pl = unpack(l)
+    positive = ~pl.zero & (pl.sign == U32(0))
     safe_l = jnp.where(positive & pl.finite, l, jnp.ones_like(l))
     h, h_negative = _log_fixed(safe_l)
-    h_terms = [(limb, _I32(16 * i - _FRACTION_BITS)) for i, limb in enumerate(h)]
-    main = _sum_rounded([(sign != _U32(0), m_terms), (h_negative, h_terms)], fmt)
+    h_terms = [(limb, I32(16 * i - _FRACTION_BITS)) for i, limb in enumerate(h)]
+    main = _sum_rounded([(sign != U32(0), m_terms), (h_negative, h_terms)], fmt)
     special = ~(finite & pl.finite & positive)
     return round_to(jnp.where(special, _fallback(m, l, scale), main), fmt)

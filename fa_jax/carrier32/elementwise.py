@@ -22,7 +22,7 @@ What backends do to float32, and how the ops avoid depending on it:
 
 Each op reduces its exact result ``x`` to ``s = ±sig 2**(e - 23)``, the nearest
 24-bit value (ties to even) with an int32 exponent of any range, and ``rest``,
-the sign of ``|x| - |s|``.  :func:`_round_parts` then rounds ``x`` to ``fmt`` in
+the sign of ``|x| - |s|``.  :func:`round_parts` then rounds ``x`` to ``fmt`` in
 integers: at ``fmt``'s quantum ``2**q`` (``q = max(e, emin) - man_bits``; ``emin``
 below a format without subnormals) it drops ``q - e + 23`` bits of ``sig``, rounds
 up past half a quantum and breaks an exact half by ``rest`` (to even where ``rest``
@@ -67,14 +67,14 @@ from fa_jax.rounding import round_to
 
 __all__ = ["add", "cast", "div", "fma", "maximum", "mul", "sub"]
 
-_U32 = np.uint32
-_I32 = np.int32
-_SIGN = _U32(0x80000000)
-_ABS = _U32(0x7FFFFFFF)
-_FRACTION = _U32(0x7FFFFF)
-_HIDDEN = _U32(1 << 23)
-_ONE_BITS = _U32(0x3F800000)  # 1.0
-_INF_BITS = _U32(0x7F800000)
+U32 = np.uint32
+I32 = np.int32
+SIGN_MASK = U32(0x80000000)
+ABS_MASK = U32(0x7FFFFFFF)
+FRACTION_MASK = U32(0x7FFFFF)
+HIDDEN_BIT = U32(1 << 23)
+_ONE_BITS = U32(0x3F800000)  # 1.0
+INF_BITS = U32(0x7F800000)
 _ZERO_EXPONENT = -(1 << 12)  # below every float32 exponent: the exponent of a zero
 _NEGLIGIBLE = -50  # an addend this many binades below the other only adds a sign
 # A negligible addend's stand-in: 2**_STAND_IN_EXPONENT with the addend's sign.
@@ -82,47 +82,47 @@ _STAND_IN_EXPONENT = -52
 _DIVISION_BITS = 27  # quotient bits: 24, a guard bit and one more at least, then a sticky bit
 
 
-def _check(*xs) -> None:
+def check_carriers(*xs) -> None:
     for x in xs:
         dtype = jnp.asarray(x).dtype
         if dtype != np.float32:
             raise TypeError(
-                f"fa_jax.ops32: expected float32 carrier arrays, got {dtype}; cast values "
-                "of narrower formats up first (exact), e.g. x.astype(jnp.float32)"
+                f"fa_jax.carrier32: expected float32 carrier arrays, got {dtype}; cast "
+                "values of narrower formats up first (exact), e.g. x.astype(jnp.float32)"
             )
 
 
-def _format(fmt) -> Format:
+def as_format(fmt) -> Format:
     fmt = get_format(fmt)
     if fmt.is_concrete and not fmt.fits(np.float32):
         raise ValueError(
-            f"fa_jax.ops32: expected a format that fits a float32 carrier, got {fmt.name!r} "
+            f"fa_jax.carrier32: expected a format that fits a float32 carrier, got {fmt.name!r} "
             f"(man_bits={fmt.man_bits}, emin={fmt.emin}, emax={fmt.emax}); use fa_jax.ops"
         )
     return fmt
 
 
-def _clamp(x, lo: int, hi: int) -> jax.Array:
+def clamp_int(x, lo: int, hi: int) -> jax.Array:
     """``x`` (int32) clamped to [lo, hi], with int32 bounds (no int64 under x64)."""
-    return jax.lax.clamp(_I32(lo), x, _I32(hi))
+    return jax.lax.clamp(I32(lo), x, I32(hi))
 
 
-def _shifted(x, s) -> jax.Array:
+def shift_bits(x, s) -> jax.Array:
     """``x * 2**s`` truncated to an integer (uint32 ``x``; ``s`` int32 of any range,
     bits shifted past the word lost)."""
-    left = x << _clamp(s, 0, 31).astype(jnp.uint32)
-    right = x >> _clamp(-s, 0, 31).astype(jnp.uint32)
-    return jnp.where(s >= _I32(0), left, right)
+    left = x << clamp_int(s, 0, 31).astype(jnp.uint32)
+    right = x >> clamp_int(-s, 0, 31).astype(jnp.uint32)
+    return jnp.where(s >= I32(0), left, right)
 
 
-def _pow2_bits(k) -> jax.Array:
+def pow2_bits(k) -> jax.Array:
     """float32 bits of 2**k for k in [-149, 127]."""
-    normal = (_clamp(k, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
-    sub = _U32(1) << _clamp(k + _I32(149), 0, 22).astype(jnp.uint32)
-    return jnp.where(k >= _I32(-126), normal, sub)
+    normal = (clamp_int(k, -126, 127) + I32(127)).astype(jnp.uint32) << U32(23)
+    sub = U32(1) << clamp_int(k + I32(149), 0, 22).astype(jnp.uint32)
+    return jnp.where(k >= I32(-126), normal, sub)
 
 
-def _scan(f: Callable, init, xs):
+def scan_steps(f: Callable, init, xs):
     """``lax.scan(f, init, xs)`` for an ``f`` without outputs, counting in int32 (a
     scan's counter is int64 under ``jax_enable_x64``); no steps give ``init``, as
     ``lax.scan`` gives under ``jit`` (it refuses a zero-length scan under
@@ -134,29 +134,29 @@ def _scan(f: Callable, init, xs):
     def body(state):
         i, carry = state
         x = jax.tree_util.tree_map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), xs)
-        return i + _I32(1), f(carry, x)[0]
+        return i + I32(1), f(carry, x)[0]
 
-    _, carry = jax.lax.while_loop(lambda s: s[0] < _I32(n), body, (_I32(0), init))
+    _, carry = jax.lax.while_loop(lambda s: s[0] < I32(n), body, (I32(0), init))
     return carry, None
 
 
-def _pad(x, axis: int, n: int) -> jax.Array:
+def pad_axis(x, axis: int, n: int) -> jax.Array:
     """``x`` with ``n`` zeros appended along ``axis`` (no int64 pad width under x64)."""
     config = [(0, 0, 0)] * x.ndim
     config[axis] = (0, n, 0)
     return jax.lax.pad(x, jnp.zeros((), x.dtype), config)
 
 
-def _int32(v) -> jax.Array:
+def int32_of(v) -> jax.Array:
     """A format width as int32: a constant when concrete, else the traced value."""
-    return jnp.asarray(_I32(v) if is_int(v) else v, jnp.int32)
+    return jnp.asarray(I32(v) if is_int(v) else v, jnp.int32)
 
 
-def _bits(x) -> jax.Array:
+def bits_of(x) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, jnp.uint32)
 
 
-def _float(bits) -> jax.Array:
+def float_of_bits(bits) -> jax.Array:
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
@@ -170,96 +170,93 @@ class _Parts(NamedTuple):
     finite: jax.Array  # bool
 
 
-def _unpack(x) -> _Parts:
-    bits = _bits(x)
-    mag = bits & _ABS
-    field = (mag >> _U32(23)).astype(jnp.int32)
-    top = _I32(31) - jax.lax.clz(mag).astype(jnp.int32)  # of a subnormal's fraction
-    shift = _clamp(_I32(23) - top, 0, 23).astype(jnp.uint32)
-    zero = mag == _U32(0)
-    exp = jnp.where(field > 0, field - _I32(127), top - _I32(149))
-    sig = jnp.where(field > 0, (mag & _FRACTION) | _HIDDEN, mag << shift)
+def unpack(x) -> _Parts:
+    bits = bits_of(x)
+    mag = bits & ABS_MASK
+    field = (mag >> U32(23)).astype(jnp.int32)
+    top = I32(31) - jax.lax.clz(mag).astype(jnp.int32)  # of a subnormal's fraction
+    shift = clamp_int(I32(23) - top, 0, 23).astype(jnp.uint32)
+    zero = mag == U32(0)
+    exp = jnp.where(field > 0, field - I32(127), top - I32(149))
+    sig = jnp.where(field > 0, (mag & FRACTION_MASK) | HIDDEN_BIT, mag << shift)
     return _Parts(
-        bits & _SIGN, jnp.where(zero, _I32(_ZERO_EXPONENT), exp), sig, zero, field < _I32(255)
+        bits & SIGN_MASK, jnp.where(zero, I32(_ZERO_EXPONENT), exp), sig, zero, field < I32(255)
     )
 
 
 def _pack(sign, exp, sig) -> jax.Array:
     """The float32 ``±sig * 2**(exp - 23)`` for ``exp`` in the normal range (``sig``
     in [2**23, 2**24)), or ±0 where ``sig`` is 0."""
-    field = (_clamp(exp, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
-    return _float(jnp.where(sig == _U32(0), sign, sign | field | (sig & _FRACTION)))
+    field = (clamp_int(exp, -126, 127) + I32(127)).astype(jnp.uint32) << U32(23)
+    return float_of_bits(jnp.where(sig == U32(0), sign, sign | field | (sig & FRACTION_MASK)))
 
 
-def _stand_in(x) -> jax.Array:
+def stand_in(x) -> jax.Array:
     """``x`` with a finite nonzero value replaced by ±1: what decides a result that
     involves a NaN, an infinity or a zero."""
-    bits = _bits(x)
-    mag = bits & _ABS
-    plain = (mag != _U32(0)) & (mag < _INF_BITS)
-    return _float(jnp.where(plain, (bits & _SIGN) | _ONE_BITS, bits))
+    bits = bits_of(x)
+    mag = bits & ABS_MASK
+    plain = (mag != U32(0)) & (mag < INF_BITS)
+    return float_of_bits(jnp.where(plain, (bits & SIGN_MASK) | _ONE_BITS, bits))
 
 
-def _nearest(kept, dropped, half, sticky):
+def nearest_rounded(kept, dropped, half, sticky):
     """Round ``kept + (dropped + sticky) / (2 * half)`` (integers; ``sticky`` a bool
     for "a little more", below one unit of ``dropped``) to the nearest integer, ties
     to even.  Returns (the integer, the sign of the exact value minus it: int32)."""
-    up = (dropped > half) | ((dropped == half) & (sticky | ((kept & _U32(1)) == _U32(1))))
-    inexact = (dropped != _U32(0)) | sticky
-    rest = jnp.where(up, _I32(-1), jnp.where(inexact, _I32(1), _I32(0)))
+    up = (dropped > half) | ((dropped == half) & (sticky | ((kept & U32(1)) == U32(1))))
+    inexact = (dropped != U32(0)) | sticky
+    rest = jnp.where(up, I32(-1), jnp.where(inexact, I32(1), I32(0)))
     return kept + up.astype(jnp.uint32), rest
 
 
-def _round_parts(sign, exp, sig, zero, rest, fmt: Format) -> jax.Array:
+def round_parts(sign, exp, sig, zero, rest, fmt: Format) -> jax.Array:
     """The float32 of ``round_fmt(x)`` before ``round_to``'s overflow and specials,
     for ``x = ±(sig + ρ) 2**(exp - 23)``: ``sig`` in [2**23, 2**24], ``|ρ| <= 1/2``
     (``|ρ| = 1/2`` only with ``sig`` even) of sign ``rest``; ±0 where ``zero``.
     Past float32's range the value is ±inf (beyond every fitting format's max)."""
-    emin = _I32(1) - _int32(fmt.bias)
-    m = _int32(fmt.man_bits)
+    emin = I32(1) - int32_of(fmt.bias)
+    m = int32_of(fmt.man_bits)
     if fmt.subnormals:
         q_exp = jnp.maximum(exp, emin) - m
     else:
         q_exp = jnp.where(exp >= emin, exp - m, emin)
-    d = _clamp(q_exp - (exp - _I32(23)), 0, 26).astype(jnp.uint32)  # bits to drop
-    half = (_U32(1) << d) >> _U32(1)
+    d = clamp_int(q_exp - (exp - I32(23)), 0, 26).astype(jnp.uint32)  # bits to drop
+    half = (U32(1) << d) >> U32(1)
     kept = sig >> d
-    dropped = sig & ((_U32(1) << d) - _U32(1))
-    up = (d > _U32(0)) & (
+    dropped = sig & ((U32(1) << d) - U32(1))
+    up = (d > U32(0)) & (
         (dropped > half)
-        | (
-            (dropped == half)
-            & jnp.where(rest == _I32(0), (kept & _U32(1)) == _U32(1), rest > _I32(0))
-        )
+        | ((dropped == half) & jnp.where(rest == I32(0), (kept & U32(1)) == U32(1), rest > I32(0)))
     )
     mag = (kept + up.astype(jnp.uint32)) << d  # 0 or in [2**23, 2**24]
-    top = _I32(31) - jax.lax.clz(mag).astype(jnp.int32)  # 23 or 24
-    e = exp + top - _I32(23)
-    field = (_clamp(e, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
-    normal = field | ((mag >> (top - _I32(23)).astype(jnp.uint32)) & _FRACTION)
+    top = I32(31) - jax.lax.clz(mag).astype(jnp.int32)  # 23 or 24
+    e = exp + top - I32(23)
+    field = (clamp_int(e, -126, 127) + I32(127)).astype(jnp.uint32) << U32(23)
+    normal = field | ((mag >> (top - I32(23)).astype(jnp.uint32)) & FRACTION_MASK)
     # Below 2**-126 the value is a multiple of 2**-149 (a value of fmt): exact shift.
-    subnormal = mag >> _clamp(_I32(-126) - exp, 0, 31).astype(jnp.uint32)
-    out = jnp.where(e > _I32(127), _INF_BITS, jnp.where(e >= _I32(-126), normal, subnormal))
-    out = jnp.where(zero | (mag == _U32(0)), _U32(0), out)
-    return _float(sign | out)
+    subnormal = mag >> clamp_int(I32(-126) - exp, 0, 31).astype(jnp.uint32)
+    out = jnp.where(e > I32(127), INF_BITS, jnp.where(e >= I32(-126), normal, subnormal))
+    out = jnp.where(zero | (mag == U32(0)), U32(0), out)
+    return float_of_bits(sign | out)
 
 
-def _normalised(sig, exp):
+def normalise_parts(sig, exp):
     """(sig, exp) with a carry to 2**24 moved into the exponent."""
-    carry = sig >> _U32(24)
+    carry = sig >> U32(24)
     return sig >> carry, exp + carry.astype(jnp.int32)
 
 
-def _is_nan(x) -> jax.Array:
-    return (_bits(x) & _ABS) > _INF_BITS
+def is_nan(x) -> jax.Array:
+    return (bits_of(x) & ABS_MASK) > INF_BITS
 
 
-def _first_nan(result, *operands) -> jax.Array:
+def first_nan(result, *operands) -> jax.Array:
     """``result`` unless an operand is a NaN: then the first NaN operand (x86's rule
     for float32 and float64 alike, fixed here so that a compiler commuting the
     operands cannot change which NaN's sign survives)."""
     for x in reversed(operands):
-        result = jnp.where(_is_nan(x), x, result)
+        result = jnp.where(is_nan(x), x, result)
     return result
 
 
@@ -269,11 +266,11 @@ def _finish(special, fallback, main, fmt: Format) -> jax.Array:
 
 def cast(x, fmt) -> jax.Array:
     """Round a float32 carrier array to ``fmt``."""
-    _check(x)
-    return round_to(x, _format(fmt))
+    check_carriers(x)
+    return round_to(x, as_format(fmt))
 
 
-def _two_sum(a, b):
+def two_sum(a, b):
     """s = fl(a + b) and its exact error e = (a + b) - s (Knuth's TwoSum)."""
     s = a + b
     bp = s - a
@@ -285,72 +282,72 @@ def _scaled(p: _Parts, exp) -> jax.Array:
     """The float32 ``x * 2**-exp`` of an operand ``p`` of exponent at most ``exp``,
     or ±2**_STAND_IN_EXPONENT where that lies below 2**_NEGLIGIBLE."""
     rel = p.exp - exp
-    negligible = rel < _I32(_NEGLIGIBLE)
-    sig = jnp.where(p.zero, _U32(0), jnp.where(negligible, _HIDDEN, p.sig))
-    return _pack(p.sign, jnp.where(negligible, _I32(_STAND_IN_EXPONENT), rel), sig)
+    negligible = rel < I32(_NEGLIGIBLE)
+    sig = jnp.where(p.zero, U32(0), jnp.where(negligible, HIDDEN_BIT, p.sig))
+    return _pack(p.sign, jnp.where(negligible, I32(_STAND_IN_EXPONENT), rel), sig)
 
 
-def _sign_against(err, s) -> jax.Array:
+def sign_against(err, s) -> jax.Array:
     """int32: 0 where ``err`` is ±0, 1 where it has the sign of ``s``, else -1."""
-    err_bits = _bits(err)
-    same = (err_bits & _SIGN) == (_bits(s) & _SIGN)
-    zero = (err_bits & _ABS) == _U32(0)
-    return jnp.where(zero, _I32(0), jnp.where(same, _I32(1), _I32(-1)))
+    err_bits = bits_of(err)
+    same = (err_bits & SIGN_MASK) == (bits_of(s) & SIGN_MASK)
+    zero = (err_bits & ABS_MASK) == U32(0)
+    return jnp.where(zero, I32(0), jnp.where(same, I32(1), I32(-1)))
 
 
-def _round_sum(s, rest, exp, fmt: Format) -> jax.Array:
-    """``_round_parts`` of ``x = 2**exp (s + r)``: ``s`` a scaled float32 (normal or
+def round_sum(s, rest, exp, fmt: Format) -> jax.Array:
+    """``round_parts`` of ``x = 2**exp (s + r)``: ``s`` a scaled float32 (normal or
     zero), nearest to ``x 2**-exp``, and ``rest`` the sign of ``|x| - |s|``."""
-    ps = _unpack(s)
-    return _round_parts(ps.sign, ps.exp + exp, ps.sig, ps.zero, rest, fmt)
+    ps = unpack(s)
+    return round_parts(ps.sign, ps.exp + exp, ps.sig, ps.zero, rest, fmt)
 
 
 def add(a, b, fmt) -> jax.Array:
     """fl_fmt(a + b), correctly rounded."""
-    _check(a, b)
-    fmt = _format(fmt)
+    check_carriers(a, b)
+    fmt = as_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
-    pa, pb = _unpack(a), _unpack(b)
+    pa, pb = unpack(a), unpack(b)
     exp = jnp.maximum(pa.exp, pb.exp)
-    s, err = _two_sum(_scaled(pa, exp), _scaled(pb, exp))
-    main = _round_sum(s, _sign_against(err, s), exp, fmt)
-    fallback = _first_nan(_stand_in(a) + _stand_in(b), a, b)
+    s, err = two_sum(_scaled(pa, exp), _scaled(pb, exp))
+    main = round_sum(s, sign_against(err, s), exp, fmt)
+    fallback = first_nan(stand_in(a) + stand_in(b), a, b)
     return _finish(~(pa.finite & pb.finite), fallback, main, fmt)
 
 
 def sub(a, b, fmt) -> jax.Array:
     """fl_fmt(a - b), correctly rounded."""
-    _check(a, b)
-    return add(a, _float(_bits(b) ^ _SIGN), fmt)
+    check_carriers(a, b)
+    return add(a, float_of_bits(bits_of(b) ^ SIGN_MASK), fmt)
 
 
-def _product(sa, sb):
+def exact_product(sa, sb):
     """The exact product of two 24-bit integers as (high 24 bits, low 24 bits)."""
-    a1, a0 = sa >> _U32(12), sa & _U32(0xFFF)
-    b1, b0 = sb >> _U32(12), sb & _U32(0xFFF)
+    a1, a0 = sa >> U32(12), sa & U32(0xFFF)
+    b1, b0 = sb >> U32(12), sb & U32(0xFFF)
     mid = a1 * b0 + a0 * b1  # < 2**25
-    low = a0 * b0 + ((mid & _U32(0xFFF)) << _U32(12))  # < 2**25
-    high = a1 * b1 + (mid >> _U32(12)) + (low >> _U32(24))
-    return high, low & _U32(0xFFFFFF)
+    low = a0 * b0 + ((mid & U32(0xFFF)) << U32(12))  # < 2**25
+    high = a1 * b1 + (mid >> U32(12)) + (low >> U32(24))
+    return high, low & U32(0xFFFFFF)
 
 
 def mul(a, b, fmt) -> jax.Array:
     """fl_fmt(a * b), correctly rounded."""
-    _check(a, b)
-    fmt = _format(fmt)
+    check_carriers(a, b)
+    fmt = as_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
-    pa, pb = _unpack(a), _unpack(b)
-    high, low = _product(pa.sig, pb.sig)  # the product, in [2**46, 2**48)
-    wide = high >= _HIDDEN  # 48 bits: keep the high 24
-    kept = jnp.where(wide, high, (high << _U32(1)) | (low >> _U32(23)))
-    dropped = jnp.where(wide, low, low & _FRACTION)
-    half = jnp.where(wide, _HIDDEN, _U32(1 << 22))
-    sig, rest = _nearest(kept, dropped, half, jnp.zeros_like(wide))
-    sig, exp = _normalised(sig, pa.exp + pb.exp + wide.astype(jnp.int32))
+    pa, pb = unpack(a), unpack(b)
+    high, low = exact_product(pa.sig, pb.sig)  # the product, in [2**46, 2**48)
+    wide = high >= HIDDEN_BIT  # 48 bits: keep the high 24
+    kept = jnp.where(wide, high, (high << U32(1)) | (low >> U32(23)))
+    dropped = jnp.where(wide, low, low & FRACTION_MASK)
+    half = jnp.where(wide, HIDDEN_BIT, U32(1 << 22))
+    sig, rest = nearest_rounded(kept, dropped, half, jnp.zeros_like(wide))
+    sig, exp = normalise_parts(sig, pa.exp + pb.exp + wide.astype(jnp.int32))
     zero = jnp.zeros_like(wide)
-    main = _round_parts(pa.sign ^ pb.sign, exp, sig, zero, rest, fmt)
+    main = round_parts(pa.sign ^ pb.sign, exp, sig, zero, rest, fmt)
     special = ~(pa.finite & pb.finite) | pa.zero | pb.zero
-    return _finish(special, _first_nan(_stand_in(a) * _stand_in(b), a, b), main, fmt)
+    return _finish(special, first_nan(stand_in(a) * stand_in(b), a, b), main, fmt)
 
 
 class _Product(NamedTuple):
@@ -365,18 +362,18 @@ class _Product(NamedTuple):
 
 
 def _product_of(pa: _Parts, pb: _Parts) -> _Product:
-    high, low = _product(pa.sig, pb.sig)  # a·b = (high 2**24 + low) 2**(e_a + e_b - 46)
+    high, low = exact_product(pa.sig, pb.sig)  # a·b = (high 2**24 + low) 2**(e_a + e_b - 46)
     zero = pa.zero | pb.zero
-    wide = high >= _HIDDEN
+    wide = high >= HIDDEN_BIT
     exp_ab = pa.exp + pb.exp
-    top = _I32(31) - jax.lax.clz(low).astype(jnp.int32)
+    top = I32(31) - jax.lax.clz(low).astype(jnp.int32)
     return _Product(
         sign=pa.sign ^ pb.sign,
         zero=zero,
-        exp=jnp.where(zero, _I32(_ZERO_EXPONENT), exp_ab + wide.astype(jnp.int32)),
-        sig_hi=jnp.where(wide, high, high << _U32(1)),
-        exp_lo=exp_ab - _I32(46) + top,
-        sig_lo=low << _clamp(_I32(23) - top, 0, 23).astype(jnp.uint32),
+        exp=jnp.where(zero, I32(_ZERO_EXPONENT), exp_ab + wide.astype(jnp.int32)),
+        sig_hi=jnp.where(wide, high, high << U32(1)),
+        exp_lo=exp_ab - I32(46) + top,
+        sig_lo=low << clamp_int(I32(23) - top, 0, 23).astype(jnp.uint32),
     )
 
 
@@ -384,13 +381,13 @@ def _product_scaled(p: _Product, exp):
     """``hi, lo`` scaled by ``2**-exp`` (``exp >= p.exp``); ±2**_STAND_IN_EXPONENT and
     0 where the product lies below 2**_NEGLIGIBLE; ±0 where it is zero."""
     rel = p.exp - exp
-    negligible = rel < _I32(_NEGLIGIBLE)
+    negligible = rel < I32(_NEGLIGIBLE)
     hi = _pack(
         p.sign,
-        jnp.where(negligible, _I32(_STAND_IN_EXPONENT), rel),
-        jnp.where(p.zero, _U32(0), jnp.where(negligible, _HIDDEN, p.sig_hi)),
+        jnp.where(negligible, I32(_STAND_IN_EXPONENT), rel),
+        jnp.where(p.zero, U32(0), jnp.where(negligible, HIDDEN_BIT, p.sig_hi)),
     )
-    lo = _pack(p.sign, p.exp_lo - exp, jnp.where(p.zero | negligible, _U32(0), p.sig_lo))
+    lo = _pack(p.sign, p.exp_lo - exp, jnp.where(p.zero | negligible, U32(0), p.sig_lo))
     return hi, lo
 
 
@@ -410,30 +407,30 @@ def fma(a, b, c, fmt) -> jax.Array:
     and ``|x - t - v| < g``, so a nonzero ``e`` has the sign of ``x - s``, and
     where ``e == 0`` that sign is ``w``'s, or the opposite where ``v`` moved.
     """
-    _check(a, b, c)
-    fmt = _format(fmt)
+    check_carriers(a, b, c)
+    fmt = as_format(fmt)
     a, b, c = jnp.broadcast_arrays(a, b, c)
-    pa, pb, pc = _unpack(a), _unpack(b), _unpack(c)
+    pa, pb, pc = unpack(a), unpack(b), unpack(c)
     product = _product_of(pa, pb)
     exp = jnp.maximum(product.exp, pc.exp)
     hi, lo = _product_scaled(product, exp)
-    t, u = _two_sum(_scaled(pc, exp), hi)
-    v0, w = _two_sum(u, lo)
-    v_bits = _bits(v0)
-    to_odd = (_sign_against(w, v0) != _I32(0)) & ((v_bits & _U32(1)) == _U32(0))
-    step = jnp.where(_sign_against(w, v0) > _I32(0), _U32(1), _U32(0xFFFFFFFF))  # ±1
-    v = _float(jnp.where(to_odd, v_bits + step, v_bits))
-    s, e = _two_sum(t, v)
-    w_rest = _sign_against(w, s)
+    t, u = two_sum(_scaled(pc, exp), hi)
+    v0, w = two_sum(u, lo)
+    v_bits = bits_of(v0)
+    to_odd = (sign_against(w, v0) != I32(0)) & ((v_bits & U32(1)) == U32(0))
+    step = jnp.where(sign_against(w, v0) > I32(0), U32(1), U32(0xFFFFFFFF))  # ±1
+    v = float_of_bits(jnp.where(to_odd, v_bits + step, v_bits))
+    s, e = two_sum(t, v)
+    w_rest = sign_against(w, s)
     rest = jnp.where(
-        (_bits(e) & _ABS) != _U32(0), _sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
+        (bits_of(e) & ABS_MASK) != U32(0), sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
     )
-    main = _round_sum(s, rest, exp, fmt)
+    main = round_sum(s, rest, exp, fmt)
     special = ~(pa.finite & pb.finite & pc.finite) | ((pa.zero | pb.zero) & pc.zero)
     # A product then a sum, as fa_jax.ops computes it: a NaN product is the result
     # (XLA may contract p + c into an FMA, which would give inf * 0 + NaN c's NaN).
-    p = _first_nan(_stand_in(a) * _stand_in(b), a, b)
-    fallback = jnp.where(_is_nan(p), p, _first_nan(p + _stand_in(c), c))
+    p = first_nan(stand_in(a) * stand_in(b), a, b)
+    fallback = jnp.where(is_nan(p), p, first_nan(p + stand_in(c), c))
     return _finish(special, fallback, main, fmt)
 
 
@@ -445,42 +442,42 @@ def _quotient(sa, sb):
     r = sa
     for _ in range(_DIVISION_BITS):
         ge = r >= sb
-        q = (q << _U32(1)) | ge.astype(jnp.uint32)
-        r = jnp.where(ge, r - sb, r) << _U32(1)
-    return q, r != _U32(0)
+        q = (q << U32(1)) | ge.astype(jnp.uint32)
+        r = jnp.where(ge, r - sb, r) << U32(1)
+    return q, r != U32(0)
 
 
 def div(a, b, fmt) -> jax.Array:
     """fl_fmt(a / b), correctly rounded."""
-    _check(a, b)
-    fmt = _format(fmt)
+    check_carriers(a, b)
+    fmt = as_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
-    pa, pb = _unpack(a), _unpack(b)
+    pa, pb = unpack(a), unpack(b)
     q, sticky = _quotient(pa.sig, pb.sig)  # in (2**25, 2**27)
-    wide = q >= _U32(1 << 26)  # sa >= sb: 27 quotient bits
-    kept = jnp.where(wide, q >> _U32(3), q >> _U32(2))
-    dropped = jnp.where(wide, q & _U32(7), q & _U32(3))
-    half = jnp.where(wide, _U32(4), _U32(2))
-    sig, rest = _nearest(kept, dropped, half, sticky)
-    sig, exp = _normalised(sig, pa.exp - pb.exp - (~wide).astype(jnp.int32))
-    main = _round_parts(pa.sign ^ pb.sign, exp, sig, jnp.zeros_like(wide), rest, fmt)
+    wide = q >= U32(1 << 26)  # sa >= sb: 27 quotient bits
+    kept = jnp.where(wide, q >> U32(3), q >> U32(2))
+    dropped = jnp.where(wide, q & U32(7), q & U32(3))
+    half = jnp.where(wide, U32(4), U32(2))
+    sig, rest = nearest_rounded(kept, dropped, half, sticky)
+    sig, exp = normalise_parts(sig, pa.exp - pb.exp - (~wide).astype(jnp.int32))
+    main = round_parts(pa.sign ^ pb.sign, exp, sig, jnp.zeros_like(wide), rest, fmt)
     special = ~(pa.finite & pb.finite) | pa.zero | pb.zero
-    return _finish(special, _first_nan(_stand_in(a) / _stand_in(b), a, b), main, fmt)
+    return _finish(special, first_nan(stand_in(a) / stand_in(b), a, b), main, fmt)
 
 
 def maximum(a, b, fmt) -> jax.Array:
     """fl_fmt(max(a, b)): the larger by the bits' total order (-0 < +0); where
     either is NaN, float32 ``max`` of the operands' stand-ins (its NaN's sign)."""
-    _check(a, b)
-    fmt = _format(fmt)
+    check_carriers(a, b)
+    fmt = as_format(fmt)
     a, b = jnp.broadcast_arrays(a, b)
-    ba, bb = _bits(a), _bits(b)
+    ba, bb = bits_of(a), bits_of(b)
 
     def key(bits):  # monotone in the value, -0 just below +0
-        flip = jnp.where((bits & _SIGN) != _U32(0), _ABS, _U32(0))
+        flip = jnp.where((bits & SIGN_MASK) != U32(0), ABS_MASK, U32(0))
         return jax.lax.bitcast_convert_type(bits ^ flip, jnp.int32)
 
     larger = jnp.where(key(ba) >= key(bb), ba, bb)
-    nan = ((ba & _ABS) > _INF_BITS) | ((bb & _ABS) > _INF_BITS)
-    fallback = jnp.maximum(_stand_in(a), _stand_in(b))
-    return _finish(nan, fallback, _float(larger), fmt)
+    nan = ((ba & ABS_MASK) > INF_BITS) | ((bb & ABS_MASK) > INF_BITS)
+    fallback = jnp.maximum(stand_in(a), stand_in(b))
+    return _finish(nan, fallback, float_of_bits(larger), fmt)

@@ -1,6 +1,6 @@
 """Exact dot products of float32 operands from float32 dots of digit slices.
 
-The fast path of :func:`fa_jax.sum32.matmul`'s "exact" model: ``a @ b`` as a
+The fast path of :func:`fa_jax.carrier32.sums.matmul`'s "exact" model: ``a @ b`` as a
 few exact integer dots, in the manner of Ozaki et al. (2012), "Error-free
 transformations of matrix multiplication by using fast routines of matrix
 multiplication and its applications".
@@ -34,7 +34,7 @@ multiplication and its applications".
   log2 c`` bits (16 for ``c = 256``), summed in float32 then int32, and a loss
   below ``R 2**g``.
 
-:func:`fa_jax.sum32` accumulates the pieces in int32 limbs and rounds them; where
+:func:`fa_jax.carrier32.sums` accumulates the pieces in int32 limbs and rounds them; where
 the loss bound cannot decide a rounding (cancellation of more than a few bits
 below the largest product), it falls back to its own exact accumulator.
 """
@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import ops32
-from fa_jax.ops32 import _clamp, _pad, _pow2_bits, _shifted
+from fa_jax.carrier32 import elementwise as ops32
+from fa_jax.carrier32.elementwise import clamp_int, pad_axis, pow2_bits, shift_bits
 
 __all__ = ["Sliced", "sliced_dot", "sliced_sum", "supports", "supports_sum"]
 
@@ -139,11 +139,13 @@ def _digits(sign, exp, sig, axis: int, beta: int, s: int) -> _Digits:
     mask = _U32((1 << beta) - 1)
     digits = []
     for t in range(s):
-        d = (_shifted(sig, shift - _I32(beta * (s - 1 - t))) & mask).astype(jnp.int32)
+        d = (shift_bits(sig, shift - _I32(beta * (s - 1 - t))) & mask).astype(jnp.int32)
         digits.append(jnp.where(neg, -d, d).astype(jnp.float32))
-    below = (_U32(1) << _clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
+    below = (_U32(1) << clamp_int(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
     rest = jnp.where(shift < _I32(0), sig & below, _U32(0))  # < 2**24
-    r = rest.astype(jnp.float32) * ops32._float(_pow2_bits(_clamp(shift, _MIN_RESIDUAL, 0)))
+    r = rest.astype(jnp.float32) * ops32.float_of_bits(
+        pow2_bits(clamp_int(shift, _MIN_RESIDUAL, 0))
+    )
     grid = jnp.squeeze(g, axis)
     last = jnp.full(grid.shape, -1, jnp.int32)
     for t, d in enumerate(digits):
@@ -157,7 +159,7 @@ def _dot(x, y, c: int, q: int) -> jax.Array:
         p = jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST)
         return p.astype(jnp.int32)
     pad = q * c - x.shape[-1]
-    x, y = _pad(x, -1, pad), _pad(y, -2, pad)
+    x, y = pad_axis(x, -1, pad), pad_axis(y, -2, pad)
     xs = x.reshape(*x.shape[:-1], q, c)
     ys = y.reshape(*y.shape[:-2], q, c, y.shape[-1])
     p = jnp.einsum("...nqc,...qcm->...qnm", xs, ys, precision=jax.lax.Precision.HIGHEST)
@@ -166,7 +168,7 @@ def _dot(x, y, c: int, q: int) -> jax.Array:
 
 def _chunk_sum(x, c: int, q: int) -> jax.Array:
     """The exact integer Σ of digits ``x`` (..., n) over the last axis (int32)."""
-    x = _pad(x, -1, q * c - x.shape[-1])
+    x = pad_axis(x, -1, q * c - x.shape[-1])
     p = jnp.sum(x.reshape(*x.shape[:-1], q, c), axis=-1)
     return jnp.sum(p.astype(jnp.int32), axis=-1, dtype=jnp.int32)
 

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax._fallback import batch_all
+from fa_jax.carrier32.elementwise import scan_steps
 from fa_jax.formats import FP32, Format
-from fa_jax.ops32 import _scan
 
 __all__ = ["is_binary32", "sequential_matmul"]
 
@@ -113,7 +113,7 @@ def sequential_matmul(a, b, start, fallback: Callable[[], jax.Array]) -> jax.Arr
 
     def hardware(_):
         acc = jax.lax.optimization_barrier(c32)  # XLA folds 0 + x to x (-0 for x = -0)
-        acc, _ = _scan(lambda acc, ab: (acc + ab[0] * ab[1], None), acc, (a_steps, b_steps))
+        acc, _ = scan_steps(lambda acc, ab: (acc + ab[0] * ab[1], None), acc, (a_steps, b_steps))
         return jax.lax.convert_element_type(acc, start.dtype)
 
     return jax.lax.cond(batch_all(ok), hardware, lambda _: fallback(), None)

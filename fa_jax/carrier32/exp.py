@@ -5,7 +5,7 @@
 float32: the bits of :func:`fa_jax.ops.exp` / :func:`fa_jax.ops.exp2` (float64
 ``exp`` rounded once to ``fmt``) wherever those are correctly rounded.  The
 program holds no 64-bit value; XLA's float32 habits (subnormals flushed,
-``a * b + c`` contracted to an FMA) are avoided as in :mod:`fa_jax.ops32`: every
+``a * b + c`` contracted to an FMA) are avoided as in :mod:`fa_jax.carrier32.elementwise`: every
 product that must be exact has operands of at most 12 (or 7 and 17) significant
 bits, so contracting it changes nothing, and the arithmetic runs near 1, where a
 term flushed below ``2**-126`` is far under the error bound.
@@ -25,8 +25,8 @@ function in IEEE floating-point arithmetic"; Muller, "Elementary Functions", ch.
   float32 (a 72-bit value), ``T_hi p_hi`` from exact partial products.  ``y`` ends
   as ``t + u + lo`` with ``t, u`` from TwoSum; the nearest 24-bit value of that sum
   and the sign of its remainder come from rounding ``u + lo`` to odd (as
-  :func:`fa_jax.ops32.fma`, Boldo & Melquiond 2008), and ``2**(N div 512)`` is
-  applied to the integer exponent in :func:`fa_jax.ops32._round_parts`, so
+  :func:`fa_jax.carrier32.elementwise.fma`, Boldo & Melquiond 2008), and ``2**(N div 512)`` is
+  applied to the integer exponent in :func:`fa_jax.carrier32.elementwise.round_parts`, so
   ``fmt``'s and float32's subnormal results are exact.
 
 Error bound.  Summing the rounding errors of each step (each at most half an ulp
@@ -60,18 +60,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax.ops32 import (
-    _ABS,
-    _INF_BITS,
-    _SIGN,
-    _U32,
-    _bits,
-    _check,
-    _float,
-    _format,
-    _round_sum,
-    _sign_against,
-    _two_sum,
+from fa_jax.carrier32.elementwise import (
+    ABS_MASK,
+    INF_BITS,
+    SIGN_MASK,
+    U32,
+    as_format,
+    bits_of,
+    check_carriers,
+    float_of_bits,
+    round_sum,
+    sign_against,
+    two_sum,
 )
 from fa_jax.rounding import round_to
 
@@ -81,7 +81,7 @@ ERROR_BOUND = 2.0**-53  # relative error of the computed y (see the module docst
 _T = 9  # table index bits: 512 entries
 _I32 = np.int32
 _F32 = np.float32
-_SPLIT = _U32(0xFFFFF000)  # keeps a float32's sign, exponent and top 12 significant bits
+_SPLIT = U32(0xFFFFF000)  # keeps a float32's sign, exponent and top 12 significant bits
 _TINY = -26  # |x| < 2**_TINY: the nearest 24-bit value of the result is 1
 
 
@@ -126,7 +126,7 @@ def _c(v) -> jax.Array:
 
 def _split(a):
     """a = hi + lo exactly, ``hi`` the top 12 significant bits of ``a`` (masked)."""
-    hi = _float(_bits(a) & _SPLIT)
+    hi = float_of_bits(bits_of(a) & _SPLIT)
     return hi, a - hi
 
 
@@ -143,15 +143,15 @@ def _exp_reduce(x):
     """(N, (r_hi, r_lo)) with ``x = N ln2/512 + r_hi + r_lo`` (to the error bound)."""
     n = jnp.round(x * _c(_INV_STEP))
     pieces = [-n * _c(piece) for piece in _REDUCTION[:-1]]  # exact: 17 + 7 bits
-    a, e1 = _two_sum(x, pieces[0])  # e1 == 0 unless |N| == 1
-    a, e2 = _two_sum(a, pieces[1])
-    a, e3 = _two_sum(a, pieces[2])
-    a, e4 = _two_sum(a, pieces[3])
-    a, e5 = _two_sum(a, pieces[4])
-    a, e6 = _two_sum(a, pieces[5])
+    a, e1 = two_sum(x, pieces[0])  # e1 == 0 unless |N| == 1
+    a, e2 = two_sum(a, pieces[1])
+    a, e3 = two_sum(a, pieces[2])
+    a, e4 = two_sum(a, pieces[3])
+    a, e5 = two_sum(a, pieces[4])
+    a, e6 = two_sum(a, pieces[5])
     small = ((e3 + e4) + (e5 + e6)) + (e1 + -n * _c(_REDUCTION[-1]))
-    r_hi, t = _two_sum(a, e2)
-    return n, _two_sum(r_hi, t + small)
+    r_hi, t = two_sum(a, e2)
+    return n, two_sum(r_hi, t + small)
 
 
 def _exp2_reduce(x):
@@ -160,22 +160,22 @@ def _exp2_reduce(x):
     r = x - n * _c(1.0 / (1 << _T))  # exact
     r1, r0 = _split(r)
     a1, a0, rest = (_c(v) for v in _LN2)
-    z, e = _two_sum(r1 * a1, r1 * a0)
-    z, f = _two_sum(z, r0 * a1)
+    z, e = two_sum(r1 * a1, r1 * a0)
+    z, f = two_sum(z, r0 * a1)
     lo = (e + f) + (r0 * a0 + r * rest)
-    return n, _two_sum(z, lo)
+    return n, two_sum(z, lo)
 
 
 def _expm1(r_hi, r_lo):
     """e**r - 1 for ``r = r_hi + r_lo``, ``|r| < 2**-10.3``, as a float32 pair."""
     h1, h0 = _split(r_hi)
     half = _c(0.5)
-    q1, q2 = _two_sum(h1 * h1 * half, h1 * h0)  # r_hi**2/2: h1**2/2 + h1 h0 + h0**2/2
+    q1, q2 = two_sum(h1 * h1 * half, h1 * h0)  # r_hi**2/2: h1**2/2 + h1 h0 + h0**2/2
     q_small = q2 + (h0 * h0 * half + r_hi * r_lo)
     poly = _c(1.0 / 3) + r_hi * (_c(1.0 / 12) + r_hi * _c(1.0 / 60))
     cubic = q1 * r_hi * poly  # r**3/6 + r**4/24 + r**5/120
-    p_hi, e = _two_sum(r_hi, q1)
-    return _two_sum(p_hi, ((e + r_lo) + q_small) + cubic)
+    p_hi, e = two_sum(r_hi, q1)
+    return two_sum(p_hi, ((e + r_lo) + q_small) + cubic)
 
 
 def _parts(n, z_hi, z_lo) -> _Parts:
@@ -187,50 +187,50 @@ def _parts(n, z_hi, z_lo) -> _Parts:
     p_hi, p_lo = _expm1(z_hi, z_lo)
     g1, g0 = _split(t_hi)
     h1, h0 = _split(p_hi)
-    a, e = _two_sum(g1 * h1, g1 * h0)  # T_hi p_hi from exact partial products
-    a, f = _two_sum(a, g0 * h1)
+    a, e = two_sum(g1 * h1, g1 * h0)  # T_hi p_hi from exact partial products
+    a, f = two_sum(a, g0 * h1)
     small = ((e + f) + g0 * h0) + (t_hi * p_lo + t_mid * p_hi)
-    t, u = _two_sum(t_hi, a)
-    u, g = _two_sum(u, t_mid)
+    t, u = two_sum(t_hi, a)
+    u, g = two_sum(u, t_mid)
     return _Parts(k, t, u, (g + t_lo) + small)
 
 
 def _round_odd(parts: _Parts):
     """(s, rest): the float32 nearest to ``t + u + lo`` and the sign of the remainder,
-    by rounding ``u + lo`` to odd (see :func:`fa_jax.ops32.fma`)."""
-    v0, w = _two_sum(parts.u, parts.lo)
-    v_bits = _bits(v0)
-    w_sign = _sign_against(w, v0)
-    to_odd = (w_sign != _I32(0)) & ((v_bits & _U32(1)) == _U32(0))
-    step = jnp.where(w_sign > _I32(0), _U32(1), _U32(0xFFFFFFFF))
-    v = _float(jnp.where(to_odd, v_bits + step, v_bits))
-    s, e = _two_sum(parts.t, v)
-    w_rest = _sign_against(w, s)
+    by rounding ``u + lo`` to odd (see :func:`fa_jax.carrier32.elementwise.fma`)."""
+    v0, w = two_sum(parts.u, parts.lo)
+    v_bits = bits_of(v0)
+    w_sign = sign_against(w, v0)
+    to_odd = (w_sign != _I32(0)) & ((v_bits & U32(1)) == U32(0))
+    step = jnp.where(w_sign > _I32(0), U32(1), U32(0xFFFFFFFF))
+    v = float_of_bits(jnp.where(to_odd, v_bits + step, v_bits))
+    s, e = two_sum(parts.t, v)
+    w_rest = sign_against(w, s)
     rest = jnp.where(
-        (_bits(e) & _ABS) != _U32(0), _sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
+        (bits_of(e) & ABS_MASK) != U32(0), sign_against(e, s), jnp.where(to_odd, -w_rest, w_rest)
     )
     return s, rest
 
 
 def _evaluate(x, fmt, reduce, lo: float, hi: float) -> jax.Array:
-    _check(x)
-    fmt = _format(fmt)
+    check_carriers(x)
+    fmt = as_format(fmt)
     x = jnp.asarray(x)
-    bits = _bits(x)
-    mag = bits & _ABS
-    tiny = mag < _U32((127 + _TINY) << 23)
+    bits = bits_of(x)
+    mag = bits & ABS_MASK
+    tiny = mag < U32((127 + _TINY) << 23)
     xc = jnp.clip(jnp.where(tiny, _c(0.0), x), _c(lo), _c(hi))
     n, (z_hi, z_lo) = reduce(xc)
     parts = _parts(n, z_hi, z_lo)
     s, rest = _round_odd(parts)
-    x_sign = jnp.where(mag == _U32(0), _I32(0), jnp.where(bits >= _SIGN, _I32(-1), _I32(1)))
+    x_sign = jnp.where(mag == U32(0), _I32(0), jnp.where(bits >= SIGN_MASK, _I32(-1), _I32(1)))
     s = jnp.where(tiny, _c(1.0), s)
     rest = jnp.where(tiny, x_sign, rest)
     k = jnp.where(tiny, _I32(0), parts.k)
-    main = _round_sum(s, rest, k, fmt)
-    nan = mag > _INF_BITS
-    infinite = mag == _INF_BITS
-    special = jnp.where(nan, x, jnp.where(bits == _INF_BITS, _float(_INF_BITS), _c(0.0)))
+    main = round_sum(s, rest, k, fmt)
+    nan = mag > INF_BITS
+    infinite = mag == INF_BITS
+    special = jnp.where(nan, x, jnp.where(bits == INF_BITS, float_of_bits(INF_BITS), _c(0.0)))
     return round_to(jnp.where(nan | infinite, special, main), fmt)
 
 

@@ -1,13 +1,13 @@
 """The reductions of :mod:`fa_jax.ops` (``sum``, ``matmul``) on float32 carriers.
 
 Same signatures, models and bits as ``ops.sum`` / ``ops.matmul`` on float64
-carriers, with no 64-bit type in the program (see :mod:`fa_jax.ops32` for what
+carriers, with no 64-bit type in the program (see :mod:`fa_jax.carrier32.elementwise` for what
 XLA's CPU backend does to float32 and why every test here is on bits).
 
 Exact sums in integers.  Every term is cut into *pieces* ``±m 2**l``, ``m`` a
 24-bit integer: a float32 value is one piece (its significand), an exact
 product ``a·b`` two (the high and low 24 bits of the 48-bit product of the
-significands, :func:`fa_jax.ops32._product`).  A fixed-point accumulator with
+significands, :func:`fa_jax.carrier32.elementwise.exact_product`).  A fixed-point accumulator with
 base ``2**B`` holds ``Σ pieces`` in int32 *limbs* of ``D = 23`` bits (limb ``k``
 weighs ``2**(B + kD)``); a piece adds the bits of ``m 2**(l - B)`` that fall in
 each limb, with its sign.  After at most 255 pieces a limb holds less than
@@ -33,8 +33,8 @@ accumulator's value is then exactly the sum of the bits at or above ``2**B``.
   computed (one ``lax.cond`` for the whole array).
 
 Rounding: the 25 top bits ``g`` of the magnitude and a sticky bit give the
-24-bit nearest value and the sign of the rest (``ops32._nearest``), which
-:func:`fa_jax.ops32._round_parts` rounds to the format, exactly as the
+24-bit nearest value and the sign of the rest (``ops32.nearest_rounded``), which
+:func:`fa_jax.carrier32.elementwise.round_parts` rounds to the format, exactly as the
 elementwise ops do; the directed modes of the tensor-core model drop bits from
 the truncated 24 bits and go up where a dropped or sticky bit is set.
 
@@ -67,12 +67,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fa_jax import native32, ops32, slices32
 from fa_jax._fallback import batch_all
 from fa_jax._fusion import materialised
 from fa_jax.accumulation import EXACT, Accumulation, Tree, get_accumulation, tree_schedule
+from fa_jax.carrier32 import elementwise as ops32
+from fa_jax.carrier32 import native as native32
+from fa_jax.carrier32 import slices as slices32
+from fa_jax.carrier32.elementwise import (
+    as_format,
+    check_carriers,
+    pad_axis,
+    pow2_bits,
+    scan_steps,
+    shift_bits,
+)
 from fa_jax.formats import Format
-from fa_jax.ops32 import _check, _format, _pad, _pow2_bits, _scan, _shifted
 from fa_jax.rounding import RoundingMode, round_to
 
 __all__ = ["matmul", "sum"]
@@ -105,7 +114,7 @@ def _cat(*ps: _Pieces) -> _Pieces:
 
 def _value_pieces(x) -> _Pieces:
     """A float32 array as one piece a value."""
-    p = ops32._unpack(x)
+    p = ops32.unpack(x)
     sig = jnp.where(p.zero | ~p.finite, _U32(0), p.sig)
     return _Pieces(p.sign != _U32(0), p.exp - _I32(23), sig)
 
@@ -119,7 +128,7 @@ class _Operand(NamedTuple):
 
 
 def _operand(x) -> _Operand:
-    p = ops32._unpack(x)
+    p = ops32.unpack(x)
     nonzero = ~p.zero & p.finite
     return _Operand(
         p.sign,
@@ -130,7 +139,7 @@ def _operand(x) -> _Operand:
 
 def _product_pieces(a: _Operand, b: _Operand) -> _Pieces:
     """The exact products a·b (broadcast) as two pieces each: (high, low) 24 bits."""
-    high, low = ops32._product(a.sig, b.sig)
+    high, low = ops32.exact_product(a.sig, b.sig)
     neg = (a.sign ^ b.sign) != _U32(0)
     lsb = a.exp + b.exp - _I32(46)
     return _Pieces(
@@ -157,7 +166,7 @@ def _zeros(shape) -> jax.Array:
 def _over_limbs(step: Callable, carry, xs: list) -> tuple:
     """``(carry, ys)``: ``carry, y = step(carry, x)`` for each limb's ``x`` in order,
     the ``y`` in a list.  Unrolled for at most _UNROLL limbs (the windows: the fast
-    paths); else one int32-counted loop (``_scan``) over the stacked ``xs``, so that
+    paths); else one int32-counted loop (``scan_steps``) over the stacked ``xs``, so that
     the full range's 15 or 28 limbs are one copy of ``step`` in the program."""
     if len(xs) <= _UNROLL:
         ys = []
@@ -179,7 +188,7 @@ def _over_limbs(step: Callable, carry, xs: list) -> tuple:
         ), None
 
     ys = None if y0 is None else jnp.zeros((n, *y0.shape), y0.dtype)
-    (carry, ys), _ = _scan(body, (carry, ys), (np.arange(n, dtype=_I32), stacked))
+    (carry, ys), _ = scan_steps(body, (carry, ys), (np.arange(n, dtype=_I32), stacked))
     return carry, [None if ys is None else ys[k] for k in range(n)]
 
 
@@ -189,7 +198,7 @@ def _limbs_of(p: _Pieces, base, n_limbs: int) -> list[jax.Array]:
     s0 = p.lsb - base[None]
 
     def limb(_, k_d):
-        v = (_shifted(p.sig, s0 - k_d) & _MASK).astype(jnp.int32)
+        v = (shift_bits(p.sig, s0 - k_d) & _MASK).astype(jnp.int32)
         return None, jnp.sum(jnp.where(p.neg, -v, v), axis=0, dtype=jnp.int32)
 
     return _over_limbs(limb, None, [_I32(k * _D) for k in range(n_limbs - 1)])[1]
@@ -197,7 +206,7 @@ def _limbs_of(p: _Pieces, base, n_limbs: int) -> list[jax.Array]:
 
 def _lost(p: _Pieces, base) -> tuple[jax.Array, jax.Array]:
     """How many positive and negative pieces have bits below ``2**base``."""
-    d = ops32._clamp(base[None] - p.lsb, 0, 31).astype(jnp.uint32)
+    d = ops32.clamp_int(base[None] - p.lsb, 0, 31).astype(jnp.uint32)
     lost = (p.sig & ((_U32(1) << d) - _U32(1))) != _U32(0)
     count = lambda m: jnp.sum(m, axis=0, dtype=jnp.int32)  # noqa: E731
     return count(lost & ~p.neg), count(lost & p.neg)
@@ -237,7 +246,7 @@ def _accumulate(steps, to_pieces: Callable, base, n_limbs: int, first: _Pieces |
     n = jax.tree_util.tree_leaves(steps)[0].shape[0]
     if n == 1:
         return add(state, to_pieces(jax.tree_util.tree_map(lambda s: s[0], steps)))
-    state, _ = _scan(lambda st, s: (add(st, to_pieces(s)), None), state, steps)
+    state, _ = scan_steps(lambda st, s: (add(st, to_pieces(s)), None), state, steps)
     return state
 
 
@@ -283,12 +292,12 @@ def _round_limbs(s: _Sum, base, bits, fmt: Format, mode: str) -> _Rounded:
         g, sticky, all_zero, all_one = state
         u, k_d, width = limb
         shift = k_d - t
-        below = (_U32(1) << ops32._clamp(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
-        lo = jnp.minimum(ops32._clamp(bits - k_d, 0, 31), width).astype(jnp.uint32)
-        hi = jnp.minimum(ops32._clamp(t - k_d, 0, 31), width).astype(jnp.uint32)
+        below = (_U32(1) << ops32.clamp_int(-shift, 0, 31).astype(jnp.uint32)) - _U32(1)
+        lo = jnp.minimum(ops32.clamp_int(bits - k_d, 0, 31), width).astype(jnp.uint32)
+        hi = jnp.minimum(ops32.clamp_int(t - k_d, 0, 31), width).astype(jnp.uint32)
         mask = ((_U32(1) << hi) - _U32(1)) & ~((_U32(1) << lo) - _U32(1))
         return (
-            g + _shifted(u, shift),
+            g + shift_bits(u, shift),
             sticky | ((u & below) != _U32(0)),
             all_zero & ((u & mask) == _U32(0)),
             all_one & ((u & mask) == mask),
@@ -304,13 +313,13 @@ def _round_limbs(s: _Sum, base, bits, fmt: Format, mode: str) -> _Rounded:
         (t > bits) & ((opp == _I32(0)) | ~all_zero) & ((same == _I32(0)) | ~all_one)
     )
     zero = top < _I32(0)
-    sign = jnp.where(neg, ops32._SIGN, _U32(0))
+    sign = jnp.where(neg, ops32.SIGN_MASK, _U32(0))
     exp = top + base
     kept, dropped = g >> _U32(1), g & _U32(1)
     if mode == "nearest_even":
-        sig, rest = ops32._nearest(kept, dropped, _U32(1), sticky)
-        sig, exp = ops32._normalised(sig, exp)
-        value = ops32._round_parts(sign, exp, sig, zero, rest, fmt)
+        sig, rest = ops32.nearest_rounded(kept, dropped, _U32(1), sticky)
+        sig, exp = ops32.normalise_parts(sig, exp)
+        value = ops32.round_parts(sign, exp, sig, zero, rest, fmt)
     else:
         value = _round_directed(sign, exp, kept, (dropped != _U32(0)) | sticky, zero, fmt, mode)
     return _Rounded(value, zero & (lost == _I32(0)), safe)
@@ -322,8 +331,8 @@ def _round_directed(sign, exp, sig, inexact, zero, fmt: Format, mode: str) -> ja
     ``fmt``'s grid (extended past its max) that ``round_to(x, fmt, mode)`` starts
     from; past float32's range ±FLT_MAX where the mode rounds toward zero there,
     else ±inf, which ``round_to`` maps to the format's max or overflow."""
-    emin = _I32(1) - ops32._int32(fmt.bias)
-    m = ops32._int32(fmt.man_bits)
+    emin = _I32(1) - ops32.int32_of(fmt.bias)
+    m = ops32.int32_of(fmt.man_bits)
     if fmt.subnormals:
         q_exp = jnp.maximum(exp, emin) - m
     else:
@@ -331,23 +340,23 @@ def _round_directed(sign, exp, sig, inexact, zero, fmt: Format, mode: str) -> ja
     d = q_exp - (exp - _I32(23))
     neg = sign != _U32(0)
     away = {"toward_zero": jnp.zeros_like(neg), "up": ~neg, "down": neg}[mode]
-    dd = ops32._clamp(d, 0, 24).astype(jnp.uint32)
+    dd = ops32.clamp_int(d, 0, 24).astype(jnp.uint32)
     kept = sig >> dd
     dropped = (sig & ((_U32(1) << dd) - _U32(1))) != _U32(0)
     up = away & (dropped | inexact)
     mag = (kept + up.astype(jnp.uint32)) << dd  # 0 or in [2**23, 2**24]
     top = _top_bit(mag)
     e = exp + top - _I32(23)
-    field = (ops32._clamp(e, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
+    field = (ops32.clamp_int(e, -126, 127) + _I32(127)).astype(jnp.uint32) << _U32(23)
     normal = field | (
-        (mag >> ops32._clamp(top - _I32(23), 0, 1).astype(jnp.uint32)) & ops32._FRACTION
+        (mag >> ops32.clamp_int(top - _I32(23), 0, 1).astype(jnp.uint32)) & ops32.FRACTION_MASK
     )
-    subnormal = mag >> ops32._clamp(_I32(-126) - exp, 0, 31).astype(jnp.uint32)
+    subnormal = mag >> ops32.clamp_int(_I32(-126) - exp, 0, 31).astype(jnp.uint32)
     out = jnp.where(e >= _I32(-126), normal, subnormal)
-    out = jnp.where(e > _I32(127), jnp.where(away, ops32._INF_BITS, _FLT_MAX), out)
-    out = jnp.where(d > _I32(24), jnp.where(up, _pow2_bits(q_exp), _U32(0)), out)
+    out = jnp.where(e > _I32(127), jnp.where(away, ops32.INF_BITS, _FLT_MAX), out)
+    out = jnp.where(d > _I32(24), jnp.where(up, pow2_bits(q_exp), _U32(0)), out)
     out = jnp.where(zero | (mag == _U32(0)) & (d <= _I32(24)), _U32(0), out)
-    return ops32._float(sign | out)
+    return ops32.float_of_bits(sign | out)
 
 
 def _exact(
@@ -392,7 +401,7 @@ def _split(p: _Pieces) -> tuple[_Pieces, int]:
     pad = q * c - n
 
     def steps(x):
-        x = _pad(x, 0, pad)
+        x = pad_axis(x, 0, pad)
         return x.reshape(q, c, *x.shape[1:])
 
     return _Pieces(*(steps(x) for x in p)), n
@@ -407,23 +416,23 @@ def _exact_pieces(p: _Pieces, full: tuple[int, int], fmt: Format) -> _Rounded:
 def _finish(r: _Rounded, zero_neg, special, fallback, fmt: Format) -> jax.Array:
     """``round_to`` of the rounded sum (an exact zero: -0 where ``zero_neg``, else
     +0), or of ``fallback`` where ``special``."""
-    zero = ops32._float(jnp.where(zero_neg, _NEG_ZERO, _U32(0)))
+    zero = ops32.float_of_bits(jnp.where(zero_neg, _NEG_ZERO, _U32(0)))
     value = jnp.where(r.zero, zero, r.value)
     return round_to(jnp.where(special, fallback, value), fmt)
 
 
 def _is_neg_zero(x) -> jax.Array:
-    return ops32._bits(x) == _NEG_ZERO
+    return ops32.bits_of(x) == _NEG_ZERO
 
 
 def _finite(x) -> jax.Array:
-    return (ops32._bits(x) & ops32._ABS) < ops32._INF_BITS
+    return (ops32.bits_of(x) & ops32.ABS_MASK) < ops32.INF_BITS
 
 
 def _stand_in_sum(x, axis=0) -> jax.Array:
     """IEEE Σ of the stand-ins (finite nonzero terms as ±1): what decides a sum with a
     non-finite term."""
-    return jnp.sum(ops32._stand_in(x), axis=axis)
+    return jnp.sum(ops32.stand_in(x), axis=axis)
 
 
 # -- sum -------------------------------------------------------------------------------
@@ -455,24 +464,24 @@ def _add_exact(acc, p: _Pieces, zero_neg, special, fallback, fmt: Format) -> jax
 def _chunked_sum(x, fmt: Format, k: int, start) -> jax.Array:
     n = x.shape[0]
     pad = -n % k
-    x = _pad(x, 0, pad)
+    x = pad_axis(x, 0, pad)
     chunks = x.reshape((n + pad) // k, k, *x.shape[1:])
 
     def step(acc, chunk):
         # A float64 chunk sum (a reduction) of one -0 term is -0, of more +0; then add.
         chunk_neg = _is_neg_zero(chunk[0]) if k == 1 else jnp.zeros(acc.shape, bool)
         si = _stand_in_sum(chunk)
-        fallback = ops32._first_nan(ops32._stand_in(acc) + si, acc, si)
+        fallback = ops32.first_nan(ops32.stand_in(acc) + si, acc, si)
         special = ~(_finite(acc) & jnp.all(_finite(chunk), axis=0))
         zero_neg = _is_neg_zero(acc) & chunk_neg
         return _add_exact(acc, _value_pieces(chunk), zero_neg, special, fallback, fmt), None
 
-    acc, _ = _scan(step, start, chunks)
+    acc, _ = scan_steps(step, start, chunks)
     return acc
 
 
 def _sequential_sum(x, fmt: Format, start) -> jax.Array:
-    acc, _ = _scan(lambda acc, t: (ops32.add(acc, t, fmt), None), start, x)
+    acc, _ = scan_steps(lambda acc, t: (ops32.add(acc, t, fmt), None), start, x)
     return acc
 
 
@@ -486,11 +495,11 @@ def sum(
 ) -> jax.Array:
     """fl_fmt(Σ x along ``axis``) under an accumulation model, on float32 carriers:
     the bits of ``fa_jax.ops.sum`` on float64 (its docstring has the models)."""
-    _check(x)
-    fmt, model = _format(fmt), get_accumulation(accumulation)
+    check_carriers(x)
+    fmt, model = as_format(fmt), get_accumulation(accumulation)
     x = jnp.moveaxis(jnp.asarray(x), axis, 0)
     if initial is not None:
-        _check(initial)
+        check_carriers(initial)
         initial = jnp.broadcast_to(jnp.asarray(initial), x.shape[1:])
     if model.kind == "tree":
         terms = x if initial is None else jnp.concatenate([initial[None], x])
@@ -518,8 +527,8 @@ def _k_steps(a, b, c: int):
     """a (..., n, K), b (..., K, m) zero padded and cut along K into (q, ...) steps of c."""
     k = a.shape[-1]
     pad = -k % c
-    a = _pad(a, -1, pad)
-    b = _pad(b, -2, pad)
+    a = pad_axis(a, -1, pad)
+    b = pad_axis(b, -2, pad)
     q = (k + pad) // c
     a_steps = jnp.moveaxis(a, -1, 0).reshape(q, c, *a.shape[:-1])  # (q, c, ..., n)
     b_steps = jnp.moveaxis(b, -2, 0).reshape(q, c, *b.shape[:-2], b.shape[-1])  # (q, c, ..., m)
@@ -540,17 +549,17 @@ def _products_of(step) -> _Pieces:
 
 def _stand_in_dot(a, b) -> jax.Array:
     """IEEE a @ b of the stand-ins (finite nonzero as ±1; exact small integers)."""
-    return jnp.matmul(ops32._stand_in(a), ops32._stand_in(b), precision=jax.lax.Precision.HIGHEST)
+    return jnp.matmul(ops32.stand_in(a), ops32.stand_in(b), precision=jax.lax.Precision.HIGHEST)
 
 
 def _sliced_matmul(a, b, fmt: Format) -> _Rounded:
-    """a @ b rounded to nearest from :func:`fa_jax.slices32.sliced_dot`'s pieces."""
+    """a @ b rounded to nearest from :func:`fa_jax.carrier32.slices.sliced_dot`'s pieces."""
     a, b = materialised(a), materialised(b)  # each read by every digit: computed once
     return _rounded_slices(slices32.sliced_dot(_operand(a), _operand(b)), fmt)
 
 
 def _rounded_slices(s: slices32.Sliced, fmt: Format) -> _Rounded:
-    """The pieces of :mod:`fa_jax.slices32` summed in limbs and rounded to nearest;
+    """The pieces of :mod:`fa_jax.carrier32.slices` summed in limbs and rounded to nearest;
     ``safe`` where their loss bound decides the rounding."""
     n_limbs = -(-s.width // _D) + 1
     limbs = _limbs_of(_Pieces(s.neg, s.lsb, s.mag), s.base, n_limbs)
@@ -573,7 +582,7 @@ def _accumulated_matmul(a, b, fmt: Format, initial) -> _Rounded:
         return jnp.maximum(e_top, jnp.max(ea + eb + _I32(1), axis=0)), None
 
     e_top = jnp.full(out_shape, _NO_EXPONENT, jnp.int32)
-    e_top, _ = _scan(top, e_top, steps)
+    e_top, _ = scan_steps(top, e_top, steps)
     first = None
     if initial is not None:
         first = _value_pieces(initial[None])
@@ -595,7 +604,7 @@ def _in_row_blocks(f: Callable[..., _Rounded], a, b) -> _Rounded:
     q = -(-n // r)
     if q == 1:
         return f(a, b)
-    a = _pad(a, -2, q * r - n)
+    a = pad_axis(a, -2, q * r - n)
     blocks = jnp.moveaxis(a.reshape(*batch, q, r, k), -3, 0)  # (q, ..., r, k)
     init = _Rounded(*(jnp.zeros((q, *batch, r, m), t) for t in (jnp.float32, bool, bool)))
 
@@ -627,11 +636,11 @@ def _exact_matmul(a, b, fmt: Format, initial, out_shape) -> jax.Array:
     special = ~_finite(si)
     if initial is not None:
         special = special | ~_finite(initial)
-        si = ops32._first_nan(si + ops32._stand_in(initial), si, initial)
+        si = ops32.first_nan(si + ops32.stand_in(initial), si, initial)
     # A float64 dot of one product keeps its -0 (a multiply), of more is +0.
     zero_neg = jnp.zeros(out_shape, bool)
     if k == 1:
-        zero_neg = _is_neg_zero(ops32._stand_in(a)[..., 0:1] * ops32._stand_in(b)[..., 0:1, :])
+        zero_neg = _is_neg_zero(ops32.stand_in(a)[..., 0:1] * ops32.stand_in(b)[..., 0:1, :])
     if initial is not None:
         zero_neg = zero_neg & _is_neg_zero(initial)
     return _finish(r, zero_neg, special, si, fmt)
@@ -642,14 +651,14 @@ def _chunked_matmul(a, b, fmt: Format, c: int, start) -> jax.Array:
 
     def step(acc, ab):
         a_s, b_s = ab
-        sa, sb = _pairs(ops32._stand_in(a_s), ops32._stand_in(b_s))
+        sa, sb = _pairs(ops32.stand_in(a_s), ops32.stand_in(b_s))
         si = jnp.sum(sa * sb, axis=0)
         special = ~(_finite(acc) & _finite(si))
-        fallback = ops32._first_nan(ops32._stand_in(acc) + si, acc, si)
+        fallback = ops32.first_nan(ops32.stand_in(acc) + si, acc, si)
         zero = jnp.zeros(acc.shape, bool)  # a float64 dot of c >= 2 products: +0
         return _add_exact(acc, _products_of(ab), zero, special, fallback, fmt), None
 
-    acc, _ = _scan(step, start, steps)
+    acc, _ = scan_steps(step, start, steps)
     return acc
 
 
@@ -661,7 +670,7 @@ def _sequential_matmul(a, b, fmt: Format, start) -> jax.Array:
         return ops32.fma(a_t, b_t, acc, fmt), None
 
     def emulated():
-        return _scan(step, start, (a_steps, b_steps))[0]
+        return scan_steps(step, start, (a_steps, b_steps))[0]
 
     if native32.is_binary32(fmt):
         return native32.sequential_matmul(a, b, start, emulated)
@@ -672,8 +681,8 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
     """fl_fmt(a @ b) for a (..., n, k) and b (..., k, m) under an accumulation model,
     on float32 carriers: the bits of ``fa_jax.ops.matmul`` on float64 (its
     docstring has the models; "exact" and "chunked" round the exact sums)."""
-    _check(a, b)
-    fmt, model = _format(fmt), get_accumulation(accumulation)
+    check_carriers(a, b)
+    fmt, model = as_format(fmt), get_accumulation(accumulation)
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"matmul: contraction sizes differ: a is {a.shape}, b is {b.shape}")
@@ -682,7 +691,7 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
     a = jnp.broadcast_to(a, (*batch, *a.shape[-2:]))
     b = jnp.broadcast_to(b, (*batch, *b.shape[-2:]))
     if initial is not None:
-        _check(initial)
+        check_carriers(initial)
         initial = jnp.broadcast_to(jnp.asarray(initial), out_shape)
     if model.kind == "tree":
         pa = _Operand(*(jnp.moveaxis(x, -1, 0)[..., :, None, None] for x in _operand(a)))
@@ -690,8 +699,8 @@ def matmul(a, b, fmt, *, accumulation: Accumulation | str = EXACT, initial=None)
         p = _product_pieces(pa, pb)  # (2K, ..., n, m, 1): the high pieces, then the low
         k = a.shape[-1]
         pieces = _Pieces(*(jnp.concatenate([x[:k], x[k:]], axis=-1) for x in p))
-        sa = jnp.moveaxis(ops32._stand_in(a), -1, 0)[..., :, None]
-        sb = jnp.moveaxis(ops32._stand_in(b), -2, 0)[..., None, :]
+        sa = jnp.moveaxis(ops32.stand_in(a), -1, 0)[..., :, None]
+        sb = jnp.moveaxis(ops32.stand_in(b), -2, 0)[..., None, :]
         leaves = _Leaves(pieces, sa * sb)  # (K, ..., n, m, 2), (K, ..., n, m)
         if initial is not None:
             init = _value_leaves(initial[None])
@@ -729,7 +738,7 @@ def _tensor_core_support(fmt: Format, model: Accumulation, tensor_core: Callable
             )
         return tensor_core()
     extra = typing.cast(int, model.extra_bits)
-    fits = ops32._int32(fmt.man_bits) + _I32(
+    fits = ops32.int32_of(fmt.man_bits) + _I32(
         extra + 1 + math.ceil(math.log2(model.block_terms))
     ) <= _I32(53)
     return jnp.where(fits, tensor_core(), jnp.float32(jnp.nan))
@@ -739,7 +748,7 @@ def _value_blocks(x, k: int) -> jax.Array:
     """x (n, ...) zero padded and cut into (q, k, ...) blocks."""
     n = x.shape[0]
     pad = -n % k
-    x = _pad(x, 0, pad)
+    x = pad_axis(x, 0, pad)
     return x.reshape((n + pad) // k, k, *x.shape[1:])
 
 
@@ -750,10 +759,10 @@ def _block_terms(block) -> tuple[_Pieces, _Pieces, jax.Array]:
         k = block[0].shape[0]
         hi = _Pieces(*(x[:k] for x in p))
         lo = _Pieces(*(x[k:] for x in p))
-        sa, sb = _pairs(ops32._stand_in(block[0]), ops32._stand_in(block[1]))
+        sa, sb = _pairs(ops32.stand_in(block[0]), ops32.stand_in(block[1]))
         return hi, lo, sa * sb
     hi = _value_pieces(block)
-    return hi, _Pieces(hi.neg, hi.lsb, jnp.zeros_like(hi.sig)), ops32._stand_in(block)
+    return hi, _Pieces(hi.neg, hi.lsb, jnp.zeros_like(hi.sig)), ops32.stand_in(block)
 
 
 def _tensor_core_block(hi: _Pieces, lo: _Pieces, si, fmt: Format, model: Accumulation):
@@ -761,8 +770,8 @@ def _tensor_core_block(hi: _Pieces, lo: _Pieces, si, fmt: Format, model: Accumul
     log2 |x|), emin), every term truncated to a multiple of 2**(E - man_bits -
     extra_bits), the exact sum normalised in the model's mode; with a non-finite
     term, the IEEE sum of the terms (not rounded, as the float64 path)."""
-    emin = _I32(1) - ops32._int32(fmt.bias)
-    m = ops32._int32(fmt.man_bits)
+    emin = _I32(1) - ops32.int32_of(fmt.bias)
+    m = ops32.int32_of(fmt.man_bits)
     extra = typing.cast(int, model.extra_bits)
     nonzero = hi.sig != _U32(0)
     e = jnp.maximum(hi.lsb + _top_bit(hi.sig), emin)
@@ -770,7 +779,7 @@ def _tensor_core_block(hi: _Pieces, lo: _Pieces, si, fmt: Format, model: Accumul
     q = e_max - m - _I32(extra)
 
     def truncated(p: _Pieces) -> _Pieces:
-        d = ops32._clamp(q[None] - p.lsb, 0, 31).astype(jnp.uint32)
+        d = ops32.clamp_int(q[None] - p.lsb, 0, 31).astype(jnp.uint32)
         return _Pieces(p.neg, p.lsb, p.sig & ~((_U32(1) << d) - _U32(1)))
 
     pieces = _cat(truncated(hi), truncated(lo))
@@ -794,12 +803,12 @@ def _tensor_core_scan(c, blocks, fmt: Format, model: Accumulation) -> jax.Array:
             ch = _value_pieces(c[None])
             zero = _Pieces(ch.neg, ch.lsb, jnp.zeros_like(ch.sig))
             hi, lo = _cat(ch, hi), _cat(zero, lo)
-            si = jnp.concatenate([ops32._stand_in(c)[None], si])
+            si = jnp.concatenate([ops32.stand_in(c)[None], si])
             return _tensor_core_block(hi, lo, si, fmt, model), None
         d = _tensor_core_block(hi, lo, si, fmt, model)
         return ops32.add(c, d, fmt), None
 
-    c, _ = _scan(step, c, blocks)
+    c, _ = scan_steps(step, c, blocks)
     return c
 
 
@@ -822,7 +831,7 @@ def _value_leaves(x) -> _Leaves:
         jnp.concatenate([p.lsb, p.lsb - _I32(24)], axis=-1),
         jnp.concatenate([p.sig, jnp.zeros_like(p.sig)], axis=-1),
     )
-    return _Leaves(pieces, ops32._stand_in(x))
+    return _Leaves(pieces, ops32.stand_in(x))
 
 
 def _tree_sum(leaves: _Leaves, out_shape, fmt: Format, t: Tree) -> jax.Array:
@@ -851,7 +860,7 @@ def _tree_sum(leaves: _Leaves, out_shape, fmt: Format, t: Tree) -> jax.Array:
         if children.shape[0] == 1:
             buf, _ = level(buf, (children[0], outputs[0]))
         else:
-            buf, _ = _scan(level, buf, (jnp.asarray(children), jnp.asarray(outputs)))
+            buf, _ = scan_steps(level, buf, (jnp.asarray(children), jnp.asarray(outputs)))
     return buf[2][root]
 
 
@@ -886,7 +895,7 @@ def _node(c, fmt: Format) -> jax.Array:
     special = ~jnp.all(_finite(si), axis=1)
     if arity == 2:
         s0, s1 = si[:, 0], si[:, 1]
-        fallback = ops32._first_nan(s0 + s1, s0, s1)
+        fallback = ops32.first_nan(s0 + s1, s0, s1)
         zero_neg = _is_neg_zero(s0) & _is_neg_zero(s1)
     else:
         fallback = jnp.sum(si, axis=1)
