@@ -95,7 +95,7 @@ def _resolve_u(u, fn: str) -> tuple[float, Format | None]:
     """(unit roundoff, the Format if one was given)."""
     if isinstance(u, (Format, str)):
         fmt = get_format(u)
-        fmt._require_concrete(fn)
+        fmt.require_concrete(fn)
         return fmt.unit_roundoff, fmt
     if not _real(u) or not (0 < u < 1):
         raise ValueError(f"{fn}: u: expected a unit roundoff 0 < u < 1 or a Format, got {u!r}")
@@ -722,7 +722,7 @@ def attention_bound(
     """
     fn = "attention_bound"
     f = get_format(fmt)
-    f._require_concrete(fn)
+    f.require_concrete(fn)
     if f.man_bits > 23:
         raise ValueError(f"{fn}: fmt: expected a format of at most FP32's precision, got {f.name}")
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))

@@ -17,7 +17,7 @@ __all__ = ["decode", "encode", "fields"]
 
 def fields(code: int, fmt: Format) -> tuple[int, int, int]:
     """(sign, exponent field, mantissa field) of a code."""
-    fmt._require_concrete("fields")
+    fmt.require_concrete("fields")
     if not 0 <= code < (1 << fmt.bits):
         raise ValueError(f"code: expected 0..{(1 << fmt.bits) - 1} for {fmt.name}, got {code}")
     m = fmt.man_bits
@@ -47,7 +47,7 @@ def decode(code: int, fmt: Format) -> float:
 def encode(value: float, fmt: Format) -> int:
     """The code of a value of ``fmt`` (round it first).  NaN gives the format's
     canonical NaN code; a value not in the format raises ValueError."""
-    fmt._require_concrete("encode")
+    fmt.require_concrete("encode")
     sign_bit = 1 << (fmt.bits - 1)
     if math.isnan(value):
         if not fmt.has_nan:

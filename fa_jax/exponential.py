@@ -198,7 +198,7 @@ _SLEEF_POLY = tuple(
 )
 
 
-def _pow2(n: jax.Array) -> jax.Array:
+def exact_pow2(n: jax.Array) -> jax.Array:
     """2^n for integer-valued n, exactly from its FP32 bits (FP32's subnormals
     included, which float arithmetic may flush): 0 below 2^-149, inf above 2^127."""
     k = jnp.clip(n, -150, 128).astype(jnp.int32)
@@ -224,7 +224,7 @@ def sleef_expf_u10(x: jax.Array) -> jax.Array:
         u = ops.fma(u, s, jnp.full_like(s, c), FP32)
     u = ops.add(jnp.ones_like(s), ops.fma(ops.mul(s, s, FP32), u, s, FP32), FP32)
     half = jnp.floor(q / 2)  # ldexp in two steps, as Sleef's vldexp2
-    y = ops.mul(ops.mul(u, _pow2(half), FP32), _pow2(q - half), FP32)
+    y = ops.mul(ops.mul(u, exact_pow2(half), FP32), exact_pow2(q - half), FP32)
     return jnp.where(x < -104.0, 0.0, jnp.where(x > 100.0, jnp.inf, y))
 
 
@@ -276,7 +276,7 @@ def ynnpack_exp(x: jax.Array) -> jax.Array:
     even, odd = chains
     p = ops.fma(r, odd, even, FP32)
     expm1_r = ops.fma(s, p, r, FP32)
-    scale = jnp.where(b > 127, jnp.inf, _pow2(b))  # 2^128 overflows FP32
+    scale = jnp.where(b > 127, jnp.inf, exact_pow2(b))  # 2^128 overflows FP32
     y = jnp.where(jnp.isinf(scale), scale, ops.fma(scale, expm1_r, scale, FP32))
     y = jnp.where(y < _FLT_MIN, 0.0, y)
     return jnp.where(jnp.isnan(x), x, y)

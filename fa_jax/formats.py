@@ -176,7 +176,7 @@ class Format:
         """True when exp_bits, man_bits and bias are Python/numpy integers."""
         return all(is_int(v) for v in (self.exp_bits, self.man_bits, self.bias))
 
-    def _require_concrete(self, what: str) -> None:
+    def require_concrete(self, what: str) -> None:
         if not self.is_concrete:
             raise TypeError(
                 f"Format.{what} needs concrete exp_bits/man_bits/bias; got traced values "
@@ -186,26 +186,26 @@ class Format:
     @functools.cached_property
     def bits(self) -> int:
         """Total width: sign + exponent + mantissa."""
-        self._require_concrete("bits")
+        self.require_concrete("bits")
         return 1 + self.exp_bits + self.man_bits
 
     @functools.cached_property
     def emin(self) -> int:
         """Exponent of the smallest normal binade, 1 - bias (finfo.minexp)."""
-        self._require_concrete("emin")
+        self.require_concrete("emin")
         return 1 - self.bias
 
     @functools.cached_property
     def emax(self) -> int:
         """Exponent of the largest finite binade (finfo.maxexp - 1)."""
-        self._require_concrete("emax")
+        self.require_concrete("emax")
         top = (1 << self.exp_bits) - 1  # all-ones exponent field
         return (top - 1 if self.specials == "ieee" else top) - self.bias
 
     @functools.cached_property
     def max(self) -> float:
         """Largest finite value."""
-        self._require_concrete("max")
+        self.require_concrete("max")
         # "fn" spends the all-ones mantissa of the top binade on NaN.
         frac_codes = (1 << self.man_bits) - (2 if self.specials == "fn" else 1)
         return float(np.ldexp(float((1 << self.man_bits) + frac_codes), self.emax - self.man_bits))
@@ -228,13 +228,13 @@ class Format:
     @functools.cached_property
     def eps(self) -> float:
         """Distance from 1 to the next larger value, 2**-man_bits."""
-        self._require_concrete("eps")
+        self.require_concrete("eps")
         return float(np.ldexp(1.0, -self.man_bits))
 
     @functools.cached_property
     def unit_roundoff(self) -> float:
         """u = 2**-(man_bits + 1): relative error bound of round-to-nearest."""
-        self._require_concrete("unit_roundoff")
+        self.require_concrete("unit_roundoff")
         return float(np.ldexp(1.0, -self.man_bits - 1))
 
     @property
@@ -263,7 +263,7 @@ class Format:
     def fits(self, dtype) -> bool:
         """Whether every value of this format is exactly representable in ``dtype``
         (float32 or float64), so that ``dtype`` can carry it."""
-        self._require_concrete("fits")
+        self.require_concrete("fits")
         key = np.dtype(dtype).name
         if key not in _CARRIER_LIMITS:
             raise ValueError(

@@ -130,7 +130,7 @@ def quantize_kv(x, fmt, scaling: str, *, kv_lengths=None, groups: int = 1):
             f"in {KV_SCALINGS[1:]}, got 'none'"
         )
     dtype = np.float32 if jnp.result_type(x) == np.float32 else np.float64
-    x = quantization._finite_input(x, "quantize_kv", dtype)
+    x = quantization.finite_input(x, "quantize_kv", dtype)
     s = kv_scales(x, fmt, scaling, kv_lengths=kv_lengths, groups=groups)
     return _codes(x, s, fmt, scaling), s
 

@@ -397,7 +397,7 @@ def ulp_distance(a, b, fmt) -> jax.Array:
         float64 carrier or a float64 carrier without x64.
     """
     fmt = get_format(fmt)
-    fmt._require_concrete("ulp_distance")
+    fmt.require_concrete("ulp_distance")
     a = _as_float_array(a, "ulp_distance(a)")
     b = _as_float_array(b, "ulp_distance(b)")
     if a.shape != b.shape:

@@ -152,7 +152,7 @@ def _target(fmt, fn: str) -> Format | IntFormat:
     return fmt
 
 
-def _finite_input(x, fn: str, dtype: DTypeLike = np.float64) -> jax.Array:
+def finite_input(x, fn: str, dtype: DTypeLike = np.float64) -> jax.Array:
     """``x`` as a carrier of ``dtype``; a concrete array must be finite."""
     x = ops.carrier(x, dtype)
     if not isinstance(x, Tracer):
@@ -176,7 +176,7 @@ def _block_size(block, n: int, shape, fn: str) -> int:
 
 
 def _matrix_input(x, fn: str) -> jax.Array:
-    x = _finite_input(x, fn)
+    x = finite_input(x, fn)
     if x.ndim < 2:
         raise ValueError(f"{fn}: expected an array (..., N, d), got shape {x.shape}")
     return x
@@ -220,7 +220,7 @@ def amax_scale(amax, fmt, *, dtype: DTypeLike = np.float64) -> jax.Array:
 
 def per_tensor_scale(x, fmt) -> jax.Array:
     """One scale for the whole array: amax_scale(max |x|), shape ()."""
-    x = _finite_input(x, "per_tensor_scale")
+    x = finite_input(x, "per_tensor_scale")
     return _block_scales(x, _target(fmt, "per_tensor_scale"), None)
 
 
@@ -246,7 +246,7 @@ def quantize(x, scale, fmt, *, dtype: DTypeLike = np.float64) -> jax.Array:
     """x̂ = fl_fmt(fl_FP32(x / scale)) (module docstring), in a carrier of ``dtype``;
     ``scale`` broadcasts against x (a per-tensor scalar, or per-row scales (..., N, 1))."""
     fmt = _target(fmt, "quantize")
-    x = _finite_input(x, "quantize", dtype)
+    x = finite_input(x, "quantize", dtype)
     return _quantize(x, ops.carrier(scale, dtype), fmt)
 
 

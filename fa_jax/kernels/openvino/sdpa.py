@@ -69,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
-from fa_jax.exponential import ExpModel, _pow2, register_exp_model
+from fa_jax.exponential import ExpModel, exact_pow2, register_exp_model
 from fa_jax.formats import BF16, FP32
 from fa_jax.kernels.x86.tile_dot import tile_dot
 
@@ -166,7 +166,7 @@ def exp_ps(x):
     n = jnp.floor(ops.add(ops.mul(x, _full(x, _LOG2E), FP32), _full(x, 0.5), FP32))
     r = ops.fma(-n, _full(x, _LN2), x, FP32)
     # (n - 1 + 127) << 23 as bits: 0 (the value +0) where n - 1 = -127.
-    pow2 = jnp.where(underflow | (n - 1 < -126), 0.0, _pow2(n - 1))
+    pow2 = jnp.where(underflow | (n - 1 < -126), 0.0, exact_pow2(n - 1))
     p = _full(r, _POLY[0])
     for c in _POLY[1:]:
         p = ops.fma(p, r, _full(r, c), FP32)

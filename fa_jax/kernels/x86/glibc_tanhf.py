@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
-from fa_jax.exponential import _pow2
+from fa_jax.exponential import exact_pow2
 from fa_jax.formats import FP32
 from fa_jax.tanh_models import TanhModel, register_tanh_model
 
@@ -103,7 +103,7 @@ def expm1f(x):
         _mul(_c(x, -2.0), _sub(e, _add(x, _c(x, 0.5)))),
         _add(_c(x, 1.0), _mul(_c(x, 2.0), _sub(x, e))),
     )
-    scale, unscale = _pow2(k), _pow2(-k)  # adding k to y's exponent: exact (|k| <= 64)
+    scale, unscale = exact_pow2(k), exact_pow2(-k)  # adding k to y's exponent: exact (|k| <= 64)
     wide = _sub(_mul(_sub(_c(x, 1.0), _sub(e, x)), scale), _c(x, 1.0))  # k <= -2 or k > 56
     mid = _mul(_sub(_sub(_c(x, 1.0), unscale), _sub(e, x)), scale)  # 2 <= k < 23: t = 1 - 2^-k
     high = _mul(_add(_sub(x, _add(e, unscale)), _c(x, 1.0)), scale)  # 23 <= k <= 56: t = 2^-k

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax import ops
-from fa_jax.exponential import ExpModel, _pow2, register_exp_model
+from fa_jax.exponential import ExpModel, exact_pow2, register_exp_model
 from fa_jax.formats import FP32
 
 __all__ = [
@@ -142,7 +142,7 @@ def sum_exp(x, kernel: SumExpKernel = AVX512F):
     for c in _POLY[1:]:
         p = ops.fma(p, r, _full(r, c), FP32)
     # p · 2^m rounded once (m >= -150); 2^(m + 64) keeps the first step exact.
-    e = ops.mul(ops.mul(p, _pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
+    e = ops.mul(ops.mul(p, exact_pow2(m + 64), FP32), _full(p, 2.0**-64), FP32)
     if kernel.scale_from_bits:  # exponent field m + 127 = 0: the scale is +0
         e = jnp.where(m == -127, jnp.zeros_like(e), e)  # (the clamp keeps m >= -127)
     return e
