@@ -225,6 +225,23 @@ def test_read_kv_jit_eager_vmap_and_float32_carrier_agree():
     assert not np.array_equal(np.asarray(batched[0]), want[0])  # the garbage moved batch 1's
 
 
+def test_a_kv_heads_length_is_its_longest_query_heads():
+    """Query heads of one group with different lengths: a K/V head's scale sees the
+    keys before its group's longest length (head 1 of batch 0: query heads 2 and 3,
+    lengths 2 and 6, so its key 5 counts and key 6 does not), under each scaling."""
+    lengths = np.array([[7, 3, 2, 6], [4, 4, 1, 5]])
+    k = _kv_array(3)
+    k[0, 1, 5, 0], k[0, 1, 6, 0] = 2.0**10, 2.0**20  # in group 1's keys, and past them
+    k[1, 0, 4:] = 2.0**20  # past both lengths of batch 1's group 0
+    for scaling in ("head", "tensor"):
+        policy = fa2_kernel(BF16).replace(kv="int8", kv_scaling=scaling)
+        got = jax.jit(lambda k: read_kv(k, k, policy, kv_lengths=lengths, groups=2))(k)[0]
+        want = numpy_cache(k, "int8", scaling, kv_lengths=lengths, groups=2)[2]
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=scaling)
+        shorter = numpy_cache(k, "int8", scaling, kv_lengths=lengths.min(-1, keepdims=True))
+        assert not np.array_equal(np.asarray(got), shorter[2]), scaling
+
+
 @pytest.mark.slow
 def test_read_kv_op_by_op_equals_compiled():
     _, k, v, _, _ = _problem(0)

@@ -197,3 +197,15 @@ def test_quantization_errors(x64):
     # under jit values are unknown: a non-finite amax gives a NaN scale, never a silent number
     s = jax.jit(lambda t: qz.per_tensor_scale(t, E4M3FN))(jnp.asarray(bad))
     assert np.isnan(float(s))
+
+
+def test_int8_codes_round_ties_to_even_and_clamp_on_both_sides(x64):
+    """x / s past ±127 (a scale smaller than amax / 127, or ties at ±127.5) clamps
+    to ±127 on each side; ties go to even; a negative value rounding to 0 gives
+    +0 (an integer has no -0)."""
+    y = np.array([-1e3, -128.0, -127.5, -126.5, -0.5, -0.2, 0.2, 0.5, 1.5, 126.5, 127.5, 1e3])
+    want = np.array([-127, -127, -127, -126, 0, 0, 0, 0, 2, 126, 127, 127], np.float64)
+    for s in (1.0, 0.25):
+        got = np.asarray(qz.quantize(y * s, s, qz.INT8))
+        np.testing.assert_array_equal(got, want)
+        assert not np.signbit(got[want == 0]).any()

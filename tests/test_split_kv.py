@@ -5,6 +5,8 @@ tests/test_attention_sim.py (``test_split_kv_equals_the_simulation``).  Here:
 
 * ``num_splits`` that is not an int in [1, ceil(M / Bc)], or above 1 for a
   kernel loop, raises ValueError naming it;
+* under each scale placement and normalisation, ceil(M / Bc) splits give plain
+  float64 attention under the golden policy;
 * the combine under the golden policy is the plain float64 numpy formula, bit
   for bit (with the golden's float64 exp), and golden split-KV attention
   (lengths, causal, window and a mask leaving splits and whole rows empty) is
@@ -154,6 +156,30 @@ def test_golden_split_kv_is_plain_float64_attention():
         assert err <= 1e-13, (name, err)
     # kv_lengths broadcast over the heads axis: head 0 keeps no key.
     assert (np.asarray(got[1])[:, 0] == -np.inf).all() and (np.asarray(got[0])[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        {"scale": "scores"},
+        {"scale": "q"},
+        {"scale": "exp2", "exp_model": "exp2_correctly_rounded"},
+        {"normalise": "reciprocal"},
+    ],
+    ids=["scores", "q", "exp2", "reciprocal"],
+)
+def test_golden_split_kv_under_every_scale_placement_is_plain_attention(placement):
+    """Each placement of the softmax scale (and the reciprocal normalisation), with
+    as many splits as key blocks (ceil(21 / 4) = 6, the upper bound): O and L are
+    plain float64 attention's within float64 error, so a combine that reads a
+    split's lse or o in another placement's units fails."""
+    q, k, v = _qkv(4, n=3, m=21, spread=2.0)
+    policy = golden().replace(**placement)
+    want = [np.asarray(x) for x in plain_attention(q, k, v, scale=0.37)]
+    got = flash_attention(q, k, v, policy, Blocks(2, 4), scale=0.37, num_splits=6)
+    for name, g, w in zip(("O", "L"), got, want):
+        err = np.max(np.abs(np.asarray(g) - w)) / np.max(np.abs(w))
+        assert err <= 1e-13, (name, err)
 
 
 # -- a bound on the split-KV error -------------------------------------------------

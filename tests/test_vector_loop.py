@@ -290,3 +290,33 @@ def test_intel_gemms_are_mkls():
     p, v, o = fp16_values((3, 390)), fp16_values((390, 8)), fp16_values((3, 8))
     got_o = run(lambda o, p, v: torch_pv(o, p, v, fp16, "mkl_intel"), o, p, v)
     np.testing.assert_array_equal(got_o, _chains(p, v, o, [(0, 195), (195, 390)]))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "torch_avx2",
+        pytest.param("torch_default", marks=pytest.mark.slow),
+        pytest.param("torch_avx512", marks=pytest.mark.slow),
+    ],
+)
+def test_the_loop_over_many_key_blocks_is_attention_under_the_golden_policy(variant):
+    """19 keys in blocks of 4 (five blocks, the last of 3): each block's rescale of
+    l and o by α = exp(m_old − m_new) and the final O = o / l give plain float64
+    attention within float64 error under the golden policy, so a wrong rescale
+    between key blocks fails here, where one block would hide it; registered as a
+    flash_attention variant (fa_jax.attention.kernel_loops)."""
+    from attention_plain import plain_attention
+
+    from fa_jax import golden
+    from fa_jax.attention import Blocks, flash_attention, kernel_loops
+
+    assert variant in kernel_loops()
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(s) * 3 for s in ((2, 3, 8), (2, 19, 8), (2, 19, 8)))
+    with x64_enabled():
+        got = flash_attention(q, k, v, golden(), Blocks(3, 4), causal=True, variant=variant)
+        want = plain_attention(q, k, v, causal=True)
+    for name, g, w in zip(("O", "L"), got, want):
+        err = np.max(np.abs(np.asarray(g) - np.asarray(w))) / np.max(np.abs(np.asarray(w)))
+        assert err <= 1e-13, (name, err)
