@@ -235,7 +235,7 @@ def test_a_kv_heads_length_is_its_longest_query_heads():
     k[1, 0, 4:] = 2.0**20  # past both lengths of batch 1's group 0
     for scaling in ("head", "tensor"):
         policy = fa2_kernel(BF16).replace(kv="int8", kv_scaling=scaling)
-        got = jax.jit(lambda k: read_kv(k, k, policy, kv_lengths=lengths, groups=2))(k)[0]
+        got = jax.jit(lambda k, p=policy: read_kv(k, k, p, kv_lengths=lengths, groups=2))(k)[0]
         want = numpy_cache(k, "int8", scaling, kv_lengths=lengths, groups=2)[2]
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=scaling)
         shorter = numpy_cache(k, "int8", scaling, kv_lengths=lengths.min(-1, keepdims=True))
