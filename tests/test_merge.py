@@ -106,6 +106,21 @@ def test_partition_covers_every_unit_once_and_balances_the_cost(count):
             assert [sum(1 for u in s if u[1] == n) for s in shares] == [3, 3]
 
 
+def test_partition_takes_the_largest_first_and_breaks_ties_in_order():
+    """Longest processing time first: the costliest unit first, each to the least
+    loaded process; equal costs in the units' (canonical) order, equal loads to the
+    lowest process index; a count of processes that is not positive is refused."""
+    units = [("bf16", 128, 0), ("bf16", 128, 1), ("bf16", 256, 0), ("bf16", 128, 2)]
+    shares = partition(units, {128: 1, 256: 4}, 2)
+    assert shares == [{("bf16", 256, 0)}, {("bf16", 128, 0), ("bf16", 128, 1), ("bf16", 128, 2)}]
+    even = partition(units, {128: 1, 256: 1}, 2)
+    assert even == [{units[0], units[2]}, {units[1], units[3]}]
+    assert partition(units, {128: 1, 256: 1}, 5)[4] == set()  # more processes than units
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=r"partition: processes: expected a positive"):
+            partition(units, {128: 1, 256: 4}, bad)
+
+
 def test_canonical_keys_are_every_configuration_once():
     keys = [tuple(k.values()) for k in canonical_keys(GRID)]
     assert len(keys) == len(set(keys)) == 2 * 4 * 3 * 3
