@@ -1416,6 +1416,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "the last query rows of another kernel go unchecked",
         LAST_ROWS,
     ),
+    _m(
+        "kernels/xla/calls",
+        'scale, layout)\n    return run if dtype == "float16"',
+        'scale, layout)\n    return run if dtype == "float32"',
+        "fp16's real call jitted (XLA's CPU backend refuses its dot under jit), fp32's eager",
+        "tests/test_kernels_xla.py::test_xla_is_bit_identical_to_its_model",
+    ),
+    _m(
+        "kernels/xla/probes",
+        '        calls.real_call("float32", True, None)\n',
+        '        calls.real_call("float32", False, None)\n',
+        "the causal FMA keys probed on the program without the causal select",
+        "tests/test_kernels_xla.py::test_small_shapes_in_xlas_own_loop_fusions",
+    ),
     # -- tile_dot.py, vector_loop.py and torch_cpu.py: AMX's tile dot -------------
     _m(
         "kernels/x86/tile_dot",

@@ -19,7 +19,7 @@ from fa_jax.exponential import CORRECTLY_ROUNDED, YNNPACK, ynnpack_exp
 from fa_jax.formats import FP32
 from fa_jax.kernels import xla
 from fa_jax.kernels.x86 import cpu
-from fa_jax.kernels.xla import calls, forward, hlo, orders, probes
+from fa_jax.kernels.xla import calls, forward, hlo, orders, own_dots, probes
 
 
 def _inputs(shape, fmt, seed):
@@ -1048,7 +1048,7 @@ def test_fp32_where_nothing_fits_xlas_own_dot_is_refused(monkeypatch):
     """The check refuses where no candidate reproduces the real program: at
     (2,2,5,80)/1500, which needs Eigen's shards of 752 keys, it is offered only
     1000 (and none)."""
-    monkeypatch.setattr(xla.own_dots, "eigen_shards", lambda k: [1000])
+    monkeypatch.setattr(own_dots, "eigen_shards", lambda k: [1000])
     forward.fitted_own_dots.cache_clear()
     q = np.zeros((2, 2, 5, 80))
     k = np.zeros((2, 2, 1500, 80))

@@ -20,7 +20,8 @@ runs where are read from the program this host compiles.  One concept a module,
 each importing only those above it:
 
 * :mod:`~fa_jax.kernels.xla.calls`: running XLA's attention for real (jax's
-  call, jitted or eager; the 4-D call of features, :class:`~.calls.Layout`);
+  call, jitted or eager; the 4-D call of features,
+  :class:`~fa_jax.kernels.xla.calls.Layout`);
 * :mod:`~fa_jax.kernels.xla.exp`: XLA CPU's own float32 exp (:func:`xla_cpu_exp`);
 * :mod:`~fa_jax.kernels.xla.own_dots`: the dots XLA runs as its own (its GEMV,
   Eigen's contraction sharded over the keys);

@@ -49,9 +49,9 @@ def kernel_policy(fmt: Format) -> Policy:
 def exp_model_for(
     policy: Policy, shape: tuple[int, ...], causal: bool, layout: calls.Layout | None = None
 ) -> ExpModel:
-    """The policy's exp, except that XLA's two exps stand for whichever of them the
-    program runs for (B·H, N, d) inputs: YNNPACK's inside a YNNPACK fusion, XLA's own
-    elsewhere (:mod:`~fa_jax.kernels.xla.hlo`). Any other exp model (a calibration knob) is kept."""
+    """The policy's exp, except that XLA's two exps stand for whichever of them the program
+    runs for (B·H, N, d) inputs: YNNPACK's inside a YNNPACK fusion, XLA's own elsewhere
+    (:mod:`~fa_jax.kernels.xla.hlo`).  Any other exp model (a calibration knob) is kept."""
     if policy.exp_model not in (XLA_CPU_EXP, YNNPACK):
         return policy.exp_model
     fused = hlo.in_ynn_fusions(policy.inputs.name, shape, causal, layout)[1]
@@ -61,6 +61,9 @@ def exp_model_for(
 
 
 def forward(q, k, v, *, policy: Policy, causal: bool, scale, code: VectorCode = AVX512, **features):
+    """The model of :func:`~fa_jax.kernels.xla.calls.real` on (..., N, d) inputs exact in
+    ``policy``'s input format, for ``code``'s CPU (:class:`VectorCode`): the 3-D call's
+    steps, or the 4-D call's where there are features (:func:`_featured_forward`)."""
     if policy.inputs.name == "float32" and np.shape(v)[-1] == 1:
         raise ValueError(
             "xla: fp32 with d = 1: XLA rewrites P V as element-wise products summed in "
