@@ -675,40 +675,55 @@ def _summary(rows) -> list[dict]:
 
 
 def _figure(grid: ServingGrid, summary, out: pathlib.Path) -> pathlib.Path:
+    """A panel per feature, a line per case; an error of 0 (one FP32 key: o = v) is
+    not drawn on the log scale."""
     plt = pyplot("fa_jax.studies.serving: plotting")
     feats = list(grid.features)
-    fig, axes = plt.subplots(1, len(feats), figsize=(5.2 * len(feats), 5.2), squeeze=False)
+    ncols = min(2, len(feats))
+    nrows = -(-len(feats) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols + 3.5, 4.6 * nrows), squeeze=False)
     labels = list(dict.fromkeys(r["case"] for r in summary))
     styles = {"ggml": "o-", "onnxruntime-gqa": "s-", "openvino-sdpa": "^-", "fa_jax": "x--"}
-    for ax, fname in zip(axes[0], feats):
+    handles = {}
+    for ax, fname in zip(axes.flat, feats):
         f = FEATURES[fname]
         for i, label in enumerate(labels):
             pr = [r for r in summary if (r["case"], r["feature"]) == (label, fname)]
+            pr = [r for r in pr if r["mean_rel"] > 0]
             if not pr:
                 continue
-            ax.plot(
+            (line,) = ax.plot(
                 [r["step"] for r in pr],
-                [max(r["mean_rel"], 1e-300) for r in pr],
+                [r["mean_rel"] for r in pr],
                 styles.get(pr[0]["engine"], "o-"),
                 color=plt.get_cmap("tab20")(i % 20),
                 label=label,
                 ms=3,
                 lw=1,
             )
+            handles.setdefault(label, line)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"{fname} (H={f.heads}, H_kv={f.kv_heads})")
+        ax.set_title(f"{fname} (H={f.heads}, H_kv={f.kv_heads})", fontsize=10)
         ax.set_xlabel("decode step t (keys in the cache)")
         ax.set_ylabel("mean over heads of ||o - g|| / ||g||")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6, ncol=2)
+        ax.grid(True, which="major", lw=0.3)
+    for ax in list(axes.flat)[len(feats) :]:
+        ax.axis("off")
+    if handles:
+        fig.legend(
+            [handles[k] for k in labels if k in handles],
+            [k for k in labels if k in handles],
+            loc="center right",
+            fontsize=7,
+        )
     fig.suptitle(
         f"Serving: one decode of {grid.length} steps vs FP64 (d={grid.d}, causal "
         f"bottom-right, one thread, mean over {len(grid.seeds)} seeds)"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1 - 3.2 / (6.5 * ncols + 3.5), 1))
     png = out / "serving.png"
-    fig.savefig(png, dpi=120)
+    fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
 
