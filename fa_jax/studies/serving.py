@@ -415,12 +415,17 @@ def _draw(grid: ServingGrid, feature: Feature, seed: int):
 
 
 def _rounded(draws, fmt: str, steps):
-    """(q rows of ``steps`` (S, H, d), k, v) rounded to ``fmt``, float64 numpy."""
+    """(q rows of ``steps`` (S, H, d) float64, k, v) rounded to ``fmt``: k and v held
+    as float32 (exact: every format of the study fits), a head at a time, so that a
+    32k cache costs half the memory; widened to float64 where a step reads them."""
     q, k, v = draws
     f = get_format(fmt)
+    if f.exp_bits > 8 or f.man_bits > 23:
+        raise ValueError(f"serving: expected formats within FP32, got {f.name}")
     rows = q[:, np.asarray(steps) - 1, :].transpose(1, 0, 2)
     with float64_enabled():
-        rows, k, v = (np.asarray(round_to(t, f), np.float64) for t in (rows, k, v))
+        rows = np.asarray(round_to(rows, f), np.float64)
+        k, v = (np.stack([np.asarray(round_to(x, f), np.float32) for x in t]) for t in (k, v))
     return rows, k, v
 
 
@@ -434,14 +439,15 @@ def golden_steps(q_rows, k, v, steps, feature: Feature) -> np.ndarray:
     out = np.empty((len(steps), h, v.shape[-1]))
     for i, t in enumerate(steps):
         qg = q_rows[i].reshape(h_kv, h // h_kv, d)
-        s = np.einsum("grd,gmd->grm", qg, k[:, :t]) * (1.0 / math.sqrt(d))
+        kt, vt = (np.asarray(x[:, :t], np.float64) for x in (k, v))
+        s = np.einsum("grd,gmd->grm", qg, kt) * (1.0 / math.sqrt(d))
         if feature.softcap is not None:
             s = feature.softcap * np.tanh(s / feature.softcap)
         if slopes is not None:
             dist = np.abs(t - 1 - np.arange(t)).astype(np.float64)
             s = s + (-np.asarray(slopes).reshape(h_kv, h // h_kv, 1) * dist)
         p = np.exp(s - s.max(axis=-1, keepdims=True))
-        o = np.einsum("grm,gmd->grd", p, v[:, :t]) / p.sum(axis=-1, keepdims=True)
+        o = np.einsum("grm,gmd->grd", p, vt) / p.sum(axis=-1, keepdims=True)
         out[i] = o.reshape(h, -1)
     return out
 
@@ -504,8 +510,8 @@ def preset_steps(
                 continue
             rows = jnp.asarray(np.asarray(q_rows)[idx][:, None, :, None, :])
             lengths = jnp.asarray(np.array([steps[i] for i in idx], np.int32))
-            kb = jnp.asarray(np.asarray(k)[None, :, :b])
-            vb = jnp.asarray(np.asarray(v)[None, :, :b])
+            kb = jnp.asarray(np.asarray(k)[None, :, :b], jnp.float64)
+            vb = jnp.asarray(np.asarray(v)[None, :, :b], jnp.float64)
             got = _preset_program(
                 rows,
                 lengths,
@@ -547,7 +553,8 @@ def _engine_steps(case: _Case, q_rows, k, v, steps, feature: Feature) -> np.ndar
     fmt = get_format(case.fmt)
     out = np.empty((len(steps), q_rows.shape[1], v.shape[-1]))
     for i, t in enumerate(steps):
-        q, kt, vt = q_rows[i][None, :, None, :], k[None, :, :t], v[None, :, :t]
+        q = q_rows[i][None, :, None, :]
+        kt, vt = (np.asarray(x[None, :, :t], np.float64) for x in (k, v))
         kw = _keywords(case, feature, t)
         if i < 2:
             got = kernels.real(
@@ -587,13 +594,14 @@ def _measure(grid: ServingGrid, cases, quiet: bool, write, path):
             continue
         feature = FEATURES[fname]
         draws = _draw(grid, feature, seed)
-        inputs, goldens = {}, {}
+        inputs = {f: _rounded(draws, f, grid.steps()) for f in dict.fromkeys(c.fmt for c in left)}
+        del draws
+        goldens = {
+            f: golden_steps(q_f, k_f, v_f, grid.steps(), feature)
+            for f, (q_f, k_f, v_f) in inputs.items()
+        }
         for case in left:
             steps = case.steps(grid)
-            if case.fmt not in inputs:
-                q_all, k_all, v_all = _rounded(draws, case.fmt, grid.steps())
-                inputs[case.fmt] = (q_all, k_all, v_all)
-                goldens[case.fmt] = golden_steps(q_all, k_all, v_all, grid.steps(), feature)
             q_rows, k, v = inputs[case.fmt]
             n = len(steps)
             try:
@@ -639,7 +647,8 @@ def _measure_identity(grid: ServingGrid, quiet: bool) -> list[dict]:
         q_rows, k, v = _rounded(_draw(grid, feature, grid.seeds[0]), c.fmt, (t,))
         case = _Case(c.kernel, c.kernel, c.fmt, "", c.options)
         kw = _keywords(case, feature, t)
-        q, kt, vt = q_rows[0][None, :, None, :], k[None, :, :t], v[None, :, :t]
+        q = q_rows[0][None, :, None, :]
+        kt, vt = (np.asarray(x[None, :, :t], np.float64) for x in (k, v))
         call: dict[str, Any] = dict(fmt=c.fmt, causal=True, q_offset="bottom-right", **kw)
         real = kernels.real(c.kernel, q, kt, vt, **call)
         note, numbers = "", (real.size, -1, math.nan, -1)
