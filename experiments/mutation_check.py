@@ -20,10 +20,12 @@ the skips' reasons and counted neither as killed nor as a survivor, so that a
 CPU which cannot run a check neither fails the run nor passes it for that check.
 ``--budget`` bounds the whole run's time: past it no mutant is started, and
 those left are listed as not run (counted neither way), so that CI on a slow
-host ends within its limit and says which mutants it did not judge.
+host ends within its limit and says which mutants it did not judge; ``--shuffle
+SEED`` runs them in an order drawn from SEED, so that budgeted runs of
+successive commits judge different ones.
 
     python experiments/mutation_check.py [--list] [--only PATTERN] [--jobs N] [--timeout S]
-                                         [--budget S]
+                                         [--budget S] [--shuffle SEED]
 
 Prints one line per mutant and the score (killed / counted); exits 0 when every
 mutant is killed or listed as equivalent, else 1.  The last run's score and its
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import random
 import re
 import shutil
 import subprocess
@@ -2140,6 +2143,9 @@ def main(argv=None) -> int:
         type=float,
         help="seconds after which no mutant is started (those left are listed as not run)",
     )
+    parser.add_argument(
+        "--shuffle", metavar="SEED", help="run the mutants in an order drawn from SEED"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
@@ -2156,6 +2162,9 @@ def main(argv=None) -> int:
     if not mutants:
         print(f"no mutant matches {args.only!r}", file=sys.stderr)
         return 1
+    if args.shuffle is not None:
+        random.Random(args.shuffle).shuffle(mutants)
+        print(f"mutants shuffled with seed {args.shuffle!r}")
     start = time.perf_counter()
     outcomes = run_all(mutants, args.jobs, args.timeout, budget=args.budget)
     line, ok = summary(outcomes)

@@ -1,11 +1,14 @@
 """Shared test configuration: bounded hypothesis profiles, x64 toggling, a
 compilation cache of the test run's own (never the user's), the tests kept
-out of the default run for its time (extended_for_time.txt), and ``--until``: a
-time after which no test starts (CI's later stages share one time budget)."""
+out of the default run for its time (extended_for_time.txt), ``--until``: a
+time after which no test starts (CI's later stages share one time budget), and
+``--shuffle-files SEED``: the test files in an order drawn from SEED, so that
+runs cut short by ``--until`` leave different files out (the seed is printed)."""
 
 import atexit
 import os
 import pathlib
+import random
 import shutil
 import tempfile
 import time
@@ -80,6 +83,12 @@ def pytest_collection_modifyitems(config, items):
     stale = sorted(n for n in listed if n.split("::")[0] in files and n not in collected)
     if stale and whole:
         raise pytest.UsageError(f"{_FOR_TIME.name} names tests that are not collected: {stale}")
+    seed = config.getoption("--shuffle-files")
+    if seed is not None:
+        order = sorted(files)
+        random.Random(seed).shuffle(order)
+        rank = {f: i for i, f in enumerate(order)}
+        items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable within a file
 
 
 def pytest_addoption(parser):
@@ -91,9 +100,32 @@ def pytest_addoption(parser):
         help="start no test after this time (seconds since the epoch): those left are "
         "skipped as not run, each saying so",
     )
+    parser.addoption(
+        "--shuffle-files",
+        default=None,
+        metavar="SEED",
+        help="run the test files in an order drawn from SEED (tests keep their order "
+        "within a file)",
+    )
+
+
+def pytest_report_header(config):
+    seed = config.getoption("--shuffle-files")
+    return None if seed is None else f"test files shuffled with seed {seed!r}"
+
+
+_NOT_RUN = "not run: this stage's time budget (--until) was spent before it started"
 
 
 def pytest_runtest_setup(item):
     until = item.config.getoption("--until")
     if until is not None and time.time() > until:
-        pytest.skip("not run: this stage's time budget (--until) was spent before it started")
+        pytest.skip(_NOT_RUN)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if config.getoption("--until") is None:
+        return
+    skipped = terminalreporter.stats.get("skipped", [])
+    left = sum(1 for r in skipped if _NOT_RUN in str(r.longrepr))
+    terminalreporter.write_line(f"--until: {left} tests not run (the time budget ended)")

@@ -250,3 +250,27 @@ def test_a_second_run_reads_every_row_back(result, monkeypatch):
     again = serving(out, quick=True, grid=_GRID, quiet=True)
     assert again["rows"] == first["rows"]
     assert again["combos_skipped"] == first["combos_skipped"]
+
+
+def test_the_cli_names_the_study():
+    from fa_jax.cli import build_parser
+
+    args = build_parser().parse_args(["reproduce", "serving", "--quick", "--out", "x"])
+    assert (args.figure, args.quick) == ("serving", True)
+
+
+@pytest.mark.extended  # the quick grid: under a minute of CPU
+def test_the_quick_grid_through_reproduce(tmp_path):
+    from fa_jax.studies.figures import reproduce
+
+    res = reproduce("serving", tmp_path, quick=True, quiet=True)["serving"]
+    assert res["grid"]["length"] == 2048 and res["grid"]["steps"][-1] == 2048
+    cases = {c.label for c in serving_cases(sv.QUICK) if _available(c.engine)}
+    assert {r["case"] for r in res["rows"]} == cases
+    assert {r["feature"] for r in res["rows"]} == set(FEATURES)
+    for what in res["combos_skipped"]:  # only ALiBi and softcap where the kernel lacks them
+        case, feature = what.split(" / ")
+        assert feature in ("alibi", "softcap") and not case.startswith("ggml")
+    if _available("ggml"):
+        (row,) = res["identity_rows"]
+        assert row["note"] or row["identical_share"] == 1.0
