@@ -1081,12 +1081,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m(
         "exponential",
-        "scale = jnp.where(b > 127, jnp.inf, _pow2(b))",
-        "scale = _pow2(b)",
+        "scale = jnp.where(b > 127, jnp.inf, exact_pow2(b))",
+        "scale = exact_pow2(b)",
         "YNNPACK's overflow to inf left to 2^b",
         f"{EXP_EDGES}[ynnpack_exp]",
         equivalent=(
-            "_pow2 gives inf for every exponent above 127 itself (the code of +inf), so "
+            "exact_pow2 gives inf for every exponent above 127 itself (the code of +inf), so "
             "the where repeats it"
         ),
     ),
@@ -1894,6 +1894,41 @@ MUTANTS: tuple[Mutant, ...] = (
         'if policy.normalise != "divide":\n        return lse, normalise(',
         "a split's output normalised by the other rule",
         SPLIT_SIM,
+    ),
+    _m(
+        "split_kv",
+        'm_scale = scale if policy.scale == "exp2" else None',
+        "m_scale = None",
+        "a split's lse under scale exp2 left in unscaled units",
+        "tests/test_split_kv.py::test_golden_split_kv_under_every_scale_placement_is_plain_attention",
+    ),
+    _m(
+        "kv_cache",
+        "lengths = jnp.max(jnp.broadcast_to(lengths, q_lead).reshape(*lead, groups), axis=-1)",
+        "lengths = jnp.min(jnp.broadcast_to(lengths, q_lead).reshape(*lead, groups), axis=-1)",
+        "a K/V head's length its shortest query head's",
+        "tests/test_kv_cache.py::test_a_kv_heads_length_is_its_longest_query_heads",
+    ),
+    _m(
+        "quantization",
+        "r = jnp.clip(jnp.round(y), -fmt.max, fmt.max)",
+        "r = jnp.minimum(jnp.round(y), fmt.max)",
+        "int8 codes clamped above only",
+        "tests/test_quantization.py::test_int8_codes_round_ties_to_even_and_clamp_on_both_sides",
+    ),
+    _m(
+        "studies/sweep/partition",
+        "p = min(range(processes), key=lambda j: (load[j], j))",
+        "p = min(range(processes), key=lambda j: (load[j], -j))",
+        "equal loads dealt to the highest process index",
+        "tests/test_merge.py::test_partition_takes_the_largest_first_and_breaks_ties_in_order",
+    ),
+    _m(
+        "kernels/torch_cpu/vector_loop",
+        "    o = ops.mul(o, alpha[..., None], policy.o_acc)\n",
+        "",
+        "PyTorch's loop keeps o unrescaled between key blocks",
+        "tests/test_vector_loop.py::test_the_loop_over_many_key_blocks_is_attention_under_the_golden_policy",
     ),
     _m(
         "kv_cache",
