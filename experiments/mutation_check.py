@@ -212,7 +212,19 @@ class Mutant(NamedTuple):
         if parts[0] == "studies":
             parts = parts[-1:]
         kept = [p for p in parts if p not in ("kernels", "x86", "__init__")]
+        if kept[0] == "carrier32":  # the float32 carrier's modules, as before its package
+            kept = [_CARRIER32_NAMES[kept[-1]]]
         return f"{'_'.join(kept)}:{self.description}"
+
+
+_CARRIER32_NAMES = {
+    "elementwise": "ops32",
+    "sums": "sum32",
+    "lse": "lse32",
+    "exp": "exp32",
+    "slices": "slices32",
+    "native": "native32",
+}
 
 
 def _m(module: str, original: str, replacement: str, description: str, *tests, equivalent=None):
@@ -909,28 +921,28 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- slices32.py / sum32.py: the float32 carrier's fast exact matmul -----------
     _m(
-        "slices32",
+        "carrier32/slices",
         "    below = residual > np.float32(0)\n",
         "    below = residual < np.float32(0)\n",
         "an output with residuals below the grid called exact",
         SLICED_DOT,
     ),
     _m(
-        "slices32",
+        "carrier32/slices",
         "return below, _I32(w + 2) + _floor_log2(",
         "return below, _I32(w - 4) + _floor_log2(",
         "the loss bound 64x too small",
         SLICED_DOT,
     ),
     _m(
-        "slices32",
+        "carrier32/slices",
         "dropped = da.last[..., :, None] + db.last[..., None, :] > _I32(s)",
         "dropped = da.last[..., :, None] + db.last[..., None, :] > _I32(s + 1)",
         "an output missing low digit products called exact",
         SLICED_DOT,
     ),
     _m(
-        "slices32",
+        "carrier32/slices",
         "beta = min(12, (24 - max(c - 1, 1).bit_length()) // 2)",
         "beta = min(12, (24 - max(c - 1, 1).bit_length()) // 2 + 1)",
         "digits a bit too wide for an exact float32 dot",
@@ -938,22 +950,22 @@ MUTANTS: tuple[Mutant, ...] = (
         SLICED_PLANS,
     ),
     _m(
-        "slices32",
-        "d = (_shifted(sig, shift - _I32(beta * (s - 1 - t))) & mask)",
-        "d = (_shifted(sig, shift - _I32(beta * (s - t))) & mask)",
+        "carrier32/slices",
+        "d = (shift_bits(sig, shift - _I32(beta * (s - 1 - t))) & mask)",
+        "d = (shift_bits(sig, shift - _I32(beta * (s - t))) & mask)",
         "digits cut one place off",
         SLICED_DOT,
         SLICED_SUM,
     ),
     _m(
-        "sum32",
+        "carrier32/sums",
         "    lost = s.inexact.astype(jnp.int32)  # of either sign\n",
         "    lost = jnp.zeros_like(s.inexact, jnp.int32)\n",
         "the slices' loss ignored by the window test",
         FALLBACK,
     ),
     _m(
-        "sum32",
+        "carrier32/sums",
         "            batch_all(sliced.safe),\n",
         "            jnp.bool_(True),\n",
         "the fast path taken where it cannot decide",
@@ -961,21 +973,21 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- native32.py --------------------------------------------------------------
     _m(
-        "native32",
+        "carrier32/native",
         "    return (lo_a * lo_b >= _PRODUCT_FLOOR) & (hi_a * hi_b <= _MAX)\n",
         "    return hi_a * hi_b <= _MAX\n",
         "products below 2**-102 (partial sums that may go subnormal) on the hardware",
         NATIVE_CHECKS,
     ),
     _m(
-        "native32",
+        "carrier32/native",
         "bits & _LOW_BITS if short else np.uint32(0)",
         "np.uint32(0)",
         "13-bit and wider significands (inexact products) on the hardware",
         NATIVE_CHECKS,
     ),
     _m(
-        "native32",
+        "carrier32/native",
         "    beyond = jnp.where(tiny, fraction,",
         "    beyond = jnp.where(tiny, 0 * fraction,",
         "subnormal operands (flushed) on the hardware",
