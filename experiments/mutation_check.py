@@ -1326,6 +1326,20 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- studies/results.py: resume --------------------------------------------------------
     _m(
+        "studies/serving",
+        "s = feature.softcap * np.tanh(s / feature.softcap)",
+        "s = np.tanh(s)",
+        "the golden's softcap without its cap",
+        "tests/test_studies_serving.py::test_golden_is_fp64_reference_attention_with_the_features",
+    ),
+    _m(
+        "studies/serving",
+        "math.floor(2.0 ** (i / per_octave) + 0.5)",
+        "math.floor(2.0 ** (i / per_octave))",
+        "decode steps rounded down, not to nearest",
+        "tests/test_studies_serving.py::test_decode_steps_are_log_spaced_and_end_at_the_length",
+    ),
+    _m(
         "studies/results",
         "if want is not None and got == want:",
         "if want is not None and got >= want:",

@@ -163,16 +163,26 @@ def _shapes(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _exact_in(fmt: Format, **arrays: np.ndarray) -> None:
+    """ValueError unless every value is exact in ``fmt``: its round trip through the
+    format's numpy or ml_dtypes storage type gives it back (any correct cast path
+    returns an exact value and moves an inexact one), else ``round_to`` (a format
+    with no storage type)."""
     from fa_jax._x64 import float64_enabled
     from fa_jax.rounding import round_to
 
-    with float64_enabled():
-        for name, t in arrays.items():
-            if not np.array_equal(np.asarray(round_to(t, fmt)), t, equal_nan=True):
-                raise ValueError(
-                    f"kernel: {name}: expected values exact in {fmt.name} "
-                    f"(round them with fa_jax.round_to first)"
-                )
+    dtype = fmt.dtype
+    for name, t in arrays.items():
+        if dtype is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                back = np.asarray(t, np.float64).astype(dtype).astype(np.float64)
+        else:
+            with float64_enabled():
+                back = np.asarray(round_to(t, fmt))
+        if not np.array_equal(back, t, equal_nan=True):
+            raise ValueError(
+                f"kernel: {name}: expected values exact in {fmt.name} "
+                f"(round them with fa_jax.round_to first)"
+            )
 
 
 def _inputs(kernel: Kernel, q, k, v, fmt, causal: bool, q_offset):

@@ -3,78 +3,44 @@ as its KV cache grows from 1 to 32k keys, per engine, KV type and model feature?
 
 Golden et al. 2024 (arXiv 2405.02803, §3) measure a kernel by its deviation from
 FP64 attention on the same inputs.  ``serving`` asks it of a decode: one cache of
-T keys and values and T queries, drawn once per seed (standard normal,
-:func:`fa_jax.inputs.make_inputs`; K and V with H_kv heads), each rounded to the
-format the engine takes (FP32 for ggml at every KV type and for OpenVINO, FP16
-or FP32 for ONNX Runtime, BF16 or FP16 for the presets).  Step t (1 … T) is query
-t - 1 attending to the first t keys: one query row (N = 1, M = t), causal
-bottom-right (``q_offset`` = M - N, which for one row keeps every key), as a
-server runs it.  Steps are sampled log-spaced (:func:`decode_steps`: ``per_octave``
-a doubling, and T).  Per step, against FP64 attention of the same rounded inputs
-and features (``golden``: float64 numpy, no rounding step): the row error
-||o_h - g_h||_2 / ||g_h||_2 averaged over the H heads (``mean_rel``) and
-max |o - g| (``max_abs``); the tables and the figure average them over seeds.
+T keys and values and T queries, drawn once per seed
+(:func:`fa_jax.inputs.make_inputs`), each rounded to the format the engine takes.
+Step t (1 … T) is query t - 1 attending to the first t keys: N = 1, M = t, causal
+bottom-right (``q_offset`` = M - N), as a server runs it; steps are log-spaced
+(:func:`decode_steps`).  Per step, against FP64 attention of the same rounded
+inputs and features (``golden``, float64 numpy): the row error ||o_h - g_h|| /
+||g_h|| averaged over heads (``mean_rel``) and max |o - g| (``max_abs``).
 
-Features (:data:`FEATURES`, a column ``feature``), d = 128 (64 in the quick grid):
+Features (:data:`FEATURES`): ``mha`` (H = H_kv = 4); ``gqa`` (8 query heads on 2
+K/V heads, :mod:`fa_jax.heads`); ``alibi`` (slopes 2^(-8 h / H) =
+:func:`fa_jax.score_mods.alibi_slopes` = ggml's from ``max_bias`` =
+:data:`ALIBI_MAX_BIAS`, bias -slope · |t - 1 - j|; ggml takes the distances in
+its F16 mask as llama.cpp does); ``softcap`` (c · tanh(s / c), c = 30, Gemma 2).
 
-* ``mha``: H = H_kv = 4;
-* ``gqa``: H = 8 query heads on H_kv = 2 K/V heads, head h reading K/V head
-  h // 4 (:mod:`fa_jax.heads`);
-* ``alibi``: H = 4 with ALiBi's slopes 2^(-8 h / H), h = 1 … H
-  (:func:`fa_jax.score_mods.alibi_slopes`, the same as ggml's from ``max_bias`` =
-  :data:`ALIBI_MAX_BIAS`: :func:`fa_jax.kernels.ggml.attention.alibi_slopes`), the bias
-  -slope · |t - 1 - j| of key j at the query's bottom-right position t - 1
-  (:func:`fa_jax.score_mods.alibi_bias` with ``q_offset="bottom-right"``).  ggml
-  takes it as llama.cpp does (``max_bias``; the distances in its F16 mask,
-  :func:`fa_jax.kernels.ggml.ggml_mask`, so its own rounding of a distance past
-  2048 is part of its error), the presets and the golden as the bias in float64;
-* ``softcap``: H = 4, scores c · tanh(s / c) with c = 30 (Gemma 2): ggml's
-  ``logit_softcap``, ONNX Runtime GroupQueryAttention's ``softcap``, the presets'.
-
-Engines (real kernels, :func:`fa_jax.kernels.real`), one thread each:
-
-* ``ggml`` (``ggml_flash_attn_ext``): FP32 Q, K/V stored as ``f32``, ``f16``,
-  ``bf16``, ``q8_0`` or ``q4_0`` (from M = 512 on, F32/F16 K/V take its split-KV
-  path, whose output depends on the thread count: one thread here);
-* ``onnxruntime-gqa`` (``com.microsoft`` GroupQueryAttention, the first M - 1 keys
-  as its past K/V) in FP32 and FP16;
-* ``openvino-sdpa`` (ScaledAttnWithKVCache, the first M - 1 keys as the cache's
-  state) with ``precision`` f32 and bf16 and ``kv_cache`` u8, bf16, f32, up to
-  :data:`~fa_jax.studies.engine_figures.OPENVINO_MAX_KEYS` keys;
-* fa_jax's presets (``policies``, default :data:`fa_jax.studies.DEFAULT_POLICIES`)
-  in BF16 and FP16: FlashAttention-2's loop with 128 x 128 tiles, as
-  :mod:`fa_jax.studies.validation` runs them.
-
-A combination a kernel does not take (its :data:`~fa_jax.kernels.model.FEATURES`:
-ALiBi for ONNX Runtime and OpenVINO, a softcap for OpenVINO) is refused by
-:func:`fa_jax.kernels.real` with ValueError at the first step; it is left out by
-design and listed (``metadata.json``'s ``combos_skipped``).  An engine not
-installed here is left out with its reason printed.
+Engines (:func:`fa_jax.kernels.real`, one thread): ``ggml`` with K/V stored as
+f32, f16, bf16, q8_0 or q4_0 (split-KV from 512 keys); ``onnxruntime-gqa`` (its
+past K/V the first M - 1 keys) in FP32 and FP16; ``openvino-sdpa`` with
+precision f32 and bf16 and ``kv_cache`` u8, bf16, f32; and fa_jax's presets
+(``policies``) in BF16 and FP16, FlashAttention-2 with 128 x 128 tiles.  A
+feature a kernel does not take (its :data:`~fa_jax.kernels.model.FEATURES`) is
+left out by design and listed (``metadata.json``'s ``combos_skipped``); an engine
+not installed here is left out with its reason printed.
 
 Cost: the engine calls go through :func:`fa_jax.kernels.real` at the first two
-steps (which checks the call: features, options, inputs exact in the format)
-and then to the kernel's own ``Kernel.real`` with the same checked keywords, the
-registry's O(M) exactness check of inputs the study rounded itself skipped; the
-second step checks that both give the same bits.  The presets run as one program
-per (policy, format, feature, bucket): the steps of a bucket (a padded key count,
-:attr:`ServingGrid.buckets`, default T) one after another in a ``lax.map``, each
-with its cache padded to the bucket and cut by ``kv_lengths`` (FlashAttention's
-key loop stops at the last block holding a key), bit for bit the direct N = 1,
-M = t call (tests/test_studies_serving.py).  The programs are kept in the
-studies' compilation cache (:mod:`fa_jax.studies.cache`; ``--no-cache``).
+steps, then to the kernel's own ``Kernel.real`` with the same checked keywords
+(the study rounded the inputs itself; the second step checks both give the same
+bits).  The presets run as one program per (policy, format, feature, bucket):
+the steps of a bucket in a ``lax.map``, each cache padded to the bucket and cut
+by ``kv_lengths``, bit for bit the direct N = 1, M = t call.
 
-``identity``: at a few points (:data:`QUICK_CHECKS`, :data:`FULL_CHECKS`) fa_jax's
-model (:func:`fa_jax.kernels.emulate`) runs beside the real kernel at one step
-and :func:`fa_jax.kernels.compare` gives the share of identical outputs; where
-the model refuses the code this CPU runs (NotImplementedError), the row says so.
-
-Files in ``out_dir/serving/``: ``results.csv`` (case, engine, kv, fmt, feature,
-step, seed, max_abs, mean_rel), ``identity.csv``, ``metadata.json`` and
-``serving.png`` (mean row error vs step, log-log, a panel per feature).  A run
-into a folder that holds a killed run's ``results.csv`` resumes it: each (case,
-feature, seed) with every step is read back, not run again.  Grids (quick /
-full): T = 2048 / 32768, 2 / 4 steps per octave, 1 / 2 seeds, d = 64 / 128, the
-presets in BF16 / BF16 and FP16, buckets T / 4096 and T.
+``identity``: at a few points (:data:`QUICK_CHECKS`, :data:`FULL_CHECKS`) the
+model (:func:`fa_jax.kernels.emulate`) runs beside the real kernel and
+:func:`fa_jax.kernels.compare` gives the share of identical outputs (or the
+model's refusal of this CPU).  Files in ``out_dir/serving/``: ``results.csv``,
+``identity.csv``, ``metadata.json``, ``serving.png`` (error vs step, log-log, a
+panel per feature); a killed run resumes.  Grids (quick / full): T = 2048 /
+32768, 2 / 4 steps per octave, 1 / 2 seeds, d = 64 / 128, presets in BF16 /
+BF16 and FP16.
 """
 
 from __future__ import annotations

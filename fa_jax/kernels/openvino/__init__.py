@@ -142,7 +142,7 @@ def _scale(scale, d: int) -> float:
     return float(np.float32(scale))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4)  # a compiled model keeps its state buffers (~250 MB at 32k keys)
 def _compiled(
     h: int, h_kv: int, d: int, d_v: int, causal: bool, scale, precision, kv_cache, threads
 ):
