@@ -35,20 +35,29 @@
                  and :func:`nested` show the tree for a given n; str() parses
                  back, e.g. ``tree(lanes(8, combine=pairwise))``.
 
-The tensor-core model is defined step by step in :func:`tensor_core_model`.
+The tensor-core model is defined step by step in :func:`tensor_core_model`;
+:class:`Tree`, the nodes of a tree over n terms, its text and its evaluation
+schedule are :mod:`fa_jax.accumulation_trees`'s, the builders here wrap them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
-from typing import Literal, NoReturn, TypeAlias, cast
-
-import numpy as np
+from typing import Literal, TypeAlias, cast
 
 from fa_jax._checks import non_negative_int, positive_int
+from fa_jax.accumulation_trees import (
+    COMPOSITE_ORDERS,
+    LEAF_ORDERS,
+    Tree,
+    build_nodes,
+    explicit_tree,
+    fma_chain_tree,
+    parse_tree,
+)
+from fa_jax.accumulation_trees import tree_schedule as tree_schedule  # fa_jax.ops runs trees by it
 
 __all__ = [
     "EXACT",
@@ -80,120 +89,6 @@ __all__ = [
 _KINDS = ("exact", "sequential", "chunked", "tensor_core", "tree")
 NORMALIZATIONS = ("toward_zero", "nearest_even", "up", "down")
 _TC_DEFAULTS = {"extra_bits": 0, "normalization": "toward_zero", "fused_accumulator": True}
-
-
-_TREE_NAMES = (
-    "sequential",
-    "fused",
-    "pairwise",
-    "halving",
-    "lanes",
-    "vector",
-    "blocked",
-    "split_k",
-    "halves",
-    "rounded",
-    "tree",
-)
-_COMPOSITE = ("lanes", "vector", "blocked", "split_k")
-_LEAF_ORDERS = ("sequential", "fused", "pairwise", "halving")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tree:
-    """How a summation tree is built for any number of terms (module docstring,
-    "Summation trees"); build with the functions :func:`lanes`, :func:`split_k`,
-    :func:`blocked`, :func:`pairwise`, :func:`halving`, :func:`vector`,
-    :func:`halves`, :func:`sequential`, :func:`fused`, :func:`tree`.
-
-    Args:
-      order: "sequential", "fused", "pairwise", "halving", "lanes", "vector",
-        "blocked", "split_k", "halves" or "tree" (an explicit tree).
-      size: terms a step ("sequential", None for 1), lanes ("lanes", "vector"),
-        terms per block ("blocked"), parts ("split_k"), the most terms of a leaf
-        block ("halves"), terms ("tree"); None for the others.
-      inner: how each lane, block or part is summed (composite orders, "halves");
-        the tree over the rounded terms ("rounded": every term is first rounded
-        to the accumulator format, as products are by a multiply before an add).
-      outer: how the lane, block or part sums are combined (composite orders).
-      align: "halves" only: the first half's length is a multiple of it.
-      nodes: "tree" only: the internal nodes in post-order, each the tuple of its
-        children's ids (terms are 0 .. size-1, node k is size + k); a node of
-        one child rounds it.
-      from_zero: "sequential" of one term a step only: the chain starts from a
-        zero accumulator, so its first term is rounded on entry (a loop of
-        fused multiply-adds, whose first product is rounded).
-    """
-
-    order: str
-    size: int | None = None
-    inner: Tree | None = None
-    outer: Tree | None = None
-    nodes: tuple[tuple[int, ...], ...] | None = None
-    align: int | None = None
-    from_zero: bool = False
-
-    def __post_init__(self):
-        if self.order not in _TREE_NAMES:
-            raise ValueError(f"Tree.order: expected one of {_TREE_NAMES}, got {self.order!r}")
-        composite = self.order in _COMPOSITE
-        if composite or self.order in ("tree", "halves"):
-            object.__setattr__(self, "size", positive_int(self.size, f"Tree.size of {self.order}"))
-        elif self.order == "sequential" and self.size is not None:
-            size = positive_int(self.size, "Tree.size of sequential")
-            object.__setattr__(self, "size", None if size == 1 else size)
-        elif self.size is not None:
-            raise ValueError(f"Tree.size: {self.order!r} takes no size, got {self.size!r}")
-        for name in ("inner", "outer"):
-            value = getattr(self, name)
-            needed = composite or (name == "inner" and self.order in ("halves", "rounded"))
-            if needed and not isinstance(value, Tree):
-                raise TypeError(f"Tree.{name} of {self.order}: expected a Tree, got {value!r}")
-            if not needed and value is not None:
-                raise ValueError(f"Tree.{name}: {self.order!r} takes none, got {value!r}")
-        if self.order == "halves":
-            align = positive_int(1 if self.align is None else self.align, "Tree.align of halves")
-            object.__setattr__(self, "align", align)
-        elif self.align is not None:
-            raise ValueError(f"Tree.align: only 'halves' takes one, got {self.align!r}")
-        if (self.order == "tree") != (self.nodes is not None):
-            raise ValueError(f"Tree.nodes: only 'tree' takes (and needs) nodes, got {self.nodes!r}")
-        if self.from_zero not in (True, False):
-            raise TypeError(f"Tree.from_zero: expected True or False, got {self.from_zero!r}")
-        if self.from_zero and (self.order != "sequential" or self.size is not None):
-            raise ValueError(
-                "Tree.from_zero: only 'sequential' of one term a step starts from zero "
-                f"(a fused step rounds once anyway), got {self.order!r} of size {self.size!r}"
-            )
-
-    def __str__(self) -> str:
-        if self.order == "sequential" and self.size is not None:
-            return f"sequential({self.size})"
-        if self.from_zero:
-            return "sequential(from_zero)"
-        if self.order in _LEAF_ORDERS:
-            return self.order
-        if self.order == "tree":
-            return _nested_str(self)
-        if self.order == "rounded":
-            return f"rounded({self.inner})"
-        args = [str(self.size)]
-        for name, default in _DEFAULTS[self.order].items():
-            value = str(getattr(self, name))
-            if value != str(default):
-                label = "combine" if name == "outer" and self.order in _LANES else name
-                args.append(f"{label}={value}")
-        return f"{self.order}({', '.join(args)})"
-
-
-_LANES = ("lanes", "vector")
-_DEFAULTS: dict[str, dict[str, str | int]] = {
-    "lanes": {"inner": "sequential", "outer": "halving"},
-    "vector": {"inner": "sequential", "outer": "halving"},
-    "blocked": {"inner": "sequential", "outer": "sequential"},
-    "split_k": {"inner": "sequential", "outer": "sequential"},
-    "halves": {"inner": "sequential", "align": 1},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,9 +356,9 @@ def get_accumulation(spec) -> Accumulation:
             return _parse_tensor_core(m.group(1), spec)
         m = re.fullmatch(r"tree\((.*)\)", s, re.DOTALL)
         if m:
-            return _tree_model(_parse_tree(m.group(1)))
-        if s.startswith((*_COMPOSITE, "halves", "rounded", "pairwise", "halving", "fused", "(")):
-            return _tree_model(_parse_tree(s))
+            return _tree_model(parse_tree(m.group(1)))
+        if s.startswith((*COMPOSITE_ORDERS, *LEAF_ORDERS[1:], "halves", "rounded", "(")):
+            return _tree_model(parse_tree(s))
     raise ValueError(f"accumulation: expected {_EXPECTED}, got {spec!r}")
 
 
@@ -480,8 +375,8 @@ def _as_tree(spec: TreeLike, what: str) -> Tree:
     if isinstance(spec, Accumulation) and spec.tree is not None:
         return spec.tree
     if isinstance(spec, str):
-        return _parse_tree(spec)
-    raise ValueError(f"{what}: expected a summation tree or one of {_LEAF_ORDERS}, got {spec!r}")
+        return parse_tree(spec)
+    raise ValueError(f"{what}: expected a summation tree or one of {LEAF_ORDERS}, got {spec!r}")
 
 
 def _tree_model(t: Tree) -> Accumulation:
@@ -581,51 +476,7 @@ def tree(nested) -> Accumulation:
     """An explicit tree over n terms from nested tuples: a leaf is a term's index,
     a tuple of two is fl(left + right), a tuple of more is a fused node (their
     exact sum rounded once).  The leaves are 0 .. n-1, each once."""
-    return _tree_model(_explicit(nested))
-
-
-def _explicit(nested) -> Tree:
-    """Flatten nested tuples (iteratively: deep chains are fine) into post-order nodes."""
-    leaves: list[int] = []
-    ids: dict[int, int] = {}  # id(tuple) -> node number
-    order: list[tuple] = []
-    stack: list[tuple[object, bool]] = [(nested, False)]
-    while stack:
-        item, done = stack.pop()
-        if isinstance(item, tuple):
-            if not item:
-                raise ValueError("tree: expected nodes of at least one child, got () in the tree")
-            if done:
-                order.append(item)
-            else:
-                stack.append((item, True))
-                stack.extend((c, False) for c in reversed(item))
-        elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
-            leaves.append(int(item))
-        else:
-            raise ValueError(f"tree: expected nested tuples of term indices, got {item!r}")
-    n = len(leaves)
-    if sorted(leaves) != list(range(n)):
-        raise ValueError(
-            f"tree: expected the leaves 0 .. {n - 1} once each, got {sorted(leaves)!r}"
-        )
-    if not order:
-        raise ValueError(f"tree: expected at least one node of two terms, got {nested!r}")
-    for k, node in enumerate(order):
-        ids[id(node)] = n + k
-    nodes = tuple(
-        tuple(ids[id(c)] if isinstance(c, tuple) else int(c) for c in node) for node in order
-    )
-    return Tree("tree", n, nodes=nodes)
-
-
-def _nested_str(t: Tree) -> str:
-    """The nested-tuple form of an explicit tree (built bottom-up, no recursion)."""
-    n, nodes = cast(int, t.size), cast(tuple, t.nodes)
-    text = [str(i) for i in range(n)]
-    for node in nodes:
-        text.append("(" + ", ".join(text[c] for c in node) + ("," if len(node) == 1 else "") + ")")
-    return text[-1]
+    return _tree_model(explicit_tree(nested))
 
 
 def fma_chains(model: TreeLike) -> Accumulation:
@@ -634,7 +485,7 @@ def fma_chains(model: TreeLike) -> Accumulation:
     (fl(0 + a_0 b_0)), the others join exactly.  A builder gets
     ``sequential(from_zero)`` for each of its one-term-a-step sequential parts;
     an explicit tree rounds the lower-index term of each node of two terms."""
-    return _tree_model(_fma_chains(_as_tree(model, "fma_chains")))
+    return _tree_model(fma_chain_tree(_as_tree(model, "fma_chains")))
 
 
 def rounded_products(model: TreeLike) -> Accumulation:
@@ -643,31 +494,13 @@ def rounded_products(model: TreeLike) -> Accumulation:
     return _tree_model(Tree("rounded", inner=_as_tree(model, "rounded_products")))
 
 
-def _fma_chains(t: Tree) -> Tree:
-    if t.order == "sequential" and t.size is None:
-        return Tree("sequential", from_zero=True)
-    if t.order == "tree":
-        n, new_nodes, ids = cast(int, t.size), [], list(range(cast(int, t.size)))
-        for node in cast(tuple, t.nodes):
-            node = tuple(ids[c] for c in node)
-            if len(node) == 2 and max(node) < n:
-                new_nodes.append((min(node),))
-                node = (n + len(new_nodes) - 1, max(node))
-            new_nodes.append(node)
-            ids.append(n + len(new_nodes) - 1)
-        return Tree("tree", n, nodes=tuple(new_nodes))
-    inner = None if t.inner is None else _fma_chains(t.inner)
-    outer = None if t.outer is None else _fma_chains(t.outer)
-    return dataclasses.replace(t, inner=inner, outer=outer)
-
-
 def tree_nodes(model, n: int) -> tuple[tuple[int, ...], ...]:
     """The internal nodes of ``model``'s summation tree over ``n`` terms, in an
     order where children come first, each the tuple of its children's ids
     (terms are 0 .. n-1, node k is n + k; the root is the last node, or term 0
     when n == 1).  ``model``: a tree Accumulation, a Tree or its str()."""
     t = _as_tree(get_accumulation(model) if isinstance(model, str) else model, "tree_nodes")
-    return _nodes_for(t, positive_int(n, "tree_nodes: n"))
+    return build_nodes(t, positive_int(n, "tree_nodes: n"))
 
 
 def nested(model, n: int):
@@ -680,77 +513,6 @@ def nested(model, n: int):
     return built[-1]
 
 
-@functools.lru_cache(maxsize=256)
-def _nodes_for(t: Tree, n: int) -> tuple[tuple[int, ...], ...]:
-    nodes: list[tuple[int, ...]] = []
-    _build(t, list(range(n)), nodes, n)
-    return tuple(nodes)
-
-
-def _build(t: Tree, ids: list[int], nodes: list, n: int) -> int:
-    """Append the nodes summing ``ids`` under ``t``; return the root's id."""
-
-    def new(*children: int) -> int:
-        nodes.append(children)
-        return n + len(nodes) - 1
-
-    if len(ids) == 1 and t.order not in ("tree", "rounded") and not t.from_zero:
-        return ids[0]
-    if t.order == "sequential":
-        k = t.size or 1
-        acc = new(ids[0]) if t.from_zero else ids[0] if k == 1 or len(ids) == 1 else new(*ids[:k])
-        for j in range(1 if k == 1 else k, len(ids), k):
-            acc = new(acc, *ids[j : j + k])
-        return acc
-    if t.order == "fused":
-        return new(*ids)
-    if t.order == "pairwise":
-        level = ids
-        while len(level) > 1:
-            pairs = [new(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-            level = pairs + level[len(level) - len(level) % 2 :]
-        return level[0]
-    if t.order == "halving":
-        level = ids
-        while len(level) > 1:
-            m, h = len(level), (len(level) + 1) // 2
-            level = [new(level[i], level[i + h]) for i in range(m - h)] + level[m - h : h]
-        return level[0]
-    inner, outer, size = cast(Tree, t.inner), cast(Tree, t.outer), cast(int, t.size)
-    if t.order == "rounded":
-        return _build(inner, [new(i) for i in ids], nodes, n)
-    if t.order == "halves":
-        if len(ids) <= size:
-            return _build(inner, ids, nodes, n)
-        h = len(ids) // 2
-        h -= h % cast(int, t.align)
-        if h == 0:
-            return _build(inner, ids, nodes, n)
-        return new(_build(t, ids[:h], nodes, n), _build(t, ids[h:], nodes, n))
-    if t.order == "vector":
-        main = len(ids) - len(ids) % size
-        acc = ids[0]
-        if main:
-            acc = _build(Tree("lanes", size, inner, outer), ids[:main], nodes, n)
-        for i in ids[main:] if main else ids[1:]:
-            acc = new(acc, i)
-        return acc
-    if t.order == "lanes":
-        groups = [ids[lane::size] for lane in range(min(size, len(ids)))]
-    elif t.order in ("blocked", "split_k"):
-        step = size if t.order == "blocked" else -(-len(ids) // size)
-        groups = [ids[i : i + step] for i in range(0, len(ids), step)]
-    else:  # an explicit tree
-        if len(ids) != size:
-            raise ValueError(f"tree {_nested_str(t)}: made for {size} terms, got {len(ids)}")
-        mapped = list(ids)
-        for node in cast(tuple, t.nodes):
-            mapped.append(new(*(mapped[c] for c in node)))
-        return mapped[-1]
-    roots = [_build(inner, g, nodes, n) for g in groups]
-    return _build(outer, roots, nodes, n)
-
-
 def tree_roundings(model, n: int) -> int:
     """The most roundings a term of an ``n``-term sum goes through under a tree
     model: the most nodes on a path from a leaf to the root."""
@@ -759,187 +521,3 @@ def tree_roundings(model, n: int) -> int:
     for node in nodes:
         depth.append(1 + max(depth[c] for c in node))
     return max(depth)
-
-
-# -- parsing str() of a tree -------------------------------------------------------
-
-_TOKEN = re.compile(r"\s*(?:(\d+)|([a-z_]+)|(.))")
-
-
-def _tokens(text: str) -> list[str]:
-    out = []
-    for m in _TOKEN.finditer(text):
-        tok = m.group(1) or m.group(2) or m.group(3)
-        if tok and not tok.isspace():
-            out.append(tok)
-    return out
-
-
-def _parse_tree(text: str) -> Tree:
-    toks = _tokens(text.strip().lower())
-    pos = [0]
-
-    def fail(what: str) -> NoReturn:
-        raise ValueError(f"summation tree: expected {what} at token {pos[0]} of {text!r}")
-
-    def peek() -> str | None:
-        return toks[pos[0]] if pos[0] < len(toks) else None
-
-    def take(expected: str | None = None) -> str:
-        tok = peek()
-        if tok is None or (expected is not None and tok != expected):
-            fail(repr(expected) if expected else "more")
-        pos[0] += 1
-        return tok
-
-    def nested_tuple():  # iterative: deep sequential chains exceed Python's recursion
-        stack: list[list] = []
-        while True:
-            tok = take()
-            if tok == "(":
-                stack.append([])
-                continue
-            if not tok.isdigit():
-                fail("a term index or '('")
-            value: object = int(tok)
-            while True:
-                stack[-1].append(value)
-                sep = take()
-                if sep == ",":
-                    if peek() == ")":
-                        take()
-                    else:
-                        break
-                elif sep != ")":
-                    fail("',' or ')'")
-                value = tuple(stack.pop())
-                if not stack:
-                    return value
-
-    def expr() -> Tree:
-        tok = peek()
-        if tok == "(":
-            return _explicit(nested_tuple())
-        name = take()
-        if name == "sequential" and peek() == "(":
-            take("(")
-            size, zero = 1, False
-            if peek() is not None and cast(str, peek()).isdigit():
-                size = int(take())
-                if peek() == ",":
-                    take()
-            if peek() == "from_zero":
-                zero = bool(take())
-            take(")")
-            return Tree(name, size, from_zero=zero)
-        if name in _LEAF_ORDERS:
-            return Tree(name)
-        if name == "rounded":
-            take("(")
-            inner = expr()
-            take(")")
-            return Tree(name, inner=inner)
-        if name not in _DEFAULTS:
-            fail(f"one of {_TREE_NAMES[:-1]} or nested tuples")
-        take("(")
-        size = take()
-        if not size.isdigit():
-            fail("a positive integer")
-        defaults = _DEFAULTS[name]
-        positional = [k for k in ("outer", "inner") if k in defaults] if name in _LANES else []
-        positional = positional or [k for k in ("inner", "outer") if k in defaults]
-        parsed: dict[str, object] = {}
-        while peek() == ",":
-            take()
-            if pos[0] + 1 < len(toks) and toks[pos[0] + 1] == "=":
-                key = take()
-                take("=")
-                key = "outer" if key == "combine" and name in _LANES else key
-                if key not in defaults or key in parsed:
-                    fail(f"one of {sorted(defaults)} once each")
-            elif positional:
-                key = positional[0]
-            else:
-                fail("')'")
-            if key in positional:
-                positional.remove(key)
-            if key == "align":
-                value = take()
-                if not value.isdigit():
-                    fail("a positive integer")
-                parsed[key] = int(value)
-            else:
-                parsed[key] = expr()
-        take(")")
-        values: dict[str, object] = {
-            k: Tree(v) if isinstance(v, str) else v for k, v in defaults.items()
-        }
-        values.update(parsed)
-        return Tree(
-            name,
-            int(size),
-            inner=cast(Tree, values["inner"]),
-            outer=cast("Tree | None", values.get("outer")),
-            align=cast("int | None", values.get("align")),
-        )
-
-    result = expr()
-    if peek() is not None:
-        fail("the end")
-    return result
-
-
-# -- evaluation schedules of summation trees (fa_jax.ops, fa_jax.carrier32.sums) --------------
-
-_FREE_PADDING = 4096  # padded node evaluations a segment may add before a new one starts
-
-
-@functools.lru_cache(maxsize=256)
-def tree_schedule(t: Tree, n: int):
-    """The nodes of ``t`` over ``n`` leaves as padded levels to evaluate in order.
-
-    A node's level is one more than its deepest child's.  Consecutive levels of
-    the same kind (at most two children, or some fused) form a segment as long
-    as padding them to its widest level costs at most twice their nodes plus
-    ``_FREE_PADDING`` (each segment is one more compiled scan); a segment is
-    evaluated by one scan over its levels, each level gathering its nodes'
-    children from a buffer of every value (leaves, then nodes, then a -0 pad and
-    a slot that absorbs the pads' writes) and scattering the results.
-    Returns (segments, buffer size, root id); a segment is (children (levels,
-    width, arity) int32, outputs (levels, width) int32).
-    """
-    nodes = tree_nodes(t, n)
-    size = n + len(nodes) + 2
-    zero, dump = size - 2, size - 1
-    depth = [0] * n
-    levels: list[list[int]] = []
-    for k, node in enumerate(nodes):
-        d = 1 + max(depth[c] for c in node)
-        depth.append(d)
-        if d > len(levels):
-            levels.append([])
-        levels[d - 1].append(n + k)
-    groups: list[list[list[int]]] = []
-    for level in levels:
-        binary = max(len(nodes[i - n]) for i in level) <= 2
-        last = groups[-1] if groups else None
-        if last is not None and (max(len(nodes[i - n]) for i in last[0]) <= 2) == binary:
-            width = max(len(level), *(len(x) for x in last))
-            real = len(level) + sum(len(x) for x in last)
-            if (len(last) + 1) * width <= 2 * real + _FREE_PADDING:
-                last.append(level)
-                continue
-        groups.append([level])
-    segments = []
-    for group in groups:
-        width = max(len(level) for level in group)
-        arity = max(2, *(len(nodes[i - n]) for level in group for i in level))
-        children = np.full((len(group), width, arity), zero, np.int32)
-        outputs = np.full((len(group), width), dump, np.int32)
-        for j, level in enumerate(group):
-            for w, i in enumerate(level):
-                node = nodes[i - n]
-                children[j, w, : len(node)] = node
-                outputs[j, w] = i
-        segments.append((children, outputs))
-    return tuple(segments), size, (n + len(nodes) - 1 if nodes else 0)

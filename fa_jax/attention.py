@@ -36,10 +36,10 @@ Per key block j, with scores S_j (rows × Bc):
     m_new, l_new, P̃ as fa2
     o = ((l α) / l_new) o + fl_p(P̃ / l_new) V_j
 
-A real kernel's own loop (PyTorch's CPU flash loop: :mod:`fa_jax.kernels.torch_cpu`)
-is not an algorithm variant: its engine registers it as a :class:`KernelLoop` (its
-Q Kᵀ, its per-block update, whether a bias joins the scaled scores in one FMA)
-under a name ``flash_attention(variant=...)`` then takes (:func:`register_kernel_loop`).
+A real kernel's own loop (PyTorch's CPU flash loop, :mod:`fa_jax.kernels.torch_cpu`) is
+not a variant: its engine registers a :class:`KernelLoop` (its Q Kᵀ, its block update,
+whether a bias joins the scaled scores in one FMA), a name ``flash_attention(variant=)`` takes
+(the registry, ``Blocks`` and a call's checked configuration: :mod:`fa_jax.attention_calls`).
 
 Sums and products round to ``stats`` (m, l), ``exp`` (shifts, exponentials),
 ``pv_acc`` (P V) and ``o_acc`` (the running o); the lse m + log l to ``stats``,
@@ -65,28 +65,38 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import cast
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.core import Tracer
 
 from fa_jax import masking, ops, split_kv
-from fa_jax._checks import one_of, positive_int
+from fa_jax._checks import one_of
 from fa_jax._fusion import materialised
 from fa_jax._jit import jit_config
+from fa_jax.attention_calls import (
+    VARIANTS,
+    Args,
+    Blocks,
+    Call,
+    KernelLoop,
+    blocks_from_sram,
+    call_args,
+    call_of,
+    clear_masked,
+    input_cotangents,
+    is_array,
+    kernel_loop,
+    kernel_loops,
+    register_kernel_loop,
+)
 from fa_jax.backward import flash_backward, reference_backward
-from fa_jax.formats import get_format
-from fa_jax.heads import kv_groups, repeat_kv, sum_groups
+from fa_jax.heads import repeat_kv, sum_groups
 from fa_jax.kv_cache import read_kv
 from fa_jax.policy import Policy
-from fa_jax.rounding import round_to
 from fa_jax.score_mods import (
     add_bias,
     check_sink_values,
-    check_softcap,
     prepare_bias,
     prepare_sinks,
     sink_start,
@@ -114,79 +124,6 @@ __all__ = [
     "register_kernel_loop",
 ]
 
-VARIANTS = ("fa1", "fa2", "rowwise")
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelLoop:
-    """A real kernel's flash loop, run by ``flash_attention(variant=name)``:
-    ``qk(q, k_t, policy)`` its fl_qk_acc(Q Kᵀ); ``step(carry, s, v_j, policy, *,
-    log2_scale)`` its update of (m, l, o) by one key block, as :func:`_fa2_step`;
-    ``fused_bias``, whether it adds a bias to the scaled scores in one FMA.  Its
-    last key block holds only the keys left, unpadded; O = o / l at the end
-    (Policy.normalise)."""
-
-    qk: Callable
-    step: Callable
-    fused_bias: bool
-
-
-_KERNEL_LOOPS: dict[str, KernelLoop] = {}
-
-
-def register_kernel_loop(name: str, loop: KernelLoop) -> None:
-    """Make ``loop`` a variant of :func:`flash_attention` under ``name``; a name an
-    algorithm variant or another loop holds raises."""
-    if not isinstance(loop, KernelLoop):
-        raise TypeError(f"register_kernel_loop: expected a KernelLoop, got {loop!r}")
-    if name in VARIANTS or _KERNEL_LOOPS.get(name, loop) != loop:
-        raise ValueError(f"register_kernel_loop: name {name!r}: expected a new name, got one taken")
-    _KERNEL_LOOPS[name] = loop
-
-
-def kernel_loops() -> tuple[str, ...]:
-    """The names of the registered kernel loops."""
-    return tuple(sorted(_KERNEL_LOOPS))
-
-
-@dataclasses.dataclass(frozen=True)
-class Blocks:
-    """Tile sizes: ``br`` query rows and ``bc`` key/value columns per tile."""
-
-    br: int
-    bc: int
-
-    def __post_init__(self):
-        for name in ("br", "bc"):
-            object.__setattr__(self, name, positive_int(getattr(self, name), f"Blocks.{name}"))
-
-
-def blocks_from_sram(
-    sram_elems: int, d: int, *, swap: bool = False, square: bool = False
-) -> Blocks:
-    """FlashAttention-1's tile sizes for an SRAM of M elements (Dao et al. 2022, Alg. 1):
-    Bc = ceil(M / 4d), Br = min(Bc, d).
-
-    ``swap`` exchanges them (Golden et al. Fig 6a); ``square`` sets Br = Bc (Fig 6b).
-    M must hold at least one row of each of the four tiles (Q, K, V, O): M >= 4d.
-    """
-    sram_elems = positive_int(sram_elems, "blocks_from_sram: sram_elems")
-    d = positive_int(d, "blocks_from_sram: d")
-    if sram_elems < 4 * d:
-        raise ValueError(
-            f"blocks_from_sram: sram_elems: expected at least 4 * d = {4 * d} elements "
-            f"(one row of each of the Q, K, V and O tiles), got {sram_elems}"
-        )
-    if swap and square:
-        raise ValueError("blocks_from_sram: choose swap or square, not both")
-    bc = math.ceil(sram_elems / (4 * d))
-    br = min(bc, d)
-    if swap:
-        br, bc = bc, br
-    if square:
-        br = bc
-    return Blocks(br, bc)
-
 
 def _prepare(q, k, v, policy: Policy, scale, groups: int = 1, kv_lengths=None):
     """Round Q, K, V to the input format, K and V read through the policy's KV cache
@@ -202,21 +139,6 @@ def _prepare(q, k, v, policy: Policy, scale, groups: int = 1, kv_lengths=None):
     return q, repeat_kv(k, groups), repeat_kv(v, groups), scale
 
 
-def _check_shapes(fn: str, q, k, v) -> int:
-    """G = H / H_kv (:mod:`fa_jax.heads`), after checking the shapes of Q, K, V."""
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            f"{fn}: expected q (..., N, d), k (..., M, d), v (..., M, d_v) of equal rank, "
-            f"got {q.shape}, {k.shape}, {v.shape}"
-        )
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"{fn}: expected q (..., N, d), k (..., M, d), v (..., M, d_v), "
-            f"got {q.shape}, {k.shape}, {v.shape}"
-        )
-    return kv_groups(fn, q.shape, k.shape, v.shape)
-
-
 def _resolved_scale(scale, d: int, policy: Policy):
     """The softmax scale (default 1/√d) rounded to the format of the stage it
     multiplies.  A host number is rounded at trace time wherever that format is
@@ -226,7 +148,7 @@ def _resolved_scale(scale, d: int, policy: Policy):
         scale = 1.0 / math.sqrt(d)
     stage = policy.inputs if policy.scale == "q" else policy.scores
     dtype = policy.carrier_dtype()
-    if _is_array(scale):
+    if is_array(scale):
         return ops.cast(ops.carrier(scale, dtype), stage)
     with jax.ensure_compile_time_eval():
         return ops.constant(scale, stage, dtype)
@@ -234,8 +156,9 @@ def _resolved_scale(scale, d: int, policy: Policy):
 
 def _qk(q, k_t, policy: Policy, variant=None):
     """fl_qk_acc(Q Kᵀ): a kernel loop's own where ``variant`` is one (KernelLoop)."""
-    if variant in _KERNEL_LOOPS:
-        return _KERNEL_LOOPS[variant].qk(q, k_t, policy)
+    loop = kernel_loop(variant)
+    if loop is not None:
+        return loop.qk(q, k_t, policy)
     return ops.matmul(q, k_t, policy.qk_acc, accumulation=policy.accumulation)
 
 
@@ -257,7 +180,7 @@ def _columns(x, col0, width: int):
     return jax.lax.dynamic_slice_in_dim(x, col0, width, axis=-1)
 
 
-def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias, mask):
+def _scorer(q, scale, policy: Policy, call: Call, args: Args, kv_lengths, bias, mask):
     """``scores(k_j, col0)``: S of Q against the keys ``k_j`` starting at column
     ``col0``, softcapped, the bias added (fa_jax.score_mods) and every masked
     (query, key) pair -inf (fa_jax.masking): the same scores for the forward passes
@@ -268,7 +191,7 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
     def scores(k_j, col0=0, grad=False):
         width = k_j.shape[-2]
         b_j = _columns(bias, col0, width)
-        loop = _KERNEL_LOOPS.get(call.variant or "")
+        loop = kernel_loop(call.variant)
         fused = loop is not None and loop.fused_bias and policy.scale == "scores"
         if b_j is not None and fused and call.softcap is None:
             # PyTorch's CPU flash loop built with FMA: S' = fl(fl(Q Kᵀ) · scale + B̂), one FMA
@@ -304,7 +227,7 @@ def _scorer(q, scale, policy: Policy, call: _Call, args: _Args, kv_lengths, bias
     return scores
 
 
-def _score_mods(fn: str, q, args: _Args, policy: Policy, m: int, padded: int | None = None):
+def _score_mods(fn: str, q, args: Args, policy: Policy, m: int, padded: int | None = None):
     """(B̂, mask): the bias rounded to its stage and the boolean mask, each checked
     against (..., N, M) and, with ``padded``, padded on the key axis to that many
     columns (bias 0, mask False) for a key loop's blocks."""
@@ -334,135 +257,6 @@ def _lse(m, l, scale, policy: Policy):
 def _log2_scale(scale, policy: Policy):
     """c = fl_exp(scale · log2 e) under scale "exp2", else None (unused)."""
     return exp2_factor(scale, policy.exp) if policy.scale == "exp2" else None
-
-
-# -- custom_vjp plumbing ------------------------------------------------------------
-
-
-class _Args(NamedTuple):
-    """A call's configuration that may hold arrays (see _Call)."""
-
-    policy: Policy
-    q_lengths: Any = None
-    kv_lengths: Any = None
-    scale: Any = None
-    bias: Any = None
-    mask: Any = None
-    sinks: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """What a custom_vjp needs besides its arrays.  Its non-differentiable argument
-    must hold no tracers, and a policy's formats may be traced (vmap over formats):
-    ``static`` is the (treedef, leaves) of the :class:`_Args` with every array leaf
-    replaced by None; those travel as ``dynamic`` arguments.  ``groups`` is
-    H / H_kv (fa_jax.heads); ``window`` a checked (left, right) or None;
-    ``q_offset`` the checked key position of query 0 (fa_jax.masking);
-    ``softcap`` a checked c > 0 or None (fa_jax.score_mods)."""
-
-    static: tuple[Any, tuple]
-    dtypes: tuple  # of q, k, v: the dtypes their cotangents must have
-    causal: bool
-    blocks: Blocks | None = None
-    variant: str | None = None
-    groups: int = 1
-    window: tuple[int, int] | None = None
-    softcap: float | None = None
-    num_splits: int = 1  # split-KV decoding's S (fa_jax.split_kv)
-    q_offset: int = 0
-
-
-def _is_array(x) -> bool:
-    return isinstance(x, (jax.Array, Tracer, np.ndarray))
-
-
-def _check_call(fn: str, q, k, v, policy) -> None:
-    """The errors a caller can act on, raised before anything is traced."""
-    if not isinstance(policy, Policy):
-        hint = (
-            f"fa_jax.get_policy({policy!r}, 'bf16') builds a preset by name"
-            if isinstance(policy, str)
-            else "e.g. fa_jax.fa2_kernel('bf16')"
-        )
-        raise TypeError(f"{fn}: policy: expected a Policy ({hint}), got {policy!r}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim >= 2 and 0 in t.shape[-2:]:
-            raise ValueError(
-                f"{fn}: {name}: expected at least one row and one column in its last two "
-                f"dimensions, got shape {t.shape}"
-            )
-
-
-def _call_of(
-    fn: str,
-    q,
-    k,
-    v,
-    config: _Args,
-    causal,
-    blocks=None,
-    variant=None,
-    window=None,
-    cap=None,
-    q_offset=None,
-):
-    """(_Call, q, k, v, dynamic) for a custom_vjp call (see _Call)."""
-    q, k, v = (jnp.asarray(t) for t in (q, k, v))
-    _check_call(fn, q, k, v, config.policy)
-    groups = _check_shapes(fn, q, k, v)
-    window = masking.check_window(window, fn)
-    offset = masking.check_q_offset(
-        q_offset, q.shape[-2], k.shape[-2], causal=causal, window=window, fn=fn
-    )
-    cap = check_softcap(cap, fn)
-    if cap is not None and config.policy.scale == "exp2":
-        raise ValueError(
-            f"{fn}: softcap: expected a policy whose scores are scaled (Policy.scale "
-            "'scores' or 'q'), got scale='exp2', where the scores are unscaled"
-        )
-    arrays = ("bias", "mask", "sinks")
-    config = config._replace(**{n: _as_array(getattr(config, n)) for n in arrays})
-    leaves, treedef = jax.tree_util.tree_flatten(config)
-    static = (treedef, tuple(None if _is_array(x) else x for x in leaves))
-    dynamic = tuple(x for x in leaves if _is_array(x))
-    dtypes = (q.dtype, k.dtype, v.dtype)
-    call = _Call(static, dtypes, causal, blocks, variant, groups, window, cap, q_offset=offset)
-    return call, q, k, v, dynamic
-
-
-def _as_array(x):
-    """A bias or mask as an array (a nested list, a number), None kept."""
-    return x if x is None or _is_array(x) else np.asarray(x)
-
-
-def _config(call: _Call, dynamic) -> _Args:
-    """The call's _Args rebuilt from the static and dynamic leaves."""
-    treedef, leaves = call.static
-    arrays = iter(dynamic)
-    return jax.tree_util.tree_unflatten(treedef, [next(arrays) if x is None else x for x in leaves])
-
-
-def _cotangents(call: _Call, *grads):
-    """dQ, dK, dV in the dtypes of q, k, v (rounded to them first, so the dtype
-    conversion is exact), and no cotangent for the configuration."""
-    out = []
-    for g, dtype in zip(grads, call.dtypes):
-        if g.dtype != dtype:
-            g = jax.lax.convert_element_type(round_to(g, get_format(dtype)), dtype)
-        out.append(g)
-    return (*out, None)
-
-
-def _clear_masked(q, k, v, d_o, d_lse, lse, kv_lengths):
-    """Zero Q, dO and dL on rows with no kept key (log-sum-exp -inf: l = 0) and K, V
-    past the key lengths, so that masked (P = 0) entries meet no NaN padding
-    (fa_jax.backward)."""
-    live = (lse > -jnp.inf)[..., None]
-    q, d_o = jnp.where(live, q, 0.0), jnp.where(live, d_o, 0.0)
-    d_lse = jnp.where(live[..., 0], d_lse, 0.0)
-    k, v = masking.zero_masked_keys(k, kv_lengths, 0), masking.zero_masked_keys(v, kv_lengths, 0)
-    return q, k, v, d_o, d_lse
 
 
 # -- reference attention ------------------------------------------------------------
@@ -509,8 +303,8 @@ def reference_attention(
     with respect to q, k, v (module docstring,
     :func:`fa_jax.backward.reference_backward`).
     """
-    args = _Args(policy, q_lengths, kv_lengths, scale, bias, mask, sinks)
-    call, q, k, v, dynamic = _call_of(
+    args = Args(policy, q_lengths, kv_lengths, scale, bias, mask, sinks)
+    call, q, k, v, dynamic = call_of(
         "reference_attention", q, k, v, args, causal, window=window, cap=softcap, q_offset=q_offset
     )
     # custom_vjp erases the return type: it is the (O, lse) of _reference_forward.
@@ -520,9 +314,9 @@ def reference_attention(
     return o
 
 
-def _reference_forward(call: _Call, q, k, v, dynamic):
+def _reference_forward(call: Call, q, k, v, dynamic):
     """((O, lse), (Q, K, V, scale, P, ∂S'/∂S)): the outputs and what the backward reads."""
-    args = _config(call, dynamic)
+    args = call_args(call, dynamic)
     policy, kv_lengths = args.policy, args.kv_lengths
     q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups, kv_lengths)
     bias, mask = _score_mods("reference_attention", q, args, policy, k.shape[-2])
@@ -542,24 +336,24 @@ def _reference_forward(call: _Call, q, k, v, dynamic):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _reference_vjp(call: _Call, q, k, v, dynamic):
+def _reference_vjp(call: Call, q, k, v, dynamic):
     return _reference_forward(call, q, k, v, dynamic)[0]
 
 
-def _reference_vjp_fwd(call: _Call, q, k, v, dynamic):
+def _reference_vjp_fwd(call: Call, q, k, v, dynamic):
     outputs, saved = _reference_forward(call, q, k, v, dynamic)
     return outputs, (saved, outputs[1], dynamic)
 
 
-def _reference_vjp_bwd(call: _Call, residuals, cotangents):
+def _reference_vjp_bwd(call: Call, residuals, cotangents):
     (q, k, v, _, p, d_cap), lse, dynamic = residuals
-    args = _config(call, dynamic)
+    args = call_args(call, dynamic)
     policy = args.policy
     scale = _resolved_scale(args.scale, q.shape[-1], policy)
     d_o, d_lse = cotangents
-    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, lse, args.kv_lengths)
+    q, k, v, d_o, d_lse = clear_masked(q, k, v, d_o, d_lse, lse, args.kv_lengths)
     d_q, d_k, d_v = reference_backward(q, k, v, p, d_o, d_lse, scale, policy, d_cap)
-    return _cotangents(call, d_q, *(sum_groups(g, call.groups, policy) for g in (d_k, d_v)))
+    return input_cotangents(call, d_q, *(sum_groups(g, call.groups, policy) for g in (d_k, d_v)))
 
 
 _reference_vjp.defvjp(_reference_vjp_fwd, _reference_vjp_bwd)
@@ -598,7 +392,7 @@ def flash_attention(
     in reverse mode with respect to q, k, v by FlashAttention-2's backward
     (module docstring, :func:`fa_jax.backward.flash_backward`).
     """
-    if variant not in _KERNEL_LOOPS:  # a kernel's loop, registered by fa_jax.kernels
+    if kernel_loop(variant) is None:  # else a kernel's loop, registered by fa_jax.kernels
         one_of(variant, (*VARIANTS, *kernel_loops()), "flash_attention: variant")
     if not isinstance(blocks, Blocks):
         raise TypeError(f"flash_attention: expected blocks=Blocks(br, bc), got {blocks!r}")
@@ -638,8 +432,8 @@ def flash_attention(
 def _flash(
     q, k, v, *, policy, blocks, variant, causal, window, softcap, num_splits, q_offset, **arrays
 ):
-    args = _Args(policy, **arrays)
-    call, q, k, v, dynamic = _call_of(
+    args = Args(policy, **arrays)
+    call, q, k, v, dynamic = call_of(
         "flash_attention", q, k, v, args, causal, blocks, variant, window, softcap, q_offset
     )
     s = split_kv.check_num_splits(num_splits, k.shape[-2], blocks.bc, variant, "flash_attention")
@@ -698,9 +492,9 @@ def _unblock(x_blocks, mk: int):
     return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :mk, :]
 
 
-def _flash_forward(call: _Call, q, k, v, dynamic):
+def _flash_forward(call: Call, q, k, v, dynamic):
     """((O, lse), (Q, K, V, scale)): the outputs and the prepared inputs the backward reads."""
-    args = _config(call, dynamic)
+    args = call_args(call, dynamic)
     policy, kv_lengths = args.policy, args.kv_lengths
     bc = cast(Blocks, call.blocks).bc  # flash calls always carry blocks
     q, k, v, scale = _prepare(q, k, v, policy, args.scale, call.groups, kv_lengths)
@@ -713,7 +507,7 @@ def _flash_forward(call: _Call, q, k, v, dynamic):
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     variant = cast(str, call.variant)
     # A kernel loop's last block holds only the keys left, unpadded.
-    loop = _KERNEL_LOOPS.get(variant)
+    loop = kernel_loop(variant)
     full = mk - mk % bc if loop is not None else mk
     steps = {"fa2": _fa2_step, "fa1": _fa1_step, "rowwise": _rowwise_step}
     update = loop.step if loop is not None else steps[variant]
@@ -767,25 +561,25 @@ def _normalise_output(o, l, policy: Policy):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash_vjp(call: _Call, q, k, v, dynamic):
+def _flash_vjp(call: Call, q, k, v, dynamic):
     return _flash_forward(call, q, k, v, dynamic)[0]
 
 
-def _flash_vjp_fwd(call: _Call, q, k, v, dynamic):
+def _flash_vjp_fwd(call: Call, q, k, v, dynamic):
     outputs, prepared = _flash_forward(call, q, k, v, dynamic)
     return outputs, (prepared, outputs, dynamic)
 
 
-def _flash_vjp_bwd(call: _Call, residuals, cotangents):
+def _flash_vjp_bwd(call: Call, residuals, cotangents):
     (q, k, v, _), (o, lse), dynamic = residuals
-    args = _config(call, dynamic)
+    args = call_args(call, dynamic)
     policy, kv_lengths = args.policy, args.kv_lengths
     scale = _resolved_scale(args.scale, q.shape[-1], policy)
     bc = cast(Blocks, call.blocks).bc
     mk = k.shape[-2]
     kv_len = mk if kv_lengths is None else jnp.minimum(jnp.asarray(kv_lengths, jnp.int32), mk)
     d_o, d_lse = cotangents
-    q, k, v, d_o, d_lse = _clear_masked(q, k, v, d_o, d_lse, lse, kv_len)
+    q, k, v, d_o, d_lse = clear_masked(q, k, v, d_o, d_lse, lse, kv_len)
     k_blocks, v_blocks, col0s = _key_blocks(k, v, bc)
     bias, mask = _score_mods("flash_attention", q, args, policy, mk, _padded(k, bc))
     # S_j as the forward computes it, masked entries -inf, and the softcap's factor.
@@ -794,7 +588,7 @@ def _flash_vjp_bwd(call: _Call, residuals, cotangents):
         q, k_blocks, v_blocks, col0s, o, lse, d_o, d_lse, scores, scale, policy
     )
     d_k, d_v = (sum_groups(_unblock(g, mk), call.groups, policy) for g in (d_k, d_v))
-    return _cotangents(call, d_q, d_k, d_v)
+    return input_cotangents(call, d_q, d_k, d_v)
 
 
 _flash_vjp.defvjp(_flash_vjp_fwd, _flash_vjp_bwd)

@@ -326,18 +326,19 @@ def test_a_kernel_gets_its_features_and_options():
 
 def test_validate_flags_become_features():
     from fa_jax import cli
+    from fa_jax.studies.commands import validation_features
     from fa_jax.studies.validation import Features, Shape
 
     args = cli.build_parser().parse_args(
         "validate --kernel xla --kv-heads 2 --q-len 3 --bias alibi --mask random "
         "--window 4,-1 --kv-len 7".split()
     )
-    assert cli._validation_features(args) == Features(2, 3, "alibi", "random", (4, -1), 7)
+    assert validation_features(args) == Features(2, 3, "alibi", "random", (4, -1), 7)
     args = cli.build_parser().parse_args("validate --kernel xla".split())
-    assert cli._validation_features(args) == Features()
+    assert validation_features(args) == Features()
     bad = cli.build_parser().parse_args("validate --kernel xla --window 4".split())
     with pytest.raises(ValueError, match="--window: expected L,R"):
-        cli._validation_features(bad)
+        validation_features(bad)
     with pytest.raises(ValueError, match="kv_heads: expected a divisor of H = 4"):
         Features(kv_heads=3).check(Shape(heads=4))
     with pytest.raises(ValueError, match=r"Features\.bias"):

@@ -17,6 +17,7 @@ from helpers import x64_enabled
 from oracle import exact_matmul, exactly_rounded_matmul, round_exact
 
 from fa_jax import get_format
+from fa_jax.carrier32 import limbs
 from fa_jax.carrier32 import slices as slices32
 from fa_jax.carrier32 import sums as sum32
 from fa_jax.rounding import round_to
@@ -101,7 +102,7 @@ def test_the_fast_path_rounds_the_exact_sum_where_it_decides(k):
     b = np.stack(
         [draw("bf16" if kind == "probabilities" else kind, (5, k), rng) for kind in KINDS]
     ).transpose(0, 2, 1)  # column 0 zero
-    s = jax.jit(slices32.sliced_dot)(sum32._operand(jnp.asarray(a)), sum32._operand(jnp.asarray(b)))
+    s = jax.jit(slices32.sliced_dot)(limbs.operand(jnp.asarray(a)), limbs.operand(jnp.asarray(b)))
     matmul = lambda x, y, f: sum32._sliced_matmul(x, y, f)  # noqa: E731
     rounded = {fmt: jax.jit(matmul, static_argnums=2)(a, b, fmt) for fmt in (FP32, BF16)}
     for w, kind in enumerate(KINDS):
@@ -118,8 +119,8 @@ def test_the_fast_path_rounds_the_exact_sum_where_it_decides(k):
 def test_the_fast_sum_rounds_the_exact_sum_where_it_decides(n):
     rng = np.random.default_rng(n)
     x = np.concatenate([draw(kind, (7, n), rng) for kind in KINDS]).T.copy()  # (n, 7 per kind)
-    s = jax.jit(slices32.sliced_sum)(sum32._operand(jnp.asarray(x.T)))
-    r = jax.jit(lambda v: sum32._rounded_slices(slices32.sliced_sum(sum32._operand(v)), FP32))(x.T)
+    s = jax.jit(slices32.sliced_sum)(limbs.operand(jnp.asarray(x.T)))
+    r = jax.jit(lambda v: sum32._rounded_slices(slices32.sliced_sum(limbs.operand(v)), FP32))(x.T)
     for j in range(x.shape[1]):
         truth = sum((Fraction(float(v)) for v in x[:, j]), Fraction(0))
         check_pieces(s, truth, (j,))
@@ -140,8 +141,8 @@ def test_sum32_takes_the_fast_path_eagerly_too():
 
 
 def test_unsupported_lengths_are_refused():
-    x = sum32._operand(jnp.ones((2, 0), jnp.float32))
+    x = limbs.operand(jnp.ones((2, 0), jnp.float32))
     with pytest.raises(ValueError, match="contraction terms expected, got 0"):
-        slices32.sliced_dot(x, sum32._operand(jnp.ones((0, 2), jnp.float32)))
+        slices32.sliced_dot(x, limbs.operand(jnp.ones((0, 2), jnp.float32)))
     with pytest.raises(ValueError, match="terms expected, got 0"):
-        slices32.sliced_sum(sum32._operand(jnp.ones((2, 0), jnp.float32)))
+        slices32.sliced_sum(limbs.operand(jnp.ones((2, 0), jnp.float32)))
