@@ -26,6 +26,18 @@ def test_each_original_snippet_occurs_exactly_once(mutant):
         assert (REPO / target.split("::")[0]).is_file(), target
 
 
+def test_a_mutants_table_with_a_key_missing_or_unknown_is_refused(tmp_path):
+    good = "module = 'ops'\ndescription = 'd'\noriginal = 'a'\nreplacement = 'b'\ntests = ['t']\n"
+    path = tmp_path / "mutants.toml"
+    path.write_text(f"[[mutant]]\n{good}equivalent = 'why'\n")
+    (m,) = mc.load_mutants(path)
+    assert m == mc.Mutant("fa_jax/ops.py", "a", "b", "d", ("t",), "why")
+    for bad in (good.replace("tests = ['t']\n", ""), good + "test = ['t']\n"):
+        path.write_text(f"[[mutant]]\n{bad}")
+        with pytest.raises(ValueError, match=r"mutants.toml: mutant 0: expected the keys"):
+            mc.load_mutants(path)
+
+
 def test_mutant_names_are_unique():
     names = [m.name for m in mc.MUTANTS]
     assert len(set(names)) == len(names)
