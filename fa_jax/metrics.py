@@ -123,7 +123,7 @@ def _tree_sum(x) -> jax.Array:
 
 
 @jax.jit
-def _mean(x) -> jax.Array:
+def ordered_mean(x) -> jax.Array:
     """``(sum_i x_i) / N``, the sum by :func:`_tree_sum`, one correctly rounded
     division (NaN for no elements, as jnp.mean).  XLA turns a division by a
     constant, or by a scalar that vmap broadcasts, into a product with its
@@ -136,9 +136,9 @@ def _mean(x) -> jax.Array:
 
 
 @jax.jit
-def _std(x) -> jax.Array:
+def ordered_std(x) -> jax.Array:
     """Population standard deviation of 1-D ``x``, two-pass: ``sqrt(mean((x - mean)^2))``."""
-    return jnp.sqrt(_mean(jnp.square(x - _mean(x))))
+    return jnp.sqrt(ordered_mean(jnp.square(x - ordered_mean(x))))
 
 
 # -- absolute-difference statistics -------------------------------------------
@@ -169,7 +169,7 @@ def mean_abs_diff(a, b) -> jax.Array:
     Returns:
       ``[]`` in the computation dtype.
     """
-    return _mean(_abs_diff(a, b, "mean_abs_diff"))
+    return ordered_mean(_abs_diff(a, b, "mean_abs_diff"))
 
 
 def std_abs_diff(a, b) -> jax.Array:
@@ -185,7 +185,7 @@ def std_abs_diff(a, b) -> jax.Array:
     Returns:
       ``[]`` in the computation dtype.
     """
-    return _std(_abs_diff(a, b, "std_abs_diff"))
+    return ordered_std(_abs_diff(a, b, "std_abs_diff"))
 
 
 def rmse(a, b) -> jax.Array:
@@ -202,17 +202,17 @@ def rmse(a, b) -> jax.Array:
       ``[]`` in the computation dtype.
     """
     d = _abs_diff(a, b, "rmse")
-    return _rmse(d, jnp.max(d))
+    return rmse_of_diff(d, jnp.max(d))
 
 
 @jax.jit
-def _rmse(d, s) -> jax.Array:
+def rmse_of_diff(d, s) -> jax.Array:
     """rmse from ``d = |a - b|`` and ``s = max d``, one program (the sweep's too)."""
     scaled, safe = _rmse_scale(s)
     # Broadcast behind a barrier: XLA turns a division by a broadcast scalar into
     # a multiplication by its rounded reciprocal.
     divisor = jax.lax.optimization_barrier(jnp.broadcast_to(safe, d.shape))
-    return _rmse_finish(s, scaled, safe, _mean(jnp.square(d / divisor)))
+    return _rmse_finish(s, scaled, safe, ordered_mean(jnp.square(d / divisor)))
 
 
 @jax.jit
@@ -243,9 +243,9 @@ def abs_diff_summary(a, b) -> dict[str, jax.Array]:
     s = jnp.max(d)
     return {
         "max_abs_diff": s,
-        "mean_abs_diff": _mean(d),
-        "std_abs_diff": _std(d),
-        "rmse": _rmse(d, s),
+        "mean_abs_diff": ordered_mean(d),
+        "std_abs_diff": ordered_std(d),
+        "rmse": rmse_of_diff(d, s),
     }
 
 

@@ -81,9 +81,9 @@ from fa_jax.studies.table import print_table
 from fa_jax.studies.validation import (
     Features,
     Shape,
-    _golden,
-    _preset,
     feature_inputs,
+    golden_output,
+    preset_attention,
     validation_inputs,
 )
 
@@ -351,7 +351,7 @@ def _errors(out: np.ndarray, golden: np.ndarray) -> tuple[float, float]:
 
 def _run_case(case: _Case, q, k, v) -> np.ndarray:
     if case.preset is not None:
-        return _preset(case.preset, "flash", get_format(case.fmt))(q, k, v, False)
+        return preset_attention(case.preset, "flash", get_format(case.fmt))(q, k, v, False)
     return kernels.real(case.engine, q, k, v, fmt=case.fmt, **dict(case.options))
 
 
@@ -397,7 +397,7 @@ def _measure(grid: EngineGrid, cases, quiet: bool, write, path) -> list[dict]:
     units = [u for u in units if tuple(map(str, (*u[0], u[1]))) not in done]
     for (shape, n_q, m), seed in track(units, desc="engines", unit="shape", quiet=quiet):
         inputs = {f: _inputs(f, grid, n_q, m, seed) for f in formats}
-        goldens = {f: _golden(q, k, v, False) for f, (q, k, v) in inputs.items()}
+        goldens = {f: golden_output(q, k, v, False) for f, (q, k, v) in inputs.items()}
         for case in (c for c in cases if c.runs_at(shape, m)):
             out = _run_case(case, *inputs[case.fmt])
             err = _errors(out, goldens[case.fmt])
@@ -424,7 +424,7 @@ def _measure_threads(grid: EngineGrid, quiet: bool, write, path) -> list[dict]:
     units = [(m, seed) for m, seed in units if (str(m), str(seed)) not in done]
     for m, seed in track(units, desc="threads", unit="shape", quiet=quiet):
         q, k, v = _inputs("fp32", grid, 1, m, seed)
-        golden = _golden(q, k, v, False)
+        golden = golden_output(q, k, v, False)
         for kv in THREAD_KV:
             outs = {}
             for t in grid.threads:
@@ -471,7 +471,7 @@ def _measure_identity(grid: EngineGrid, quiet: bool) -> list[dict]:
         opts = dict(c.options)
         real = kernels.real(c.kernel, q, k, v, fmt=c.fmt, **opts)
         emulated = kernels.emulate(c.kernel, q, k, v, fmt=c.fmt, **opts)
-        cmp = kernels.compare(real, emulated, _golden(q, k, v, False), c.fmt)
+        cmp = kernels.compare(real, emulated, golden_output(q, k, v, False), c.fmt)
         rows.append(
             dict(
                 zip(

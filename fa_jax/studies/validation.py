@@ -173,14 +173,14 @@ def feature_inputs(fmt: Format, shape: Shape, features: Features, seed: int):
     return q, k, v, extra
 
 
-def _golden(q, k, v, causal: bool, **extra) -> np.ndarray:
+def golden_output(q, k, v, causal: bool, **extra) -> np.ndarray:
     with float64_enabled():
         return np.asarray(
             reference_attention(q, k, v, golden(), causal=causal, **extra), np.float64
         )
 
 
-def _preset(name: str, algorithm: str, fmt: Format):
+def preset_attention(name: str, algorithm: str, fmt: Format):
     policy = PRESETS[name](fmt)
 
     def run(q, k, v, causal: bool, **extra) -> np.ndarray:
@@ -219,7 +219,7 @@ def validate(
     for name in presets:
         one_of(name, sorted(PRESETS), "validate: presets")
         for algorithm in ("reference", "flash"):
-            emulations[f"{name} {algorithm}"] = _preset(name, algorithm, f)
+            emulations[f"{name} {algorithm}"] = preset_attention(name, algorithm, f)
     real, golden_out = [], []
     outputs: dict[str, list[np.ndarray]] = {label: [] for label in emulations}
     for seed in seeds:
@@ -229,7 +229,7 @@ def validate(
         else:
             q, k, v, extra = feature_inputs(f, shape, features, seed)
         real.append(kernels.real(kernel, q, k, v, fmt=f, causal=causal, **extra))
-        golden_out.append(_golden(q, k, v, causal, **extra))
+        golden_out.append(golden_output(q, k, v, causal, **extra))
         for label, run in emulations.items():
             if run is None:
                 emulated = kernels.emulate(kernel, q, k, v, fmt=f, causal=causal, **extra)

@@ -80,7 +80,7 @@ _OPSET = 23
 _FORMATS = ("fp32", "fp16")
 
 
-def _unavailable() -> str | None:
+def unavailable() -> str | None:
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -91,7 +91,7 @@ def _unavailable() -> str | None:
 
 # The sum-exp kernel of the MLAS code each ISA runs (platform.cpp's CPUID tests).
 _SUM_EXP = {"AVX512": mlas.AVX512F, "AVX2": mlas.FMA3}
-_EXP_MODEL = {mlas.AVX512F: mlas.MLAS_SUM_EXP, mlas.FMA3: mlas.MLAS_SUM_EXP_FMA3}
+EXP_MODELS = {mlas.AVX512F: mlas.MLAS_SUM_EXP, mlas.FMA3: mlas.MLAS_SUM_EXP_FMA3}
 
 
 def mlas_isa() -> str | None:
@@ -129,7 +129,7 @@ def sum_exp_kernel(isa: str | None = None) -> mlas.SumExpKernel:
     return _SUM_EXP[name]
 
 
-def _platform_facts() -> dict[str, str]:
+def platform_facts() -> dict[str, str]:
     import onnxruntime
 
     return {
@@ -276,7 +276,7 @@ def attention_model(
         name=f"onnxruntime_attention({f.name})",
         p=f,
         accumulation=SEQUENTIAL,
-        exp_model=_EXP_MODEL[kernel],
+        exp_model=EXP_MODELS[kernel],
         normalise="reciprocal",
     )
     forward = functools.partial(_attention_forward, fp16=fp16, kernel=kernel)
@@ -291,8 +291,8 @@ ONNXRUNTIME_ATTENTION = Kernel(
     ),
     real=real_attention,
     model=attention_model,
-    unavailable=_unavailable,
-    platform=_platform_facts,
+    unavailable=unavailable,
+    platform=platform_facts,
     formats=_FORMATS,
     features=frozenset({"q_offset", "gqa"}),
     options=("threads",),
@@ -479,7 +479,7 @@ def mha_model(
     )
     kernel = sum_exp_kernel(isa)
     policy = fa2_kernel(f).replace(
-        name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=_EXP_MODEL[kernel]
+        name="onnxruntime_mha(fp32)", accumulation=SEQUENTIAL, exp_model=EXP_MODELS[kernel]
     )
     forward = functools.partial(_mha_forward, l2_cache_size=l2, kernel=kernel)
     return KernelModel("onnxruntime-mha", policy, "reference", forward=forward)
@@ -493,8 +493,8 @@ ONNXRUNTIME_MHA = Kernel(
     ),
     real=real_mha,
     model=mha_model,
-    unavailable=_unavailable,
-    platform=_platform_facts,
+    unavailable=unavailable,
+    platform=platform_facts,
     formats=("fp32",),
     options=("threads",),
     unmodelled=unmodelled,

@@ -65,12 +65,12 @@ from fa_jax.formats import FP16, FP32, Format, get_format
 from fa_jax.heads import kv_groups, repeat_kv
 from fa_jax.kernels.model import Kernel, KernelModel, refuse
 from fa_jax.kernels.onnxruntime import (
-    _EXP_MODEL,
-    _platform_facts,
-    _unavailable,
+    EXP_MODELS,
     flash_blocks,
     l2_cache_bytes,
+    platform_facts,
     sum_exp_kernel,
+    unavailable,
 )
 from fa_jax.kernels.onnxruntime import unmodelled as _mlas_unmodelled
 from fa_jax.kernels.x86 import mlas
@@ -573,7 +573,7 @@ def gqa_model(
         name=f"onnxruntime_gqa({f.name})",
         p=FP32,  # P stays FP32 in FP16 too (module docstring)
         accumulation=SEQUENTIAL,
-        exp_model=_EXP_MODEL[kernel],
+        exp_model=EXP_MODELS[kernel],
         tanh_model=GLIBC_TANHF,
         normalise="reciprocal",
     )
@@ -592,8 +592,8 @@ ONNXRUNTIME_GQA = Kernel(
     ),
     real=real_gqa,
     model=gqa_model,
-    unavailable=_unavailable,
-    platform=_platform_facts,
+    unavailable=unavailable,
+    platform=platform_facts,
     formats=_FORMATS,
     features=frozenset({"q_offset", "window", "softcap", "gqa"}),
     options=("threads",),

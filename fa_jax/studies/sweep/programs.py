@@ -185,7 +185,7 @@ def _abs_diff_max(a, b):
 
 
 # The metrics' own reductions, each its own program, the one an eager call runs.
-_mean, _std, _rmse = metrics._mean, metrics._std, metrics._rmse
+_mean, _std, _rmse = metrics.ordered_mean, metrics.ordered_std, metrics.rmse_of_diff
 
 
 METRIC_LABEL = "metrics"  # the profile's name of the metric programs

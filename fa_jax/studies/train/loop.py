@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-def _optax():
+def import_optax():
     try:
         import optax
     except ImportError as err:  # pragma: no cover - depends on the environment
@@ -88,7 +88,7 @@ class Optim:
 
     def transform(self):
         """The optax GradientTransformation."""
-        optax = _optax()
+        optax = import_optax()
         return optax.chain(
             optax.clip_by_global_norm(self.clip),
             optax.adam(self.learning_rate, b1=self.b1, b2=self.b2, eps=self.eps),

@@ -88,8 +88,8 @@ from fa_jax.studies.train.loop import (
     Optim,
     RunSpec,
     TrainState,
-    _optax,
     advance,
+    import_optax,
     init_state,
     load_checkpoint,
     save_checkpoint,
@@ -305,7 +305,7 @@ def run_study(cfg: StudyConfig, out_dir, *, policies=DEFAULT_POLICIES, quiet: bo
 
 def _study(cfg: StudyConfig, out: pathlib.Path, policies, quiet: bool) -> dict:
     start = time.monotonic()
-    _optax()  # an install hint, before any folder is made
+    import_optax()  # an install hint, before any folder is made
     check_out_dir(out, {"results.csv": COLUMNS, "losses.csv": ("step", "run", "loss")})
     out.mkdir(parents=True, exist_ok=True)
     runs, pairs = cfg.runs(policies)
