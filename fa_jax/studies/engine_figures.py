@@ -71,6 +71,7 @@ from fa_jax.studies.interrupt import check_interrupt
 from fa_jax.studies.progress import track
 from fa_jax.studies.results import (
     check_out_dir,
+    mean_over_seeds,
     pyplot,
     read_complete,
     run_metadata,
@@ -494,21 +495,6 @@ def _measure_identity(grid: EngineGrid, quiet: bool) -> list[dict]:
     return rows
 
 
-def _mean(rows, key_fields, value_fields) -> list[dict]:
-    """Rows grouped by ``key_fields`` (first-seen order), ``value_fields`` averaged."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(tuple(r[f] for f in key_fields), []).append(r)
-    out = []
-    for key, rs in groups.items():
-        row = dict(zip(key_fields, key))
-        for f in value_fields:
-            row[f] = float(np.mean([float(r[f]) for r in rs]))
-        row["seeds"] = len(rs)
-        out.append(row)
-    return out
-
-
 def _figure(grid: EngineGrid, summary, thread_summary, out: pathlib.Path) -> pathlib.Path:
     plt = pyplot("fa_jax.studies.engine_figures: plotting")
     fig, axes = plt.subplots(1, 3, figsize=(17, 5), squeeze=False)
@@ -619,7 +605,7 @@ def _print(grid: EngineGrid, summary, thread_summary, identity) -> None:
 
 def _thread_summary(rows) -> list[dict]:
     out = []
-    for r in _mean(rows, ("kv_type", "m", "threads"), ("max_abs", "mean_rel")):
+    for r in mean_over_seeds(rows, ("kv_type", "m", "threads"), ("max_abs", "mean_rel")):
         rs = [
             x
             for x in rows
@@ -699,7 +685,7 @@ def engines(
     }
     meta["wall_s"] = time.monotonic() - t0
     write_json(out / "metadata.json", meta)
-    summary = _mean(
+    summary = mean_over_seeds(
         results,
         ("case", "engine", "fmt", "shape", "n_q", "m"),
         ("max_abs", "mean_rel", "max_abs_fp32in", "mean_rel_fp32in"),

@@ -44,6 +44,8 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import IO, Any
 
+import numpy as np
+
 __all__ = [
     "PARTS",
     "append_csv",
@@ -344,3 +346,19 @@ def pyplot(purpose: str):
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def mean_over_seeds(rows, key_fields, value_fields) -> list[dict]:
+    """Rows grouped by ``key_fields`` (first-seen order), each of ``value_fields``
+    averaged over the group, with ``seeds`` the group's size."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[f] for f in key_fields), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        row = dict(zip(key_fields, key))
+        for f in value_fields:
+            row[f] = float(np.mean([float(r[f]) for r in rs]))
+        row["seeds"] = len(rs)
+        out.append(row)
+    return out

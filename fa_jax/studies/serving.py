@@ -73,6 +73,7 @@ from fa_jax.studies.options import current_options
 from fa_jax.studies.progress import track
 from fa_jax.studies.results import (
     check_out_dir,
+    mean_over_seeds,
     pyplot,
     read_complete,
     run_metadata,
@@ -633,19 +634,9 @@ def _measure_identity(grid: ServingGrid, quiet: bool) -> list[dict]:
 
 
 def _summary(rows) -> list[dict]:
-    """Rows averaged over seeds per (case, feature, step), in first-seen order."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(
-            (r["case"], r["engine"], r["kv"], r["fmt"], r["feature"], r["step"]), []
-        ).append(r)
-    out = []
-    for key, rs in groups.items():
-        row: dict[str, Any] = dict(zip(("case", "engine", "kv", "fmt", "feature", "step"), key))
-        for f in ("max_abs", "mean_rel"):
-            row[f] = float(np.mean([r[f] for r in rs]))
-        row["seeds"] = len(rs)
-        out.append(row)
+    """Rows averaged over seeds per (case, feature, step), by feature, case, step."""
+    keys = ("case", "engine", "kv", "fmt", "feature", "step")
+    out = mean_over_seeds(rows, keys, ("max_abs", "mean_rel"))
     return sorted(out, key=lambda r: (r["feature"], r["case"], r["step"]))
 
 
