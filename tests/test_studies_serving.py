@@ -261,7 +261,7 @@ def test_the_cli_names_the_study():
 
 @pytest.mark.extended  # the quick grid: under a minute of CPU
 def test_the_quick_grid_through_reproduce(tmp_path):
-    from fa_jax.studies.figures import reproduce
+    from fa_jax.studies.reproduce import reproduce
 
     res = reproduce("serving", tmp_path, quick=True, quiet=True)["serving"]
     assert res["grid"]["length"] == 2048 and res["grid"]["steps"][-1] == 2048
