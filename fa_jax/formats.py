@@ -23,6 +23,19 @@ Specials encodings (the names ml_dtypes uses):
 JAX integers: ``jax.vmap(lambda m: round_to(x, custom(8, m)))(ms)`` compiles one
 program for every mantissa width.  Traced fields are not range-checked and the
 derived float fields need concrete values.
+
+Rounding to nearest is exact float arithmetic in a carrier (Eq. R below) where
+every quantum the format rounds to is a normal number of the carrier and
+``2**M_c`` times its largest quantum is finite, or where the format is the
+carrier's own layout (:meth:`Format.rounds_in_float`): ``round_to`` then takes
+that shorter path.  A traced format cannot be checked, so it may state the
+carriers where this holds for every width it takes (``float_exact_in``; the
+sweep does, from the concrete formats it traces over)::
+
+    fl_q(|x|) = (|x| + C) - C,   C = 2**(q + M_c)                        (R)
+
+(``q``: log2 of the target's quantum at ``x``; the sum's ulp is ``2**q`` and
+both operations round to nearest even once.)
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ __all__ = [
     "Overflow",
     "Specials",
     "custom",
+    "float_exact_carriers",
     "get_format",
     "registered_formats",
 ]
@@ -95,6 +109,10 @@ class Format:
         "saturate" — it becomes ±max, and ±inf inputs do too.  ``None``
         picks "saturate" for ``specials="finite"`` (the only choice there) and
         "inf" otherwise.
+      float_exact_in: for traced widths, the carrier dtype names in which every
+        width they take rounds exactly in float arithmetic (module docstring;
+        :func:`float_exact_carriers` lists a concrete format's).  A concrete
+        format derives this itself and may only state carriers where it holds.
     """
 
     name: str
@@ -105,6 +123,9 @@ class Format:
     # None until __post_init__ fills in the default: always set on a built Format.
     bias: int = None  # pyright: ignore[reportAssignmentType]
     overflow: Overflow = None  # pyright: ignore[reportAssignmentType]
+    # Carriers ("float32", "float64") where rounding to nearest is exact float
+    # arithmetic for every width a traced format takes (module docstring).
+    float_exact_in: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.overflow is None:
@@ -137,6 +158,13 @@ class Format:
             )
         if not _is_traced(self.bias) and not is_int(self.bias):
             raise ValueError(f"Format.bias: expected an integer, got {self.bias!r}")
+        if not isinstance(self.float_exact_in, tuple) or not set(self.float_exact_in) <= set(
+            _CARRIER_LIMITS
+        ):
+            raise ValueError(
+                "Format.float_exact_in: expected a tuple of carrier names among "
+                f"{tuple(_CARRIER_LIMITS)}, got {self.float_exact_in!r}"
+            )
         if not self.is_concrete:
             return  # traced fields cannot be range-checked
         if self.specials == "fn" and self.man_bits < 1:
@@ -151,12 +179,19 @@ class Format:
                 f"man_bits <= 52, emax <= 1023 and emin - man_bits >= -1074, got "
                 f"emax={self.emax}, emin={self.emin}"
             )
+        wrong = [c for c in self.float_exact_in if not self.rounds_in_float(c)]
+        if wrong:
+            raise ValueError(
+                f"Format.float_exact_in: {self.name!r} does not round exactly in float "
+                f"arithmetic in {wrong} (expected its quanta normal numbers of the carrier "
+                f"with 2**M_c times the largest finite, or the carrier's own layout)"
+            )
 
     # -- pytree -------------------------------------------------------------
 
     def tree_flatten(self):
         children = (self.exp_bits, self.man_bits, self.bias)
-        aux = (self.name, self.subnormals, self.specials, self.overflow)
+        aux = (self.name, self.subnormals, self.specials, self.overflow, self.float_exact_in)
         return children, aux
 
     @classmethod
@@ -165,7 +200,7 @@ class Format:
         obj = object.__new__(cls)
         for k, v in zip(("exp_bits", "man_bits", "bias"), children):
             object.__setattr__(obj, k, v)
-        for k, v in zip(("name", "subnormals", "specials", "overflow"), aux):
+        for k, v in zip(("name", "subnormals", "specials", "overflow", "float_exact_in"), aux):
             object.__setattr__(obj, k, v)
         return obj
 
@@ -271,6 +306,28 @@ class Format:
             )
         return self._fits(*_CARRIER_LIMITS[key])
 
+    def rounds_in_float(self, dtype) -> bool:
+        """Whether rounding to nearest to this format is exact in ``dtype``'s float
+        arithmetic by Eq. (R) of the module docstring, also where the CPU flushes
+        subnormals: the format is the carrier's own layout (every value already
+        exact), or its finest quantum ``2**(emin - man_bits)`` is a normal number
+        above the carrier's smallest (a carrier subnormal then rounds to 0 however
+        it is read) and ``2**(emax - man_bits + M_c)`` is finite.  A traced format
+        answers from ``float_exact_in``."""
+        key = np.dtype(dtype).name
+        if key not in _CARRIER_LIMITS:
+            raise ValueError(
+                f"carrier dtype: expected float32 or float64, got {np.dtype(dtype).name}"
+            )
+        if not self.is_concrete:
+            return key in self.float_exact_in
+        man_c, emin_c, emax_c = _CARRIER_LIMITS[key]
+        own = self.subnormals and self.man_bits == man_c and self.emin == emin_c
+        finest, coarsest = self.emin - self.man_bits, self.emax - self.man_bits
+        return self._fits(man_c, emin_c, emax_c) and (
+            own or (finest > emin_c and coarsest + man_c <= emax_c)
+        )
+
     @property
     def carrier(self) -> np.dtype:
         """The narrowest carrier (float32, else float64) that holds this format."""
@@ -322,6 +379,12 @@ class Format:
 
 # (man_bits, emin, emax) of each carrier dtype.
 _CARRIER_LIMITS = {"float32": (23, -126, 127), "float64": (52, -1022, 1023)}
+
+
+def float_exact_carriers(fmt: Format) -> tuple[str, ...]:
+    """The carriers in which concrete ``fmt`` rounds exactly in float arithmetic
+    (:meth:`Format.rounds_in_float`): what a traced copy of it may state."""
+    return tuple(c for c in _CARRIER_LIMITS if fmt.rounds_in_float(c))
 
 
 def custom(exp_bits, man_bits, **kwargs) -> Format:

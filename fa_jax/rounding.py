@@ -107,6 +107,8 @@ class _Carrier:
         return self.uint(((2 * self.bias + 1) << self.man) | (1 << (self.man - 1)))
 
 
+_FLOATS = {np.uint32: np.float32, np.uint64: np.float64}  # a carrier's float by its bits
+
 _CARRIERS = {
     np.dtype(np.float32): _Carrier(np.uint32, 23, 127),
     np.dtype(np.float64): _Carrier(np.uint64, 52, 1023),
@@ -121,6 +123,7 @@ class _Static:
     subnormals: bool
     specials: str
     overflow: str
+    in_float: bool = False  # the magnitude rounded by Eq. (R) (:func:`_nearest_in_float`)
 
 
 def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Array:
@@ -152,7 +155,8 @@ def round_to(x, fmt, mode: RoundingMode = "nearest_even", *, key=None) -> jax.Ar
     x = jnp.asarray(_float64_without_x64(x, fmt, mode))
     carrier = _carrier_of(x.dtype, fmt)
     rbits = jax.random.bits(key, x.shape, carrier.uint) if key is not None else None
-    static = _Static(mode, fmt.subnormals, fmt.specials, fmt.overflow)
+    in_float = mode == "nearest_even" and fmt.rounds_in_float(x.dtype)
+    static = _Static(mode, fmt.subnormals, fmt.specials, fmt.overflow, in_float)
     if fmt.is_concrete:  # one compiled program; widths folded in as constants
         widths = (int(fmt.exp_bits), int(fmt.man_bits), int(fmt.bias))
         return _round_compiled(static, widths, x, rbits)
@@ -252,7 +256,8 @@ def _round_compiled(static, widths, x, rbits):
     return _round_ste(static, x, *(np.int32(w) for w in widths), rbits)
 
 
-_IEEE_NEAREST = _Static("nearest_even", True, "ieee", "inf")
+_IEEE_NEAREST = (_Static("nearest_even", True, "ieee", "inf", b) for b in (False, True))
+_IEEE_NEAREST = tuple(_IEEE_NEAREST)
 
 
 def _hardware_nearest(static: _Static, widths, dtype) -> bool:
@@ -264,7 +269,7 @@ def _hardware_nearest(static: _Static, widths, dtype) -> bool:
     e, m, bias = widths
     c = _CARRIERS[np.dtype(dtype)]
     return (
-        static == _IEEE_NEAREST
+        static in _IEEE_NEAREST
         and bias == (1 << (e - 1)) - 1
         and 0 < m < c.man
         and (1 - bias) - m >= c.emin
@@ -299,30 +304,12 @@ def _round_ste_jvp(static, primals, tangents):
     return _round_ste(static, *primals), tangents[0]
 
 
-def _pow2_bits(k, c: _Carrier):
-    """Carrier bits of 2**k (int32 k), 0 where 2**k is below the carrier's range."""
-    U = c.uint
-    normal = jnp.clip(k + c.bias, _I32(0), _I32(2 * c.bias)).astype(U) << U(c.man)
-    sub_shift = k - c.emin + c.man  # position of the single bit of a subnormal
-    sub = U(1) << jnp.clip(sub_shift, _I32(0), _I32(c.man - 1)).astype(U)
-    return jnp.where(k >= c.emin, normal, jnp.where(sub_shift >= 0, sub, U(0)))
-
-
-def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
-    c = _CARRIERS[np.dtype(x.dtype)]
+def _round_code(static: _Static, c: _Carrier, a, neg, emin, m, s_exp, rbits):
+    """The magnitude code ``a`` rounded on the target's grid by integer operations
+    (module docstring), values below S onto {0, S}; before overflow and specials."""
     U, M = c.uint, c.man
     one, zero = U(1), U(0)
-    mode, specials = static.mode, static.specials
-
-    bits = jax.lax.bitcast_convert_type(x, U)
-    neg = (bits & c.sign_mask) != 0
-    a = bits & c.abs_mask  # magnitude code
-
-    e, m, b = (jnp.asarray(v, jnp.int32) for v in (exp_bits, man_bits, bias))
-    emin = 1 - b
-    emax = (1 << e) - (2 if specials == "ieee" else 1) - b
-    s_exp = emin - m if static.subnormals else emin  # log2 of S, the smallest positive
-
+    mode = static.mode
     # -- round the magnitude code to a multiple of 2**d ---------------------
     # The code is linear in the value with step 2**(E_lin - M) inside a carrier
     # binade, and across all carrier subnormals (E_lin = emin_c there).  The
@@ -373,6 +360,61 @@ def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
         )
         away = (rbits & U((1 << (M + 1)) - 1)) < t
     a_r = jnp.where(a < s_bits, jnp.where(away, s_bits, zero), a_r)
+    return a_r
+
+
+def _nearest_in_float(c: _Carrier, a, emin, emax, m, subnormals: bool):
+    """The magnitude code ``a`` rounded to nearest even by Eq. (R) of
+    :mod:`fa_jax.formats`: ``(|x| + C) - C`` with ``C = 2**(q + M_c)``, whose ulp
+    is the target's quantum ``2**q`` at ``x`` (``|x| < C`` there, so the sum stays
+    in C's binade and its one rounding is the target's; ``C / 2**q`` is even, so
+    ties go to an even multiple).  Codes already on the grid (the carrier's ulp at
+    ``x`` no coarser than ``2**q``) and those past the format's top binade (which
+    overflow below) are kept.  Exact under :meth:`~fa_jax.formats.Format.rounds_in_float`:
+    every ``2**q`` rounded to is a carrier normal (flushing cannot touch it) and ``C``
+    is finite."""
+    U, M = c.uint, c.man
+    E_lin = jnp.maximum((a >> U(M)).astype(jnp.int32), 1) - c.bias  # x's binade, ulp 2**(E_lin - M)
+    if subnormals:
+        q = jnp.maximum(E_lin, emin) - m
+    else:  # below tiny the grid is {0, tiny}
+        q = jnp.where(E_lin < emin, emin, E_lin - m)
+    kept = (q <= E_lin - M) | (E_lin > emax)
+    C_bits = jnp.clip(q + M + c.bias, _I32(1), _I32(2 * c.bias)).astype(U) << U(M)
+    mag = jax.lax.bitcast_convert_type(a, _FLOATS[U])
+    C = jax.lax.bitcast_convert_type(C_bits, _FLOATS[U])
+    rounded = jax.lax.bitcast_convert_type((mag + C) - C, U)
+    return jnp.where(kept, a, rounded)
+
+
+def _pow2_bits(k, c: _Carrier):
+    """Carrier bits of 2**k (int32 k), 0 where 2**k is below the carrier's range."""
+    U = c.uint
+    normal = jnp.clip(k + c.bias, _I32(0), _I32(2 * c.bias)).astype(U) << U(c.man)
+    sub_shift = k - c.emin + c.man  # position of the single bit of a subnormal
+    sub = U(1) << jnp.clip(sub_shift, _I32(0), _I32(c.man - 1)).astype(U)
+    return jnp.where(k >= c.emin, normal, jnp.where(sub_shift >= 0, sub, U(0)))
+
+
+def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
+    c = _CARRIERS[np.dtype(x.dtype)]
+    U, M = c.uint, c.man
+    one, zero = U(1), U(0)
+    mode, specials = static.mode, static.specials
+
+    bits = jax.lax.bitcast_convert_type(x, U)
+    neg = (bits & c.sign_mask) != 0
+    a = bits & c.abs_mask  # magnitude code
+
+    e, m, b = (jnp.asarray(v, jnp.int32) for v in (exp_bits, man_bits, bias))
+    emin = 1 - b
+    emax = (1 << e) - (2 if specials == "ieee" else 1) - b
+    s_exp = emin - m if static.subnormals else emin  # log2 of S, the smallest positive
+
+    if static.in_float:
+        a_r = _nearest_in_float(c, a, emin, emax, m, static.subnormals)
+    else:
+        a_r = _round_code(static, c, a, neg, emin, m, s_exp, rbits)
 
     # -- overflow, inf and NaN -------------------------------------------------
     mu = m.astype(U)

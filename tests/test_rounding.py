@@ -438,3 +438,97 @@ def test_reduce_precision_path_is_not_taken_where_it_would_be_wrong(fmt, dtype):
 
     static = rounding._Static("nearest_even", fmt.subnormals, fmt.specials, fmt.overflow)
     assert not rounding._hardware_nearest(static, (fmt.exp_bits, fmt.man_bits, fmt.bias), dtype)
+
+
+# Formats and carriers whose nearest rounding is exact float arithmetic (formats.py, Eq. R).
+FLOAT_EXACT = [
+    *((f, np.float32) for f in (FP16, FP32, E4M3FN, custom(5, 2, subnormals=False))),
+    *(
+        (f, np.float64)
+        for f in (
+            BF16,
+            FP16,
+            FP32,
+            fa_jax.FP64,
+            E4M3FN,
+            fa_jax.E4M3FNUZ,
+            fa_jax.E2M1FN,
+            custom(8, 10, subnormals=False),
+            custom(4, 3, overflow="saturate"),
+        )
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "fmt, dtype", FLOAT_EXACT, ids=[f"{f.name}-{np.dtype(d).name}" for f, d in FLOAT_EXACT]
+)
+def test_float_path_equals_the_integer_path(fmt, dtype):
+    """Rounding to nearest by (|x| + C) - C, taken for a concrete format that rounds
+    exactly in float arithmetic and for traced widths that state it
+    (``float_exact_in``), gives the integer path's bits on every hard case, under
+    jit, eagerly and vmapped over the widths."""
+    import dataclasses
+
+    from fa_jax import rounding
+
+    assert fmt.rounds_in_float(dtype)
+    widths = (fmt.exp_bits, fmt.man_bits, fmt.bias)
+    static = rounding._Static("nearest_even", fmt.subnormals, fmt.specials, fmt.overflow)
+    carriers = (np.dtype(dtype).name,)
+
+    def traced(w):
+        f = dataclasses.replace(fmt, name="t", float_exact_in=carriers)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(f), list(w))
+
+    with x64_enabled():
+        x = jnp.asarray(_edges(fmt, dtype))
+        want = jax.jit(rounding._round_ste, static_argnums=0)(static, x, *widths, None)
+        ws = jnp.asarray([widths, widths], jnp.int32)
+        vmapped = jax.jit(jax.vmap(lambda w: round_to(x, traced(w))))(ws)
+        concrete = [round_jit(x, fmt), round_to(x, fmt)]
+    bits = np.dtype(rounding._CARRIERS[np.dtype(dtype)].uint)
+    for got in (*concrete, *vmapped):
+        assert np.array_equal(np.asarray(got).view(bits), np.asarray(want).view(bits))
+
+
+def test_traced_widths_take_the_float_path_only_where_stated():
+    """A traced format rounds by Eq. (R) (no count-leading-zeros) only where it states
+    the carrier; the integer path otherwise."""
+    x = jnp.linspace(-3.0, 3.0, 7, dtype=jnp.float32)
+
+    def ops(**kw):
+        def f(m):
+            return round_to(x, fa_jax.Format("t", 5, m, **kw))
+
+        return str(jax.make_jaxpr(f)(jnp.int32(10)))
+
+    assert "clz" not in ops(float_exact_in=("float32",))
+    assert "clz" in ops()
+    assert "clz" in ops(float_exact_in=("float64",))  # another carrier's statement
+
+
+@pytest.mark.parametrize(
+    "fmt, dtype, holds",
+    [
+        (BF16, np.float64, True),
+        (BF16, np.float32, False),  # its subnormals are float32 subnormals
+        (FP16, np.float32, True),
+        (FP32, np.float32, True),  # the carrier's own layout
+        (fa_jax.FP64, np.float64, True),
+        (fa_jax.TF32, np.float32, False),  # its finest quantum 2**-136
+        (custom(11, 3), np.float64, False),  # 2**(emax - 3 + 52) overflows
+        (custom(11, 52, subnormals=False), np.float64, False),  # {0, tiny} below tiny
+    ],
+)
+def test_rounds_in_float_where_eq_r_is_exact(fmt, dtype, holds):
+    assert fmt.rounds_in_float(dtype) is holds
+    stated = fa_jax.Format("t", jnp.int32(5), jnp.int32(2), float_exact_in=("float32",))
+    assert stated.rounds_in_float(np.float32) and not stated.rounds_in_float(np.float64)
+
+
+def test_a_concrete_format_cannot_state_a_carrier_it_does_not_round_in():
+    with pytest.raises(ValueError, match=r"float_exact_in: 'bf16' does not round exactly"):
+        fa_jax.Format("bf16", 8, 7, float_exact_in=("float32",))
+    with pytest.raises(ValueError, match=r"float_exact_in: expected a tuple of carrier names"):
+        fa_jax.Format("x", 5, 2, float_exact_in=("float16",))

@@ -374,6 +374,7 @@ def _relabelled(policy: Policy) -> Policy:
                 subnormals=f.subnormals,
                 specials=f.specials,
                 overflow=f.overflow,
+                float_exact_in=("float64",) if f.rounds_in_float(np.float64) else (),
             )
     return policy.replace(**fmts, name="attribution")
 

@@ -61,6 +61,17 @@ def _kind(f: Format) -> tuple:
     return (f.subnormals, f.specials, f.overflow)
 
 
+def _traced_kind(f: Format, carrier) -> tuple:
+    """A slot's static part in a program computing on ``carrier``: the format's kind
+    and, on a float64 carrier, whether it rounds exactly in float arithmetic there
+    (stated on the traced format, :attr:`~fa_jax.formats.Format.float_exact_in`):
+    true of the sweep's formats (bf16, fp16, fp8, FP32, FP64) alike, so they still
+    share a program.  On a float32 carrier bf16 would not (its subnormals are float32
+    subnormals) and fp16 would: nothing is stated there, so they keep sharing one."""
+    exact = np.dtype(carrier) == np.float64 and f.rounds_in_float(carrier)
+    return (*_kind(f), ("float64",) if exact else ())
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyShape:
     """The static part of a policy: which stages share a format (``slots``, one
@@ -113,7 +124,7 @@ def policy_shape(pol: Policy, slots: tuple | None = None) -> PolicyShape:
     slots = stage_slots([pol]) if slots is None else slots
     return PolicyShape(
         slots,
-        tuple(_kind(f) for f in _slot_formats(pol, slots)),
+        tuple(_traced_kind(f, pol.carrier_dtype()) for f in _slot_formats(pol, slots)),
         pol.accumulation,
         pol.scale,
         pol.exp_model,
@@ -134,7 +145,16 @@ def golden_for(f: Format) -> Policy:
 
 def _policy(shape: PolicyShape, widths) -> Policy:
     fmts = [
-        Format("sweep", w[0], w[1], bias=w[2], subnormals=k[0], specials=k[1], overflow=k[2])
+        Format(
+            "sweep",
+            w[0],
+            w[1],
+            bias=w[2],
+            subnormals=k[0],
+            specials=k[1],
+            overflow=k[2],
+            float_exact_in=k[3],
+        )
         for w, k in zip(widths, shape.kinds)
     ]
     return Policy(
