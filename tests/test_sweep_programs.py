@@ -17,10 +17,14 @@ from fa_jax.presets import fa2_kernel, golden, paper_uniform
 from fa_jax.rounding import round_to
 from fa_jax.studies.profile import Profile
 from fa_jax.studies.sweep import Grid, run_sweep
+from fa_jax.studies.sweep.executables import Executables
+from fa_jax.studies.sweep.grid import METRICS
 from fa_jax.studies.sweep.programs import (
     METRIC_LABEL,
     flash_program,
     golden_for,
+    metric_plans,
+    metric_values,
     policy_shape,
     policy_widths,
     reference_program,
@@ -113,3 +117,21 @@ def test_presets_of_one_shape_share_programs(tmp_path):
     run_sweep(grid, tmp_path, quiet=True, cache=False, profile=profile)
     attention = [p for p in profile.programs.values() if p.label != METRIC_LABEL]
     assert sum(p.compiled + p.loaded for p in attention) == 2
+
+
+def test_metric_plans_are_the_programs_metric_values_runs(x64):
+    """The metric programs a sweep compiles ahead (metric_plans) are those that
+    metric_values then runs: nothing more is compiled, and the values are the
+    public metric functions' bit for bit."""
+    from fa_jax import metrics
+
+    profile = Profile()
+    executables = Executables(None, profile)
+    executables.prepare(metric_plans(96))
+    assert profile.programs["metrics"].compiled == 4
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 2, 3, 16))
+    got = metric_values(a, b, executables)
+    assert profile.programs["metrics"].compiled == 4
+    want = metrics.abs_diff_summary(a, b)
+    assert [float(x) for x in got] == [float(want[m]) for m in METRICS]

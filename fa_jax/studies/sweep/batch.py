@@ -389,6 +389,17 @@ class FormatBatch:
             self._kernel[chunk] = np.stack(outs)
         return self._kernel[chunk]
 
+    def output_sizes(self, chunk) -> set[int]:
+        """The element counts of the chunk's unpadded outputs, one configuration's
+        (its rows: the length, or the features' queries), that its metrics read."""
+        q = self.inputs(chunk)[0]
+        lead, d = q.shape[1] * q.shape[2], self.grid.d
+        queries = self.features.queries
+        return {
+            lead * (n if queries is None else min(n, queries)) * d
+            for _, n, _ in self.entries(chunk)
+        }
+
     def golden(self, chunk):
         if chunk not in self._golden:
             self._golden[chunk] = self.run(

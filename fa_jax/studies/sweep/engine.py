@@ -112,7 +112,7 @@ from fa_jax.studies.sweep.grid import (
     row_key,
 )
 from fa_jax.studies.sweep.partition import partition, unit_cost, unit_of
-from fa_jax.studies.sweep.programs import metric_values
+from fa_jax.studies.sweep.programs import metric_plans, metric_values
 
 __all__ = [
     "MEMORY_BUDGET",
@@ -529,12 +529,15 @@ def _compute(
             keys = keys_of(feat, preset, variant, bc, kb.entries(chunk))
             if not all(tuple(k.values()) in done for ks in keys for k in ks):
                 todo[kind, feat, preset, variant, bc, chunk] = keys
-    plans = []
+    plans, sizes = [], set()
     for kind, feat, preset, variant, bc, chunk in todo:
         kb = batches[kind, feat]
         plans += kb.reference_plans(chunk, preset)
         if kernel_name(preset) is None:
             plans += kb.flash_plans(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
+        sizes |= kb.output_sizes(chunk)
+    for size in sorted(sizes):
+        plans += metric_plans(size)
     executables.prepare(plans)
 
     for kind, feat, preset, variant, bc in track(groups, desc=desc, unit="group", quiet=quiet):

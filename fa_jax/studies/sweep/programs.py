@@ -48,6 +48,7 @@ __all__ = [
     "PolicyShape",
     "flash_program",
     "golden_for",
+    "metric_plans",
     "metric_values",
     "policy_shape",
     "policy_widths",
@@ -209,6 +210,21 @@ _mean, _std, _rmse = metrics.ordered_mean, metrics.ordered_std, metrics.rmse_of_
 
 
 METRIC_LABEL = "metrics"  # the profile's name of the metric programs
+
+
+def metric_plans(size: int) -> list:
+    """The programs :func:`metric_values` calls on outputs of ``size`` elements, as
+    :meth:`~.executables.Executables.prepare` takes them, so that a sweep compiles
+    them ahead beside its other programs (on the compile threads) rather than one
+    after another as its first configuration of each length needs them.  Their
+    arguments are what those calls pass: host arrays, then the device results of
+    ``|a - b|`` (which carry the default device's sharding)."""
+    host = jax.ShapeDtypeStruct((size,), np.float64)
+    placed = jax.device_put(np.float64(0)).sharding  # where a program's results live
+    d = jax.ShapeDtypeStruct((size,), np.float64, sharding=placed)
+    s = jax.ShapeDtypeStruct((), np.float64, sharding=placed)
+    calls = [(_abs_diff_max, (host, host)), (_mean, (d,)), (_std, (d,)), (_rmse, (d, s))]
+    return [(program, args, {}, METRIC_LABEL) for program, args in calls]
 
 
 def metric_values(a, b, executables: Executables):
