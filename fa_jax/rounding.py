@@ -363,23 +363,25 @@ def _round_code(static: _Static, c: _Carrier, a, neg, emin, m, s_exp, rbits):
     return a_r
 
 
-def _nearest_in_float(c: _Carrier, a, emin, emax, m, subnormals: bool):
+def _nearest_in_float(c: _Carrier, a, emin, m, subnormals: bool):
     """The magnitude code ``a`` rounded to nearest even by Eq. (R) of
     :mod:`fa_jax.formats`: ``(|x| + C) - C`` with ``C = 2**(q + M_c)``, whose ulp
     is the target's quantum ``2**q`` at ``x`` (``|x| < C`` there, so the sum stays
     in C's binade and its one rounding is the target's; ``C / 2**q`` is even, so
     ties go to an even multiple).  Codes already on the grid (the carrier's ulp at
-    ``x`` no coarser than ``2**q``) and those past the format's top binade (which
-    overflow below) are kept.  Exact under :meth:`~fa_jax.formats.Format.rounds_in_float`:
-    every ``2**q`` rounded to is a carrier normal (flushing cannot touch it) and ``C``
-    is finite."""
+    ``x`` no coarser than ``2**q``) are kept.  Exact under
+    :meth:`~fa_jax.formats.Format.rounds_in_float`: every ``2**q`` rounded to is a
+    carrier normal (flushing cannot touch it) and ``C`` is finite up to the format's
+    top binade.  Past it (inf included) ``C`` is held at the carrier's top binade;
+    what comes out is then still past the format's max, or inf, or NaN for NaN,
+    which the overflow and specials below replace."""
     U, M = c.uint, c.man
     E_lin = jnp.maximum((a >> U(M)).astype(jnp.int32), 1) - c.bias  # x's binade, ulp 2**(E_lin - M)
     if subnormals:
         q = jnp.maximum(E_lin, emin) - m
     else:  # below tiny the grid is {0, tiny}
         q = jnp.where(E_lin < emin, emin, E_lin - m)
-    kept = (q <= E_lin - M) | (E_lin > emax)
+    kept = q <= E_lin - M
     C_bits = jnp.clip(q + M + c.bias, _I32(1), _I32(2 * c.bias)).astype(U) << U(M)
     mag = jax.lax.bitcast_convert_type(a, _FLOATS[U])
     C = jax.lax.bitcast_convert_type(C_bits, _FLOATS[U])
@@ -412,7 +414,7 @@ def _round_bits(static: _Static, x, exp_bits, man_bits, bias, rbits):
     s_exp = emin - m if static.subnormals else emin  # log2 of S, the smallest positive
 
     if static.in_float:
-        a_r = _nearest_in_float(c, a, emin, emax, m, static.subnormals)
+        a_r = _nearest_in_float(c, a, emin, m, static.subnormals)
     else:
         a_r = _round_code(static, c, a, neg, emin, m, s_exp, rbits)
 

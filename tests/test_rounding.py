@@ -374,7 +374,8 @@ def _edges(fmt, dtype) -> np.ndarray:
     """Dense hard cases for ``fmt`` on a ``dtype`` carrier: random values from below
     the smallest subnormal to past max, every neighbour pair's midpoint with the
     carrier values either side, the normal/subnormal boundary and the overflow edge,
-    carrier subnormals, signed zeros, infinities and NaNs with payloads and signs."""
+    carrier subnormals, the carrier's largest values, signed zeros, infinities and NaNs
+    with payloads and signs."""
     rng = np.random.default_rng(1)
     n = 4000
     exps = rng.integers(fmt.emin - fmt.man_bits - 3, fmt.emax + 2, n)
@@ -387,7 +388,11 @@ def _edges(fmt, dtype) -> np.ndarray:
     top = fmt.max + np.ldexp(1.0, fmt.emax - fmt.man_bits) / 2
     base = np.concatenate([x, mids, [tiny, tiny - np.ldexp(1.0, fmt.emin - fmt.man_bits - 1)]])
     base = np.concatenate(
-        [base, [top, fmt.max, np.finfo(dtype).tiny, np.finfo(dtype).smallest_subnormal]]
+        [
+            base,
+            [top, fmt.max, np.finfo(dtype).tiny, np.finfo(dtype).smallest_subnormal],
+            [np.finfo(dtype).max, np.finfo(dtype).max / 3],  # far past the format
+        ]
     )
     inf = np.asarray(np.inf, dtype)
     with np.errstate(over="ignore"):

@@ -43,7 +43,7 @@ def _shape() -> PolicyShape:
 
 def _args(n: int = 16, dtype=np.float64):
     x = np.zeros((4, 1, 1, n, 8), dtype)
-    return (x, x, x, np.zeros((4, 3, 3), np.int32), np.zeros(4, np.int32))
+    return (x, x, x, np.zeros((3, 3), np.int32), np.zeros(4, np.int32))
 
 
 def _static(**changes):

@@ -75,7 +75,7 @@ def test_programs_equal_direct_calls_bitwise(x64):
     lengths = jnp.array([n], jnp.int32)
 
     def run(program, pol, **static):
-        w = jnp.asarray(policy_widths(pol, slots))[None]
+        w = jnp.asarray(policy_widths(pol, slots))
         return program(*qkv, w, lengths, shape=policy_shape(pol, slots), **static)[0]
 
     q, k, v = (t[0] for t in qkv)
@@ -97,7 +97,7 @@ def test_a_float32_flash_program_holds_no_64_bit_type(x64):
     slots = stage_slots([pol])
     shape = dataclasses.replace(policy_shape(pol, slots), carrier="float32")
     q = jnp.zeros((2, 1, 1, 16, 8), jnp.float32)
-    widths = jnp.asarray(np.stack([policy_widths(pol, slots)] * 2))
+    widths = jnp.asarray(policy_widths(pol, slots))
     lengths = jnp.array([16, 12], jnp.int32)
     static = dict(shape=shape, variant="fa2", blocks=Blocks(8, 8), causal=True)
     assert not wide_types(flash_program.lower(q, q, q, widths, lengths, **static))

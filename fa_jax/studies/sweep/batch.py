@@ -104,16 +104,17 @@ def length_buckets(lens, ratio=PAD_RATIO):
     return [tuple(b) for b in buckets]
 
 
-def shard(args, n, *, pad_to=None):
-    """Pad the leading (configuration) axis, repeating its last entry, to ``pad_to``
-    entries and then to a multiple of the process's device count, and shard it
-    over a 1-D mesh of those devices (no sharding on one device)."""
+def shard(args, n, *, pad_to=None, lo=0):
+    """Entries ``lo .. lo + n`` of the leading (configuration) axis, padded
+    (repeating the last) to ``pad_to`` entries and then to a multiple of the
+    process's device count, and sharded over a 1-D mesh of those devices (no
+    sharding on one device)."""
     devices = jax.local_devices()
     extra = (pad_to or n) - n
     extra += -(n + extra) % len(devices)
 
     def pad(x):
-        x = np.asarray(x)
+        x = np.asarray(x)[lo : lo + n]
         if extra:
             x = np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
         return x
@@ -254,19 +255,18 @@ class FormatBatch:
         return self._rounded[chunk]
 
     def policies(self, chunk, preset, slots):
-        """The shape every configuration's policy shares (in ``slots``) and their
-        widths ``[C, slots, 3]``."""
+        """The shape every format's policy shares (in ``slots``) and each format's
+        widths ``[slots, 3]``, by format."""
         if (chunk, preset, slots) not in self._policies:
             n, d = max(chunk), self.grid.d
             by_format = {f: policy_of(preset, f, n, d) for f in self.fmts}  # not per seed, length
-            pols = [by_format[f] for f, _, _ in self.entries(chunk)]
-            shapes = {policy_shape(p, slots) for p in pols}
+            shapes = {policy_shape(p, slots) for p in by_format.values()}
             if len(shapes) != 1:
                 raise ValueError(
                     f"FormatBatch: expected formats whose {preset} policies share one shape, "
                     f"got {len(shapes)} shapes for {[f.name for f in self.fmts]}"
                 )
-            widths = np.stack([policy_widths(p, slots) for p in pols])
+            widths = {f: policy_widths(p, slots) for f, p in by_format.items()}
             self._policies[chunk, preset, slots] = (shapes.pop(), widths)
         return self._policies[chunk, preset, slots]
 
@@ -289,16 +289,19 @@ class FormatBatch:
         if program is flash_program and self.carrier != "float64":
             shape = dataclasses.replace(shape, carrier=self.carrier)
             q, k, v = self.narrow_inputs(chunk, preset)
-        args = (q, k, v, widths, lengths)
         static = {"features": self.features, **static, "shape": shape}
-        total = len(lengths)
         per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
         size = min(per, PIECE * len(jax.local_devices()))
         label = _label(program, chunk, static)
-        for start in range(0, total, size):
-            piece = jax.tree_util.tree_map(lambda x, i=start: x[i : i + size], args)
-            n = len(piece[-1])
-            yield n, shard(piece, n, pad_to=size), static, label
+        # One policy per call: a piece holds configurations of one format (entries
+        # are grouped by format), its widths an argument beside them.
+        formats = [f for f, _, _ in self.entries(chunk)]
+        for f in dict.fromkeys(formats):
+            first, stop = formats.index(f), len(formats) - formats[::-1].index(f)
+            for start in range(first, stop, size):
+                end = min(start + size, stop)
+                q_p, k_p, v_p, n_p = shard((q, k, v, lengths), end - start, pad_to=size, lo=start)
+                yield end - start, (q_p, k_p, v_p, widths[f], n_p), static, label
 
     def plan(self, program, chunk, preset, *, tile_cols=None, **static):
         """What :meth:`run` will call, for :meth:`Executables.prepare`:

@@ -1,18 +1,26 @@
-"""The sweep's compiled programs: reference and flash attention, vmapped.
+"""The sweep's compiled programs: reference and flash attention over configurations.
 
 One configuration is (policy, format, sequence length, tiles, variant, seed,
 features); the features (:class:`~.features.Features`) are static arguments.
-Each program maps one of them to its output O and is vmapped over a flat axis
-of configurations.  A :class:`~fa_jax.policy.Policy` is a pytree whose leaves
-are its stages' widths (exp_bits, man_bits, bias), so a program takes a policy
-apart: its :class:`PolicyShape` (which stages share a format, each format's
-kind, the accumulation, scale, exp and normalisation models) is static, and
-its widths are traced (:func:`policy_widths`).  Policies of one shape share one
+Each program maps configurations of one policy (one call: one format and
+preset) to their outputs O, along a leading configuration axis.  That axis is
+one more leading dimension of the attention's batch (every step of attention
+is per leading index, so this is bitwise the configurations one at a time, and
+the program is traced once, without ``vmap``'s batching of its key loop: about
+half the tracing and a fifth of the compiling of a vmapped one), except where a
+KV cache's scales span the batch (``kv_scaling`` "tensor" or "head"), which is
+``vmap``'d over the configurations (:func:`_over_configs`).  A
+:class:`~fa_jax.policy.Policy` is a pytree whose leaves are its stages' widths
+(exp_bits, man_bits, bias), so a program takes a policy apart: its
+:class:`PolicyShape` (which stages share a format, each format's kind, the
+accumulation, scale, exp and normalisation models) is static, and its widths
+are traced (:func:`policy_widths`).  Policies of one shape share one
 compiled program: paper_uniform and fa2_kernel in the same format kind, and the
 FP64 golden beside them, with their stages in the slots of
 :func:`stage_slots`.  Sequence lengths are padded to the batch's longest and
 masked with ``q_lengths``/``kv_lengths``, which gives the unpadded numbers
-bitwise.
+bitwise (a flash key loop runs to the call's longest length: a block past a
+configuration's keys changes nothing, α = 1 and zeros added).
 
 * golden (:func:`golden_for`): reference attention in FP64 on Q, K, V rounded
   to the format, the values the emulated runs see;
@@ -135,7 +143,8 @@ def policy_shape(pol: Policy, slots: tuple | None = None) -> PolicyShape:
 
 
 def policy_widths(pol: Policy, slots: tuple) -> np.ndarray:
-    """``[slots, 3]`` int32: each slot's (exp_bits, man_bits, bias)."""
+    """``[slots, 3]`` int32: each slot's (exp_bits, man_bits, bias), what a program
+    takes for its call's policy."""
     return np.array([[f.exp_bits, f.man_bits, f.bias] for f in _slot_formats(pol, slots)], np.int32)
 
 
@@ -177,24 +186,39 @@ def _masks(q, k, n, features: Features) -> dict:
     return dict(kw, q_lengths=q_lengths, kv_lengths=n)
 
 
+def _over_configs(one, features: Features, q, k, v, lengths):
+    """``one(q, k, v, n)`` over the leading configuration axis of Q, K, V ``[C, B,
+    H, N, d]`` and ``lengths`` ``[C]`` (module docstring): that axis as a leading
+    batch dimension, each length broadcast over its configuration's (B, H); or
+    ``vmap`` where the features' KV cache scales span the batch."""
+    if features.kv is not None and features.kv_scaling in ("tensor", "head"):
+        return jax.vmap(one)(q, k, v, lengths)
+    return one(q, k, v, lengths[:, None, None])
+
+
 @functools.partial(jax.jit, static_argnames=("shape", "causal", "features"))
 def reference_program(q, k, v, widths, lengths, *, shape, causal, features=PAPER):
-    def one(q, k, v, w, n):
-        pol = features.policy(_policy(shape, w))
+    """O of reference attention for configurations ``[C, ...]`` of one policy
+    (``widths`` ``[slots, 3]``), each of ``lengths`` ``[C]``."""
+    pol = features.policy(_policy(shape, widths))
+
+    def one(q, k, v, n):
         return reference_attention(q, k, v, pol, causal=causal, **_masks(q, k, n, features))
 
-    return jax.vmap(one)(q, k, v, widths, lengths)
+    return _over_configs(one, features, q, k, v, lengths)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "variant", "blocks", "causal", "features"))
 def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal, features=PAPER):
-    def one(q, k, v, w, n):
-        pol = features.policy(_policy(shape, w))
+    """O of flash attention, as :func:`reference_program`."""
+    pol = features.policy(_policy(shape, widths))
+
+    def one(q, k, v, n):
         kw = dict(_masks(q, k, n, features), **features.flash_kwargs())
         out = flash_attention(q, k, v, pol, blocks, variant=variant, causal=causal, **kw)
         return out[0]  # pyright: ignore[reportIndexIssue]
 
-    return jax.vmap(one)(q, k, v, widths, lengths)
+    return _over_configs(one, features, q, k, v, lengths)
 
 
 @jax.jit
