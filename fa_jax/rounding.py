@@ -251,9 +251,33 @@ _round_traced = jax.jit(_round_ste, static_argnums=(0,))
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _round_compiled(static, widths, x, rbits):
+    if static in _IEEE_NEAREST and _carrier_layout(widths, x.dtype):
+        return _quiet_nan_ste(x)
     if _hardware_nearest(static, widths, x.dtype):
         return _round_nearest_ste(widths, x)
     return _round_ste(static, x, *(np.int32(w) for w in widths), rbits)
+
+
+def _carrier_layout(widths, dtype) -> bool:
+    """Whether ``widths`` are the carrier's own (FP64 in float64, FP32 in float32):
+    rounding to nearest then changes no value."""
+    c = _CARRIERS[np.dtype(dtype)]
+    return tuple(widths) == (np.dtype(dtype).itemsize * 8 - 1 - c.man, c.man, c.bias)
+
+
+@jax.custom_jvp
+def _quiet_nan_ste(x):
+    """Rounding to the carrier's own layout to nearest: every value kept, a NaN
+    made the quiet NaN of its sign (as :func:`_round_bits` gives it)."""
+    c = _CARRIERS[np.dtype(x.dtype)]
+    bits = jax.lax.bitcast_convert_type(x, c.uint)
+    nan = jax.lax.bitcast_convert_type((bits & c.sign_mask) | c.qnan_bits, x.dtype)
+    return jnp.where(jnp.isnan(x), nan, x)
+
+
+@_quiet_nan_ste.defjvp
+def _quiet_nan_jvp(primals, tangents):
+    return _quiet_nan_ste(*primals), tangents[0]
 
 
 _IEEE_NEAREST = (_Static("nearest_even", True, "ieee", "inf", b) for b in (False, True))
