@@ -1,4 +1,4 @@
-"""Sweeps: a :class:`Grid` of configurations -> one vmapped program per static
+"""Sweeps: a :class:`Grid` of configurations -> one compiled program per static
 signature -> tidy ``results.csv`` (Golden et al. 2024, §4).
 
 :mod:`.grid` says what is swept (:mod:`.features`: the attention features),

@@ -22,9 +22,9 @@ Execution, in brief:
   per configuration and reused by every variant and tiling, which the kernel
   does not follow; a grid with such an entry runs unpadded (one length per
   bucket), so that its baseline takes the model's policy at each length;
-* each program vmaps over a flat (format × seq_len × seed) axis, with lengths
-  padded within buckets, memory-bounded pieces and the axis sharded over
-  ``jax.devices()`` (:mod:`.batch`);
+* each program runs over a flat (format × seq_len × seed) axis, one policy per
+  call, with lengths padded within buckets, memory-bounded pieces and the axis
+  sharded over ``jax.devices()`` (:mod:`.batch`);
 * metrics are computed per configuration on the unpadded output, by compiled
   programs that give the public metric functions' bits
   (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
