@@ -228,17 +228,17 @@ class Executables:
         compiles only the programs it claims, at most one per compile thread
         ahead of its compiles (so that claims follow each process's pace), and
         then loads the others' as they publish them."""
-        todo = {}
+        wanted = {}
         for program, args, static, label in calls:
             key = self._key(program, args, static)
-            if key in self._loaded or key in todo:
-                continue
-            start = time.perf_counter()
-            compiled = self._load(key)
+            if key not in self._loaded:
+                wanted.setdefault(key, (program, args, static, label))
+        todo = {}
+        for key, compiled, seconds in self._load_all(list(wanted)):
             if compiled is not None:
-                self._keep(key, label, compiled, "loaded", time.perf_counter() - start)
+                self._keep(key, wanted[key][3], compiled, "loaded", seconds)
             else:
-                todo[key] = (program, args, static, label)
+                todo[key] = wanted[key]
         if not todo:
             return
         status(f"compiling {len(todo)} programs")
@@ -293,6 +293,21 @@ class Executables:
                 self._keep(key, label, compiled, "received", time.perf_counter() - start)
                 self._write(key, data)
         status("")
+
+    def _load_all(self, keys: list[str]) -> list[tuple[str, object, float]]:
+        """(key, executable or None, seconds) for each of ``keys`` from the folder,
+        loaded on a thread per usable core (deserialising releases the GIL)."""
+
+        def load(key):
+            start = time.perf_counter()
+            compiled = self._load(key)
+            return key, compiled, time.perf_counter() - start
+
+        if len(keys) < 2 or self.folder is None:
+            return [load(key) for key in keys]
+        workers = min(len(keys), _usable_cores())
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(load, keys))
 
     def _keep(self, key: str, label: str, compiled, source: str, seconds: float) -> None:
         self._loaded[key] = (label, compiled)

@@ -70,14 +70,15 @@ def _kind(f: Format) -> tuple:
     return (f.subnormals, f.specials, f.overflow)
 
 
-def _traced_kind(f: Format, carrier) -> tuple:
-    """A slot's static part in a program computing on ``carrier``: the format's kind
-    and, on a float64 carrier, whether it rounds exactly in float arithmetic there
-    (stated on the traced format, :attr:`~fa_jax.formats.Format.float_exact_in`):
-    true of the sweep's formats (bf16, fp16, fp8, FP32, FP64) alike, so they still
-    share a program.  On a float32 carrier bf16 would not (its subnormals are float32
-    subnormals) and fp16 would: nothing is stated there, so they keep sharing one."""
-    exact = np.dtype(carrier) == np.float64 and f.rounds_in_float(carrier)
+def _traced_kind(f: Format, carrier: str) -> tuple:
+    """A slot's static part in a program of a policy's ``carrier``: the format's kind
+    and whether it rounds exactly in float64's float arithmetic (stated on the traced
+    format, :attr:`~fa_jax.formats.Format.float_exact_in`, and used where the program
+    computes on float64): true of the sweep's formats (bf16, fp16, fp8, FP32, FP64)
+    alike, so they still share a program.  On a float32 carrier bf16 would not (its
+    subnormals are float32 subnormals) and fp16 would: nothing is stated there, so
+    they keep sharing one."""
+    exact = carrier != "float32" and f.rounds_in_float(np.float64)
     return (*_kind(f), ("float64",) if exact else ())
 
 
@@ -133,7 +134,7 @@ def policy_shape(pol: Policy, slots: tuple | None = None) -> PolicyShape:
     slots = stage_slots([pol]) if slots is None else slots
     return PolicyShape(
         slots,
-        tuple(_traced_kind(f, pol.carrier_dtype()) for f in _slot_formats(pol, slots)),
+        tuple(_traced_kind(f, pol.carrier) for f in _slot_formats(pol, slots)),
         pol.accumulation,
         pol.scale,
         pol.exp_model,
