@@ -269,10 +269,7 @@ def _carrier_layout(widths, dtype) -> bool:
 def _quiet_nan_ste(x):
     """Rounding to the carrier's own layout to nearest: every value kept, a NaN
     made the quiet NaN of its sign (as :func:`_round_bits` gives it)."""
-    c = _CARRIERS[np.dtype(x.dtype)]
-    bits = jax.lax.bitcast_convert_type(x, c.uint)
-    nan = jax.lax.bitcast_convert_type((bits & c.sign_mask) | c.qnan_bits, x.dtype)
-    return jnp.where(jnp.isnan(x), nan, x)
+    return _quiet_nans(x, x)
 
 
 @_quiet_nan_ste.defjvp
@@ -306,12 +303,17 @@ def _round_nearest_ste(widths, x):
     docstring); NaN becomes the quiet NaN of its sign, as in :func:`_round_bits`."""
     e, m, bias = widths
     emin = 1 - bias
-    c = _CARRIERS[np.dtype(x.dtype)]
     normal = jax.lax.reduce_precision(x, exponent_bits=e, mantissa_bits=m)
     up = np.asarray(2.0 ** (m - emin), x.dtype)
     down = np.asarray(2.0 ** (emin - m), x.dtype)
     tiny = jax.lax.round(x * up, jax.lax.RoundingMethod.TO_NEAREST_EVEN) * down
     out = jnp.where(jnp.abs(x) < np.asarray(2.0**emin, x.dtype), tiny, normal)
+    return _quiet_nans(x, out)
+
+
+def _quiet_nans(x, out):
+    """``out``, with the quiet NaN of its sign wherever ``x`` is a NaN."""
+    c = _CARRIERS[np.dtype(x.dtype)]
     bits = jax.lax.bitcast_convert_type(x, c.uint)
     nan = jax.lax.bitcast_convert_type((bits & c.sign_mask) | c.qnan_bits, x.dtype)
     return jnp.where(jnp.isnan(x), nan, out)
