@@ -131,12 +131,7 @@ def test_softmax_jit_matches_eager():
 @modelled_here
 @pytest.mark.parametrize(
     "width",
-    [
-        pytest.param(1, marks=pytest.mark.slow),
-        7,
-        pytest.param(48, marks=pytest.mark.slow),
-        pytest.param(250, marks=pytest.mark.extended),  # 19 s: for the default run's time
-    ],
+    [pytest.param(1, marks=pytest.mark.slow), 7, pytest.param(48, marks=pytest.mark.slow), 250],
 )
 def test_mlas_softmax_is_bit_exact(width):
     """MLAS's exp (the SumExp kernel this CPU runs: AVX-512F or FMA3), its lanes' sum

@@ -255,7 +255,6 @@ def uninterrupted(tmp_path_factory):
     return out, study.fig8(out, quick=True, policies=POLICIES, grid_overrides=TINY, quiet=True)
 
 
-@pytest.mark.extended  # the study's run: 40 s, for the default run's time
 def test_fig8_writes_csv_metadata_summary_and_plot(uninterrupted, capsys):
     out, res = uninterrupted
     folder = out / "fig8"
@@ -292,7 +291,6 @@ def test_fig8_writes_csv_metadata_summary_and_plot(uninterrupted, capsys):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.extended  # the study's run: 40 s, for the default run's time
 def test_resume_after_an_interruption_equals_the_uninterrupted_study(
     uninterrupted, tmp_path, monkeypatch
 ):
@@ -323,7 +321,6 @@ def test_resume_after_an_interruption_equals_the_uninterrupted_study(
     assert (tmp_path / "results.csv").read_bytes() == before
 
 
-@pytest.mark.extended  # the study's run: 40 s, for the default run's time
 def test_a_folder_with_another_configuration_is_not_resumed(uninterrupted):
     out, _ = uninterrupted
     with pytest.raises(ValueError, match="holds a study with another configuration"):
