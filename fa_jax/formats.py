@@ -71,7 +71,6 @@ __all__ = [
     "Overflow",
     "Specials",
     "custom",
-    "float_exact_carriers",
     "get_format",
     "registered_formats",
 ]
@@ -111,7 +110,7 @@ class Format:
         "inf" otherwise.
       float_exact_in: for traced widths, the carrier dtype names in which every
         width they take rounds exactly in float arithmetic (module docstring;
-        :func:`float_exact_carriers` lists a concrete format's).  A concrete
+        :meth:`rounds_in_float` answers it for a concrete format).  A concrete
         format derives this itself and may only state carriers where it holds.
     """
 
@@ -379,12 +378,6 @@ class Format:
 
 # (man_bits, emin, emax) of each carrier dtype.
 _CARRIER_LIMITS = {"float32": (23, -126, 127), "float64": (52, -1022, 1023)}
-
-
-def float_exact_carriers(fmt: Format) -> tuple[str, ...]:
-    """The carriers in which concrete ``fmt`` rounds exactly in float arithmetic
-    (:meth:`Format.rounds_in_float`): what a traced copy of it may state."""
-    return tuple(c for c in _CARRIER_LIMITS if fmt.rounds_in_float(c))
 
 
 def custom(exp_bits, man_bits, **kwargs) -> Format:

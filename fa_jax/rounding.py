@@ -8,7 +8,11 @@ both).  One case is cheaper and gives the same bits: rounding to nearest to an
 IEEE layout whose subnormals are carrier normals (bf16, fp16 and fp32 in
 float64; fp16 in float32) is ``reduce_precision`` from the smallest normal up,
 and ``x 2**(m - emin)`` rounded to an integer, scaled back, below it (exact
-float arithmetic on normal numbers).
+float arithmetic on normal numbers).  Rounding to nearest to a format that rounds
+exactly in the carrier's float arithmetic (:meth:`~fa_jax.formats.Format.rounds_in_float`,
+stated by a traced format in ``float_exact_in``) is ``(|x| + C) - C``, Eq. (R) of
+:mod:`fa_jax.formats`, with the overflow and specials below; to the carrier's own
+layout it changes only a NaN (made quiet).
 
 How it works.  For a non-negative float, the integer formed by its exponent and
 fraction bits (its *magnitude code*) grows monotonically with its value, and
@@ -277,8 +281,7 @@ def _quiet_nan_jvp(primals, tangents):
     return _quiet_nan_ste(*primals), tangents[0]
 
 
-_IEEE_NEAREST = (_Static("nearest_even", True, "ieee", "inf", b) for b in (False, True))
-_IEEE_NEAREST = tuple(_IEEE_NEAREST)
+_IEEE_NEAREST = tuple(_Static("nearest_even", True, "ieee", "inf", b) for b in (False, True))
 
 
 def _hardware_nearest(static: _Static, widths, dtype) -> bool:
