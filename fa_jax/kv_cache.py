@@ -71,7 +71,7 @@ from fa_jax._checks import one_of
 from fa_jax.policy import KV_SCALINGS, Policy
 from fa_jax.quantization import IntFormat
 
-__all__ = ["dequantize_kv", "kv_scales", "quantize_kv", "read_kv"]
+__all__ = ["dequantize_kv", "kv_scales", "quantize_kv", "read_kv", "scales_span_batch"]
 
 
 def _axes(ndim: int, scaling: str, fn: str, shape) -> tuple[int, ...]:
@@ -86,6 +86,13 @@ def _axes(ndim: int, scaling: str, fn: str, shape) -> tuple[int, ...]:
             f"axis, got shape {tuple(shape)}"
         )
     return tuple(a for a in range(ndim) if a != ndim - 3)
+
+
+def scales_span_batch(scaling: str) -> bool:
+    """Whether one scale of ``scaling`` is taken over every leading (batch) index of
+    K or V (:func:`_axes`): "tensor" and "head", not "token" or "none"."""
+    one_of(scaling, KV_SCALINGS, "scales_span_batch: scaling")
+    return scaling != "none" and 0 in _axes(4, scaling, "scales_span_batch", (1, 1, 1, 1))
 
 
 def _kept(x, kv_lengths, groups: int):

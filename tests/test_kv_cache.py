@@ -467,3 +467,16 @@ def test_errors():
         ValueError, match="a float32 carrier holds formats that fit float32, got kv"
     ):
         base.replace(kv="fp64", kv_scaling="tensor", carrier="float32")
+
+
+def test_scales_span_the_batch_per_tensor_and_per_head_only():
+    from fa_jax.kv_cache import scales_span_batch
+
+    assert [scales_span_batch(s) for s in ("none", "tensor", "head", "token")] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+    with pytest.raises(ValueError, match="scales_span_batch: scaling"):
+        scales_span_batch("row")

@@ -53,6 +53,7 @@ inputs a one-process run would.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import jax
@@ -295,13 +296,14 @@ class FormatBatch:
         label = _label(program, chunk, static)
         # One policy per call: a piece holds configurations of one format (entries
         # are grouped by format), its widths an argument beside them.
-        formats = [f for f, _, _ in self.entries(chunk)]
-        for f in dict.fromkeys(formats):
-            first, stop = formats.index(f), len(formats) - formats[::-1].index(f)
+        first = 0
+        for f, entries in itertools.groupby(f for f, _, _ in self.entries(chunk)):
+            stop = first + len(list(entries))
             for start in range(first, stop, size):
                 end = min(start + size, stop)
                 q_p, k_p, v_p, n_p = shard((q, k, v, lengths), end - start, pad_to=size, lo=start)
                 yield end - start, (q_p, k_p, v_p, widths[f], n_p), static, label
+            first = stop
 
     def plan(self, program, chunk, preset, *, tile_cols=None, **static):
         """What :meth:`run` will call, for :meth:`Executables.prepare`:

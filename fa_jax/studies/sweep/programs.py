@@ -45,6 +45,7 @@ from fa_jax.accumulation import Accumulation
 from fa_jax.attention import flash_attention, reference_attention
 from fa_jax.exponential import ExpModel
 from fa_jax.formats import Format
+from fa_jax.kv_cache import scales_span_batch
 from fa_jax.policy import STAGES, Policy
 from fa_jax.presets import golden
 from fa_jax.studies.sweep.executables import Executables
@@ -192,7 +193,7 @@ def _over_configs(one, features: Features, q, k, v, lengths):
     H, N, d]`` and ``lengths`` ``[C]`` (module docstring): that axis as a leading
     batch dimension, each length broadcast over its configuration's (B, H); or
     ``vmap`` where the features' KV cache scales span the batch."""
-    if features.kv is not None and features.kv_scaling in ("tensor", "head"):
+    if features.kv is not None and scales_span_batch(features.kv_scaling):
         return jax.vmap(one)(q, k, v, lengths)
     return one(q, k, v, lengths[:, None, None])
 
