@@ -51,7 +51,7 @@ def _static(**changes):
 
 
 def _key(program=flash_program, args=None, static=None) -> str:
-    return Executables(None)._key(program, _args() if args is None else args, static or _static())
+    return Executables(None).key(program, _args() if args is None else args, static or _static())
 
 
 # One other value for every PolicyShape field.
@@ -68,7 +68,7 @@ OTHER = {
 
 def test_equal_arguments_built_afresh_give_one_key():
     assert _key() == _key(args=_args(), static=_static())
-    assert _shape() is not _shape() and _key() == Executables(None)._key(
+    assert _shape() is not _shape() and _key() == Executables(None).key(
         flash_program, _args(), dict(reversed(list(_static().items())))
     )
 

@@ -29,7 +29,9 @@ __all__ = ["CallProfile", "CallTime", "Profile", "ProgramTime"]
 class ProgramTime:
     """The programs of one label (a label can name several shapes): how many were
     compiled, how many loaded from the cache and how many received from another
-    process of a multi-process sweep, and their seconds."""
+    process of a multi-process sweep, and their seconds; the units of work its
+    calls reported, and the (prepare, run) seconds a plan predicted for it
+    (:mod:`fa_jax.studies.sweep.planner`)."""
 
     label: str
     compiled: int = 0
@@ -38,6 +40,8 @@ class ProgramTime:
     prepare_s: float = 0.0
     run_s: float = 0.0
     calls: int = 0
+    units: float = 0.0
+    predicted: tuple[float, float] | None = None
 
     @property
     def source(self) -> str:
@@ -54,6 +58,7 @@ class Profile:
 
     programs: dict[str, ProgramTime] = dataclasses.field(default_factory=dict)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    plans: list[str] = dataclasses.field(default_factory=list)
 
     def prepared(self, label: str, source: str, seconds: float) -> None:
         """One program of ``label`` obtained from ``source`` ("compiled",
@@ -66,35 +71,69 @@ class Profile:
         setattr(entry, source, getattr(entry, source) + 1)
         entry.prepare_s += seconds
 
-    def ran(self, label: str, seconds: float) -> None:
+    def ran(self, label: str, seconds: float, units: float = 0.0) -> None:
+        """One call of ``label``'s program: its seconds and its ``units`` of work."""
         entry = self.programs.setdefault(label, ProgramTime(label))
         entry.run_s += seconds
         entry.calls += 1
+        entry.units += units
+
+    def predict(self, label: str, prepare_s: float, run_s: float) -> None:
+        """A plan's prediction for ``label``'s programs (added to any earlier one)."""
+        entry = self.programs.setdefault(label, ProgramTime(label))
+        before = entry.predicted or (0.0, 0.0)
+        entry.predicted = (before[0] + prepare_s, before[1] + run_s)
+
+    def planned(self, line: str) -> None:
+        """A line describing a plan, printed above the table."""
+        self.plans.append(line)
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
 
     def table(self) -> str:
-        """A plain-text table: one line per program, then the phases and totals."""
+        """A plain-text table: the plans' lines, one line per program (with the
+        plan's predicted seconds where there is one), then the phases and totals."""
         rows = sorted(self.programs.values(), key=lambda p: -(p.prepare_s + p.run_s))
         width = max([len(p.label) for p in rows] + [len(n) for n in self.phases] + [7])
+        planned = any(p.predicted is not None for p in rows)
 
-        def line(name, source="", calls="", prepare="", run=""):
-            return f"{name:<{width}}  {source:>8}  {calls:>5}  {prepare:>9}  {run:>7}"
+        def line(name, source="", calls="", prepare="", run="", predicted=("", "")):
+            text = f"{name:<{width}}  {source:>8}  {calls:>5}  {prepare:>9}  {run:>7}"
+            return text + (f"  {predicted[0]:>9}  {predicted[1]:>8}" if planned else "")
 
-        lines = [line("program", "source", "calls", "prepare s", "run s")]
+        def seconds(pair):
+            return ("", "") if pair is None else tuple(f"{x:.2f}" for x in pair)
+
+        lines = [f"plan: {text}" for text in self.plans]
+        lines.append(
+            line("program", "source", "calls", "prepare s", "run s", ("pred prep", "pred run"))
+        )
         for p in rows:
             lines.append(
-                line(p.label, p.source, str(p.calls), f"{p.prepare_s:.2f}", f"{p.run_s:.2f}")
+                line(
+                    p.label,
+                    p.source,
+                    str(p.calls),
+                    f"{p.prepare_s:.2f}",
+                    f"{p.run_s:.2f}",
+                    seconds(p.predicted),
+                )
             )
-        for name, seconds in self.phases.items():
-            lines.append(line(name, run=f"{seconds:.2f}"))
+        for name, secs in self.phases.items():
+            lines.append(line(name, run=f"{secs:.2f}"))
         prepare = sum(p.prepare_s for p in rows)
         run = sum(p.run_s for p in rows) + sum(self.phases.values())
         compiled = sum(p.compiled for p in rows)
         loaded = sum(p.loaded for p in rows)
         received = sum(p.received for p in rows)
-        total = line("total", prepare=f"{prepare:.2f}", run=f"{run:.2f}")
+        guessed = [p.predicted for p in rows if p.predicted is not None]
+        total = line(
+            "total",
+            prepare=f"{prepare:.2f}",
+            run=f"{run:.2f}",
+            predicted=seconds(tuple(map(sum, zip(*guessed))) if guessed else None),
+        )
         counts = f"{compiled} compiled, {loaded} loaded"
         if received:
             counts += f", {received} from other processes"

@@ -2,17 +2,20 @@
 
 :class:`FormatBatch` holds the flat (format × seq_len × seed) axis of formats
 whose policies share their shapes (:class:`~.programs.PolicyShape`), and gives
-each program its inputs and each configuration's policy widths.  Lengths are
-padded only within buckets whose longest length is at most :data:`PAD_RATIO`
-times the shortest (:func:`length_buckets`), one program per bucket: padding
-a short length to a much longer one costs the reference programs
-quadratically.  Flash programs visit only the key blocks a configuration's
-length holds (:func:`fa_jax.attention.flash_attention`), so padding costs them
-only the padded query rows, linearly: they take wider buckets
-(:data:`FLASH_PAD_RATIO`), and fewer programs, wherever the policies do not
-depend on the length (kernel models' do).  The inputs of each (seed, seq_len)
-are :func:`fa_jax.inputs.make_inputs`, so every program sees the values a
-direct call would.
+each program its inputs and each configuration's policy widths.  The rows
+are written in fixed chunks of lengths (:func:`chunks_of`); the programs run
+over buckets of lengths padded to the longest, which the planner chooses
+(:meth:`FormatBatch.choose_buckets`, :mod:`.planner`) and which start as the
+fixed ones: reference buckets whose longest length is at most
+:data:`PAD_RATIO` times the shortest (:func:`length_buckets`), since padding a
+short length to a much longer one costs the reference programs quadratically;
+flash buckets :data:`FLASH_PAD_RATIO` wide, since flash programs visit only
+the key blocks a configuration's length holds
+(:func:`fa_jax.attention.flash_attention`) and padding costs them only the
+padded query rows, linearly.  Where a policy depends on the length (kernel
+models'), the flash buckets are the reference ones and neither is planned.
+The inputs of each (seed, seq_len) are :func:`fa_jax.inputs.make_inputs`, so
+every program sees the values a direct call would.
 
 Pieces: each call runs over its configurations in pieces of
 :data:`PIECE` configurations per device, the last one padded, so that a
@@ -66,6 +69,7 @@ from fa_jax.rounding import round_to
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.features import PAPER, Features
 from fa_jax.studies.sweep.grid import Grid, kernel_name, policy_for
+from fa_jax.studies.sweep.planner import Call, Costs, best_buckets, bucket_seconds
 from fa_jax.studies.sweep.programs import (
     flash_program,
     golden_for,
@@ -83,6 +87,7 @@ __all__ = [
     "FormatBatch",
     "host",
     "length_buckets",
+    "policies_follow_length",
     "shard",
 ]
 
@@ -105,14 +110,27 @@ def length_buckets(lens, ratio=PAD_RATIO):
     return [tuple(b) for b in buckets]
 
 
+def _placed_count(n: int) -> int:
+    """``n`` configurations padded to a multiple of the process's device count."""
+    return n + -n % len(jax.local_devices())
+
+
+def _placement():
+    """The sharding of a call's configuration axis over the process's devices
+    (None on one device: numpy arrays, placed by the call)."""
+    devices = jax.local_devices()
+    if len(devices) == 1:
+        return None
+    mesh = jax.sharding.Mesh(np.array(devices), ("cfg",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("cfg"))
+
+
 def shard(args, n, *, pad_to=None, lo=0):
     """Entries ``lo .. lo + n`` of the leading (configuration) axis, padded
     (repeating the last) to ``pad_to`` entries and then to a multiple of the
     process's device count, and sharded over a 1-D mesh of those devices (no
     sharding on one device)."""
-    devices = jax.local_devices()
-    extra = (pad_to or n) - n
-    extra += -(n + extra) % len(devices)
+    extra = _placed_count(pad_to or n) - n
 
     def pad(x):
         x = np.asarray(x)[lo : lo + n]
@@ -121,16 +139,14 @@ def shard(args, n, *, pad_to=None, lo=0):
         return x
 
     args = jax.tree_util.tree_map(pad, args)
-    if len(devices) == 1:
-        return args
-    mesh = jax.sharding.Mesh(np.array(devices), ("cfg",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("cfg"))
-    return jax.device_put(args, sharding)
+    sharding = _placement()
+    return args if sharding is None else jax.device_put(args, sharding)
 
 
-def _label(program, chunk, static) -> str:
-    """A program's name for the profile: what it computes and its static signature
-    (one program serves every policy of its shape, the golden's too)."""
+def _label(program, bucket, static) -> str:
+    """A program's name for the profile: what it computes, its static signature
+    (one program serves every policy of its shape, the golden's too) and its
+    padded length (the planner's family is the name without it)."""
     parts = [program.__name__.removesuffix("_program")]
     parts += [str(static[k]) for k in ("variant",) if k in static]
     if "blocks" in static:
@@ -139,7 +155,7 @@ def _label(program, chunk, static) -> str:
         parts.append("causal")
     if static.get("features", PAPER) != PAPER:
         parts.append(static["features"].label())
-    parts.append(f"N<={max(chunk)}")
+    parts.append(f"N<={max(bucket)}")
     return " ".join(parts)
 
 
@@ -152,7 +168,12 @@ class FormatBatch:
     """The flat (format × seq_len × seed) axis of formats whose policies share
     their shapes, its inputs (padded within length buckets, or one batch per
     length), and caches of the golden and baseline outputs that every variant
-    and tiling reuses.  A ``preset`` of None is the golden (:func:`golden_for`).
+    and tiling reuses.  ``chunks``: the lengths in the groups a sweep writes
+    its rows in (:func:`chunks_of`, fixed by the grid); ``buckets`` and
+    ``flash_buckets``: the lengths each reference and flash program is padded
+    over (those of :func:`chunks_of` and :func:`flash_chunks_of` until
+    :meth:`choose_buckets` plans them).  A ``preset`` of None is the golden
+    (:func:`golden_for`).
     ``carrier``: the flash programs' ("float64" or "float32", module docstring).
     ``share``: the (format name, seq_len, seed) units this process computes
     (None: all of them; module docstring).  ``features``: the attention features
@@ -174,9 +195,14 @@ class FormatBatch:
         self.share = share
         self.executables, self.carrier = executables, carrier
         self.chunks = chunks_of(grid, pad)
+        self.buckets = list(self.chunks)
         # Split-KV's boundaries follow the key axis given, so its flash runs unpadded.
         unpadded = features.num_splits > 1
-        self.flash_chunks = flash_chunks_of(grid, pad and not unpadded)
+        self.flash_buckets = flash_chunks_of(grid, pad and not unpadded)
+        # A bucket's policies are taken at its padded length: planned only where
+        # no policy changes with the length, so that a plan cannot change a value.
+        self.plannable = pad and not policies_follow_length(grid)
+        self.flash_plannable = self.plannable and not unpadded
         if carrier == "float32":
             for preset in grid.policies:
                 for f in fmts:  # the policy's own check, with its message
@@ -190,14 +216,14 @@ class FormatBatch:
         # The reference program serves the golden too; flash programs the presets only.
         self.slots = {
             reference_program: slots((None, *grid.policies), self.chunks),
-            flash_program: slots(grid.policies, self.flash_chunks),
+            flash_program: slots(grid.policies, self.flash_buckets),
         }
         self._inputs = {}
         self._narrow_inputs = {}
         self._policies = {}
         self._golden = {}
         self._baseline = {}
-        self._flash: dict = {}  # one flash run's outputs by flash chunk
+        self._flash: dict = {}  # one flash run's outputs by flash bucket
         self._flash_run = None  # (preset, static) of those outputs
         self._rounded: dict = {}  # inputs rounded to each configuration's format, by chunk
         self._kernel: dict = {}  # one kernel entry's outputs by chunk
@@ -271,95 +297,210 @@ class FormatBatch:
             self._policies[chunk, preset, slots] = (shapes.pop(), widths)
         return self._policies[chunk, preset, slots]
 
-    def _per_config_bytes(self, chunk, tile_cols=None):
+    def _per_config_bytes(self, bucket, tile_cols=None):
         """Estimated working memory of one configuration: the (N, N) float64 scores
         and their exponentials, or a flash tile's (N, Bc + d)."""
-        g, n = self.grid, max(chunk)
-        rows = n if self.features.queries is None else min(n, self.features.queries)
+        g, n = self.grid, max(bucket)
         cols = n if tile_cols is None else tile_cols + g.d
-        return 3 * 8 * g.batch * g.heads * rows * cols
+        return 3 * 8 * g.batch * g.heads * self._rows(n) * cols
 
-    def _pieces(self, program, chunk, preset, tile_cols, static):
-        """The chunk's configurations in pieces (module docstring): (configurations
-        in the piece, its sharded arguments), the full static arguments and the
-        program's label."""
-        q, k, v, lengths = self.inputs(chunk)
-        if kernel_name(preset) is not None:  # its baseline reads what its model reads
-            q, k, v = self.rounded_inputs(chunk)
-        shape, widths = self.policies(chunk, preset, self.slots[program])
+    def _rows(self, n: int) -> int:
+        """The query rows of a program padded to ``n``: n, or the features' queries."""
+        return n if self.features.queries is None else min(n, self.features.queries)
+
+    def _layout(self, program, bucket, preset, tile_cols, static):
+        """``program``'s full static arguments on ``bucket`` for ``preset``, the
+        widths of each format, the configurations per call and its label."""
+        shape, widths = self.policies(bucket, preset, self.slots[program])
         if program is flash_program and self.carrier != "float64":
             shape = dataclasses.replace(shape, carrier=self.carrier)
-            q, k, v = self.narrow_inputs(chunk, preset)
         static = {"features": self.features, **static, "shape": shape}
-        per = max(1, self.memory_budget // self._per_config_bytes(chunk, tile_cols))
+        per = max(1, self.memory_budget // self._per_config_bytes(bucket, tile_cols))
         size = min(per, PIECE * len(jax.local_devices()))
-        label = _label(program, chunk, static)
-        # One policy per call: a piece holds configurations of one format (entries
-        # are grouped by format), its widths an argument beside them.
+        return static, widths, size, _label(program, bucket, static)
+
+    def _spans(self, bucket, size):
+        """(format, first, stop) of each call's entries: one policy per call, so a
+        call holds configurations of one format (entries are grouped by format),
+        at most ``size`` of them."""
         first = 0
-        for f, entries in itertools.groupby(f for f, _, _ in self.entries(chunk)):
+        for f, entries in itertools.groupby(f for f, _, _ in self.entries(bucket)):
             stop = first + len(list(entries))
             for start in range(first, stop, size):
-                end = min(start + size, stop)
-                q_p, k_p, v_p, n_p = shard((q, k, v, lengths), end - start, pad_to=size, lo=start)
-                yield end - start, (q_p, k_p, v_p, widths[f], n_p), static, label
+                yield f, start, min(start + size, stop)
             first = stop
 
-    def plan(self, program, chunk, preset, *, tile_cols=None, **static):
+    @staticmethod
+    def _units(program, q_shape, lengths, bucket, static) -> float:
+        """A call's units of work (:mod:`.planner`): its configurations × batch ×
+        heads × query rows × key columns × d, where a reference call takes every
+        key of its ``bucket``'s padded length and a flash call the key tiles up
+        to its longest length."""
+        *lead, d = q_shape
+        keys = max(bucket)
+        if program is flash_program:
+            bc = static["blocks"].bc
+            keys = -(-max(lengths) // bc) * bc
+        return float(np.prod(lead)) * keys * d
+
+    def _pieces(self, program, bucket, preset, tile_cols, static):
+        """The bucket's configurations in calls (module docstring): (configurations
+        in the call, its sharded arguments, the full static arguments, the
+        program's label, its units of work)."""
+        q, k, v, lengths = self.inputs(bucket)
+        if kernel_name(preset) is not None:  # its baseline reads what its model reads
+            q, k, v = self.rounded_inputs(bucket)
+        if program is flash_program and self.carrier != "float64":
+            q, k, v = self.narrow_inputs(bucket, preset)
+        static, widths, size, label = self._layout(program, bucket, preset, tile_cols, static)
+        for f, start, stop in self._spans(bucket, size):
+            q_p, k_p, v_p, n_p = shard((q, k, v, lengths), stop - start, pad_to=size, lo=start)
+            units = self._units(program, q_p.shape, lengths[start:stop], bucket, static)
+            yield stop - start, (q_p, k_p, v_p, widths[f], n_p), static, label, units
+
+    def calls(self, program, bucket, preset, *, tile_cols=None, **static) -> list[Call]:
+        """The calls :meth:`run` would make on ``bucket``, from shapes alone (no
+        inputs drawn): each program's key and label, its work, whether it is
+        cached (what the planner weighs, :mod:`.planner`)."""
+        static, widths, size, label = self._layout(program, bucket, preset, tile_cols, static)
+        q_shape, k_shape = self._input_shapes(max(bucket))
+        dtype = np.float32 if program is flash_program and self.carrier != "float64" else np.float64
+        placed, sharding = _placed_count(size), _placement()
+
+        def abstract(shape, dt):
+            return jax.ShapeDtypeStruct((placed, *shape), dt, sharding=sharding)
+
+        qkv = [abstract(s, dtype) for s in (q_shape, k_shape, k_shape)]
+        n_p = abstract((), np.int32)
+        lengths = [n for _, n, _ in self.entries(bucket)]
+        out = []
+        for f, start, stop in self._spans(bucket, size):
+            args = (*qkv, widths[f], n_p)
+            key = self.executables.key(program, args, static)
+            units = self._units(program, qkv[0].shape, lengths[start:stop], bucket, static)
+            out.append(Call(key, label, units, self.executables.holds(key)))
+        return out
+
+    def _input_shapes(self, n: int) -> tuple[tuple, tuple]:
+        """One configuration's Q and K shapes padded to ``n`` (after the
+        features' cuts), from zeros: what :meth:`inputs` stacks."""
+        g = self.grid
+        zeros = np.zeros((g.batch, g.heads, n, g.d))
+        q, k, _ = self.features.inputs(zeros, zeros, zeros)
+        return q.shape, k.shape
+
+    def choose_buckets(self, lengths, presets, flash_runs, costs: Costs) -> None:
+        """Plan the buckets of ``lengths`` (:mod:`.planner`): the reference
+        programs' (the golden and each of ``presets``' baseline) and the flash
+        programs' (each of ``flash_runs``: (preset, tile_cols, static)), each the
+        partition of least predicted time where the batch may be planned; the
+        plan and its predictions go to the executables' profile."""
+        causal, gold = self.grid.causal, self.features.for_golden()
+
+        def reference_calls(bucket):
+            calls = self.calls(reference_program, bucket, None, causal=causal, features=gold)
+            for preset in presets:
+                calls += self.calls(reference_program, bucket, preset, causal=causal)
+            return calls
+
+        def flash_calls(bucket):
+            return [
+                call
+                for preset, tile_cols, static in flash_runs
+                for call in self.calls(flash_program, bucket, preset, tile_cols=tile_cols, **static)
+            ]
+
+        def seconds(bucket, calls_of):
+            return sum(bucket_seconds(calls_of(bucket), costs))
+
+        lengths = sorted(set(lengths))
+        if self.plannable:
+            self.buckets = best_buckets(lengths, lambda b: seconds(b, reference_calls))
+        if self.flash_plannable and flash_runs:
+            self.flash_buckets = best_buckets(lengths, lambda b: seconds(b, flash_calls))
+        profile = self.executables.profile
+        if profile is None:
+            return
+        names = "+".join(f.name for f in self.fmts)
+        kept = "planned" if self.plannable else "fixed (lengths change a policy)"
+        profile.planned(
+            f"{names} ({self.features.label()}): reference buckets {self.buckets}, "
+            f"flash buckets {self.flash_buckets}, {kept}"
+        )
+        planned = [(b, reference_calls) for b in self.buckets]
+        planned += [(b, flash_calls) for b in self.flash_buckets if flash_runs]
+        for bucket, calls_of in planned:
+            if not set(bucket) & set(lengths):
+                continue
+            for label, calls in itertools.groupby(
+                sorted(calls_of(bucket), key=lambda c: c.label), key=lambda c: c.label
+            ):
+                calls = list(calls)
+                prepare, run = bucket_seconds(calls, costs)
+                profile.predict(label, prepare * costs.workers, run)
+
+    def plan(self, program, bucket, preset, *, tile_cols=None, **static):
         """What :meth:`run` will call, for :meth:`Executables.prepare`:
         ``(program, args, static, label)`` (every piece shares one compile)."""
-        _, args, static, label = next(self._pieces(program, chunk, preset, tile_cols, static))
+        _, args, static, label, _ = next(self._pieces(program, bucket, preset, tile_cols, static))
         return program, args, static, label
 
-    def run(self, program, chunk, preset, *, tile_cols=None, **static):
-        """``program`` over the chunk's configurations, piece by piece (one compile)."""
+    def run(self, program, bucket, preset, *, tile_cols=None, **static):
+        """``program`` over the bucket's configurations, piece by piece (one compile)."""
         outs = []
-        for n, args, full, label in self._pieces(program, chunk, preset, tile_cols, static):
-            outs.append(host(self.executables.call(program, args, full, label=label))[:n])
+        for n, args, full, label, units in self._pieces(program, bucket, preset, tile_cols, static):
+            out = self.executables.call(program, args, full, label=label, units=units)
+            outs.append(host(out)[:n])
         return np.concatenate(outs).astype(np.float64)  # a float32 carrier's: exact
+
+    def _holding(self, buckets, chunk) -> list[tuple]:
+        """The ``buckets`` that hold lengths of the (row) ``chunk`` (those with
+        entries: a share may leave one empty)."""
+        return [b for b in buckets if set(b) & set(chunk) and self.entries(b)]
+
+    def _gather(self, chunk, buckets, outputs) -> list:
+        """The outputs of ``chunk``'s entries, one array each (its rows padded to
+        its bucket's length), from ``outputs(bucket)`` of the buckets holding them."""
+        where = {}
+        for b in self._holding(buckets, chunk):
+            out = outputs(b)
+            where.update((e, out[i]) for i, e in enumerate(self.entries(b)))
+        return [where[e] for e in self.entries(chunk)]
 
     def reference_plans(self, chunk, preset) -> list:
         """The :meth:`plan` of :meth:`golden` and of :meth:`baseline`."""
         causal = self.grid.causal
         gold = self.features.for_golden()
         return [
-            self.plan(reference_program, chunk, None, causal=causal, features=gold),
-            self.plan(reference_program, chunk, preset, causal=causal),
+            plan
+            for b in self._holding(self.buckets, chunk)
+            for plan in (
+                self.plan(reference_program, b, None, causal=causal, features=gold),
+                self.plan(reference_program, b, preset, causal=causal),
+            )
         ]
-
-    def _flash_chunks_for(self, chunk) -> list[tuple]:
-        """The flash chunks that hold the lengths of the (reference) ``chunk``
-        (those with entries: a share may leave one empty)."""
-        return [fc for fc in self.flash_chunks if set(fc) & set(chunk) and self.entries(fc)]
 
     def flash_plans(self, chunk, preset, *, tile_cols, **static) -> list:
-        """The :meth:`plan` of every flash chunk that :meth:`flash` runs for ``chunk``."""
+        """The :meth:`plan` of every flash bucket that :meth:`flash` runs for ``chunk``."""
         return [
-            self.plan(flash_program, fc, preset, tile_cols=tile_cols, **static)
-            for fc in self._flash_chunks_for(chunk)
+            self.plan(flash_program, b, preset, tile_cols=tile_cols, **static)
+            for b in self._holding(self.flash_buckets, chunk)
         ]
 
-    def flash(self, chunk, preset, *, tile_cols, **static):
-        """The flash outputs of the (reference) ``chunk``'s entries, padded to its
-        longest length: from runs over the flash chunks that hold them.  The runs
-        of one (preset, static) are kept until another is asked for."""
+    def flash(self, chunk, preset, *, tile_cols, **static) -> list:
+        """The flash outputs of the (row) ``chunk``'s entries (:meth:`_gather`):
+        from runs over the flash buckets that hold them.  The runs of one
+        (preset, static) are kept until another is asked for."""
         run = (preset, tile_cols, sorted(static.items()))
         if run != self._flash_run:
             self._flash, self._flash_run = {}, run
-        where = {}  # entry -> (its flash chunk, its index there)
-        for fc in self._flash_chunks_for(chunk):
-            if fc not in self._flash:
-                self._flash[fc] = self.run(flash_program, fc, preset, tile_cols=tile_cols, **static)
-            where.update((e, (fc, i)) for i, e in enumerate(self.entries(fc)))
-        rows = self.inputs(chunk)[0].shape[-2]  # the chunk's padded query rows
 
-        def padded(x):  # a shorter flash chunk's rows, zero-padded (never read)
-            x = x[..., :rows, :]
-            return np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows - x.shape[-2]), (0, 0)])
+        def outputs(b):
+            if b not in self._flash:
+                self._flash[b] = self.run(flash_program, b, preset, tile_cols=tile_cols, **static)
+            return self._flash[b]
 
-        return np.stack(
-            [padded(self._flash[fc][i]) for fc, i in (where[e] for e in self.entries(chunk))]
-        )
+        return self._gather(chunk, self.flash_buckets, outputs)
 
     def kernel(self, chunk, preset):
         """The outputs of ``preset`` ("kernel:NAME") for the chunk's entries, padded
@@ -397,32 +538,31 @@ class FormatBatch:
     def output_sizes(self, chunk) -> set[int]:
         """The element counts of the chunk's unpadded outputs, one configuration's
         (its rows: the length, or the features' queries), that its metrics read."""
-        q = self.inputs(chunk)[0]
-        lead, d = q.shape[1] * q.shape[2], self.grid.d
-        queries = self.features.queries
-        return {
-            lead * (n if queries is None else min(n, queries)) * d
-            for _, n, _ in self.entries(chunk)
-        }
+        b, h, *_ = self._input_shapes(max(chunk))[0]
+        return {b * h * self._rows(n) * self.grid.d for _, n, _ in self.entries(chunk)}
 
-    def golden(self, chunk):
-        if chunk not in self._golden:
-            self._golden[chunk] = self.run(
-                reference_program,
-                chunk,
-                None,
-                causal=self.grid.causal,
-                features=self.features.for_golden(),
-            )
-        return self._golden[chunk]
+    def golden(self, chunk) -> list:
+        """The golden outputs of the chunk's entries (:meth:`_gather`)."""
 
-    def baseline(self, chunk, preset):
-        key = (chunk, preset)
-        if key not in self._baseline:
-            self._baseline[key] = self.run(
-                reference_program, chunk, preset, causal=self.grid.causal
-            )
-        return self._baseline[key]
+        def outputs(b):
+            if b not in self._golden:
+                gold = self.features.for_golden()
+                causal = self.grid.causal
+                self._golden[b] = self.run(reference_program, b, None, causal=causal, features=gold)
+            return self._golden[b]
+
+        return self._gather(chunk, self.buckets, outputs)
+
+    def baseline(self, chunk, preset) -> list:
+        """``preset``'s baseline outputs of the chunk's entries (:meth:`_gather`)."""
+
+        def outputs(b):
+            if (b, preset) not in self._baseline:
+                causal = self.grid.causal
+                self._baseline[b, preset] = self.run(reference_program, b, preset, causal=causal)
+            return self._baseline[b, preset]
+
+        return self._gather(chunk, self.buckets, outputs)
 
 
 def chunks_of(grid: Grid, pad: bool, ratio: int = PAD_RATIO) -> list[tuple]:
@@ -435,13 +575,18 @@ def flash_chunks_of(grid: Grid, pad: bool) -> list[tuple]:
     """The flash programs' buckets: :data:`FLASH_PAD_RATIO` wide where no policy of
     the grid changes with the length, else the reference programs' buckets (a
     configuration's policy is taken at its bucket's padded length)."""
-    lens = grid.seq_lens
-    by_length = any(
-        len({policy_of(p, f, n, grid.d) for n in lens}) > 1
+    ratio = PAD_RATIO if policies_follow_length(grid) else FLASH_PAD_RATIO
+    return chunks_of(grid, pad, ratio)
+
+
+def policies_follow_length(grid: Grid) -> bool:
+    """Whether a policy of the grid changes with the sequence length (a kernel
+    model's may), so that a configuration's values depend on its bucket's length."""
+    return any(
+        len({policy_of(p, f, n, grid.d) for n in grid.seq_lens}) > 1
         for p in grid.policies
         for f in grid.resolved_formats()
     )
-    return chunks_of(grid, pad, PAD_RATIO if by_length else FLASH_PAD_RATIO)
 
 
 def policy_of(preset, f, n: int, d: int):

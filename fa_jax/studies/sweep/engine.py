@@ -24,7 +24,9 @@ Execution, in brief:
   bucket), so that its baseline takes the model's policy at each length;
 * each program runs over a flat (format × seq_len × seed) axis, one policy per
   call, with lengths padded within buckets, memory-bounded pieces and the axis
-  sharded over ``jax.devices()`` (:mod:`.batch`);
+  sharded over ``jax.devices()`` (:mod:`.batch`); the buckets are planned from
+  the costs measured by earlier runs on the device (:mod:`.planner`), and each
+  run's measurements are kept with the cache for the next;
 * metrics are computed per configuration on the unpadded output, by compiled
   programs that give the public metric functions' bits
   (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
@@ -101,7 +103,7 @@ from fa_jax.studies.sweep.batch import (
     length_buckets,
 )
 from fa_jax.studies.sweep.cluster import Processes, ProcessFailed, processes
-from fa_jax.studies.sweep.executables import Executables
+from fa_jax.studies.sweep.executables import Executables, device_label, usable_cores
 from fa_jax.studies.sweep.grid import (
     COLUMNS,
     COMPARISONS,
@@ -112,6 +114,7 @@ from fa_jax.studies.sweep.grid import (
     row_key,
 )
 from fa_jax.studies.sweep.partition import partition, unit_cost, unit_of
+from fa_jax.studies.sweep.planner import Costs, load_costs, measured, save_costs
 from fa_jax.studies.sweep.programs import metric_plans, metric_values
 
 __all__ = [
@@ -172,6 +175,7 @@ def _run(
     options = current_options()
     cache = options.cache if cache is None else cache
     profile = options.profile if profile is None else profile
+    profile = Profile() if profile is None else profile  # the planner measures every run
     with float64_enabled(), compilation_cache(cache) as folder, _own_cache_only():
         executables = Executables(None if folder is None else folder / "programs", profile)
         return _sweep(
@@ -529,6 +533,7 @@ def _compute(
             keys = keys_of(feat, preset, variant, bc, kb.entries(chunk))
             if not all(tuple(k.values()) in done for ks in keys for k in ks):
                 todo[kind, feat, preset, variant, bc, chunk] = keys
+    _plan(batches, todo, executables, flash_static)
     plans, sizes = [], set()
     for kind, feat, preset, variant, bc, chunk in todo:
         kb = batches[kind, feat]
@@ -559,7 +564,7 @@ def _compute(
             for j, ((_, n, _), ks) in enumerate(zip(entries, keys)):
                 rows = n if feat.queries is None else min(n, feat.queries)
                 outs = {
-                    name: a[j, :, :, :rows]
+                    name: a[j][:, :, :rows]
                     for name, a in (("flash", flash), ("baseline", base), ("golden", gold))
                 }
                 vals = {}
@@ -578,3 +583,34 @@ def _compute(
         if new_rows:
             flush(new_rows)
         check_interrupt()
+    _keep_costs(executables)
+
+
+def _costs(executables: Executables) -> Costs:
+    """This device's planner costs, from the cache the executables are kept in."""
+    platform = jax.local_devices()[0].platform
+    return load_costs(executables.folder, device_label(), platform, usable_cores())
+
+
+def _plan(batches: dict, todo: dict, executables: Executables, flash_static) -> None:
+    """Each batch's buckets for the lengths, presets and flash runs it still has
+    to compute (:meth:`.batch.FormatBatch.choose_buckets`)."""
+    costs = _costs(executables)
+    jobs: dict = {}  # (kind, feat) -> (lengths, presets, flash runs)
+    for kind, feat, preset, variant, bc, chunk in todo:
+        lengths, presets, runs = jobs.setdefault((kind, feat), (set(), [], []))
+        lengths.update(n for _, n, _ in batches[kind, feat].entries(chunk))
+        if preset not in presets:
+            presets.append(preset)
+        run = (preset, bc, flash_static(variant, bc))
+        if kernel_name(preset) is None and run not in runs:
+            runs.append(run)
+    for key, (lengths, presets, runs) in jobs.items():
+        batches[key].choose_buckets(lengths, presets, runs, costs)
+
+
+def _keep_costs(executables: Executables) -> None:
+    """The planner's costs updated with this run's measurements, kept with the cache."""
+    if executables.profile is not None and executables.folder is not None:
+        costs = measured(executables.profile, _costs(executables))
+        save_costs(executables.folder, device_label(), costs)

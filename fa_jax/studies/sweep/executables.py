@@ -61,7 +61,7 @@ from jax.experimental import serialize_executable
 from fa_jax.studies.profile import Profile
 from fa_jax.studies.progress import status
 
-__all__ = ["Executables", "source_fingerprint"]
+__all__ = ["Executables", "device_label", "source_fingerprint", "usable_cores"]
 
 _PACKAGE = pathlib.Path(__file__).resolve().parents[2]  # the fa_jax folder
 
@@ -82,13 +82,20 @@ def _versions() -> tuple[str, str]:
     return jax.__version__, importlib.metadata.version("jaxlib")
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     """The CPU cores this process may run on (``os.cpu_count()`` counts the
     machine's, also under ``taskset``)."""
     try:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # no affinity on this platform
         return os.cpu_count() or 1
+
+
+def device_label() -> str:
+    """This process's devices and compile threads, as the planner keys its
+    costs (:mod:`.planner`): platform, kind, device count, usable cores."""
+    devices = jax.local_devices()
+    return f"{devices[0].platform}:{devices[0].device_kind}:{len(devices)}:{usable_cores()}"
 
 
 def _environment() -> tuple:
@@ -204,7 +211,9 @@ class Executables:
         finally:
             self._peers = before
 
-    def _key(self, program, args, static: dict) -> str:
+    def key(self, program, args, static: dict) -> str:
+        """The key of ``program(*args, **static)`` (module docstring); ``args`` may
+        be ``jax.ShapeDtypeStruct``."""
         leaves = jax.tree_util.tree_leaves(args)
         text = repr(
             (
@@ -230,7 +239,7 @@ class Executables:
         then loads the others' as they publish them."""
         wanted = {}
         for program, args, static, label in calls:
-            key = self._key(program, args, static)
+            key = self.key(program, args, static)
             if key not in self._loaded:
                 wanted.setdefault(key, (program, args, static, label))
         todo = {}
@@ -246,7 +255,7 @@ class Executables:
         if peers is not None:  # start at a different place on each process
             cut = peers.index * len(order) // peers.count
             order = order[cut:] + order[:cut]
-        workers = max(1, min(len(todo), _usable_cores()))
+        workers = max(1, min(len(todo), usable_cores()))
         ahead = threading.Semaphore(workers + 1)
 
         def compile_one(key, label, lowered, seconds):
@@ -305,7 +314,7 @@ class Executables:
 
         if len(keys) < 2 or self.folder is None:
             return [load(key) for key in keys]
-        workers = min(len(keys), _usable_cores())
+        workers = min(len(keys), usable_cores())
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             return list(pool.map(load, keys))
 
@@ -314,17 +323,24 @@ class Executables:
         if self.profile is not None:
             self.profile.prepared(label, source, seconds)
 
-    def call(self, program, args, static: dict, *, label: str):
+    def holds(self, key: str) -> bool:
+        """Whether the program of ``key`` is in memory or in the folder (loaded,
+        not compiled, when prepared)."""
+        path = self._path(key)
+        return key in self._loaded or (path is not None and path.exists())
+
+    def call(self, program, args, static: dict, *, label: str, units: float = 0.0):
         """``program(*args, **static)`` from its compiled executable (prepared now
-        if :meth:`prepare` did not)."""
-        key = self._key(program, args, static)
+        if :meth:`prepare` did not); its seconds and ``units`` of work go to the
+        profile."""
+        key = self.key(program, args, static)
         if key not in self._loaded:
             self.prepare([(program, args, static, label)])
         label, compiled = self._loaded[key]
         start = time.perf_counter()
         out = jax.block_until_ready(compiled(*args))
         if self.profile is not None:
-            self.profile.ran(label, time.perf_counter() - start)
+            self.profile.ran(label, time.perf_counter() - start, units)
         return out
 
     def _path(self, key: str) -> pathlib.Path | None:
