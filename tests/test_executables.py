@@ -64,3 +64,47 @@ def test_an_unreadable_entry_is_compiled_again_and_rewritten(tmp_path):
 def test_the_source_fingerprint_is_a_stable_hash():
     assert source_fingerprint() == source_fingerprint()
     assert len(source_fingerprint()) == 64
+
+
+_THREE_DEVICES = """
+import pathlib, sys, jax, numpy as np
+sys.path.insert(0, {tests!r})
+from test_executables import ARGS, _program
+from fa_jax.studies.profile import Profile
+from fa_jax.studies.sweep.batch import shard
+from fa_jax.studies.sweep.executables import Executables
+folder = pathlib.Path({folder!r})
+spread = shard((np.linspace(0.0, 1.0, 12, dtype=np.float32).reshape(3, 4),), 3)
+calls = [(ARGS, "one device"), (spread, "three devices")]
+first, profile = Executables(folder), Profile()
+want = [np.asarray(first.call(_program, a, {{"power": 2}}, label=l)) for a, l in calls]
+again = Executables(folder, profile)
+got = [np.asarray(again.call(_program, a, {{"power": 2}}, label=l)) for a, l in calls]
+assert {{p.source for p in profile.programs.values()}} == {{"loaded"}}, profile.table()
+assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+print(len(jax.devices()))
+"""
+
+
+def test_a_loaded_program_runs_on_the_devices_it_was_compiled_for(tmp_path):
+    """In a process of three devices, a program of host arguments (one device: the
+    sweep's metric programs) and one sharded over the three, each loaded from the
+    folder: each runs where it was compiled to (loaded onto all three, the first
+    raised that it expected three shards)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    tests = str(pathlib.Path(__file__).parent)
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"
+    done = subprocess.run(
+        [sys.executable, "-c", _THREE_DEVICES.format(tests=tests, folder=str(tmp_path))],
+        env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "3"

@@ -152,7 +152,9 @@ def _serialize(compiled) -> bytes | None:
     """``compiled`` as bytes, or None where the backend cannot serialize it."""
     try:
         if not _portable():
-            return pickle.dumps(serialize_executable.serialize(compiled))
+            local = jax.local_devices()
+            runs_on = [local.index(d) for d in compiled._executable.xla_executable.local_devices()]
+            return pickle.dumps((*serialize_executable.serialize(compiled), runs_on))
         unloaded = compiled._executable._unloaded_executable
         if unloaded is None or compiled._params.const_args:
             return None
@@ -168,13 +170,17 @@ def _deserialize(data: bytes):
     """The compiled program of :func:`_serialize`'s ``data`` on this process's
     devices, or None where it cannot be loaded (compile it again)."""
     try:
-        payload, in_tree, out_tree = pickle.loads(data)
         if not _portable():
-            # On this process's devices (by default: every process's, which an
-            # argument already on this process's device does not match).
+            # On the devices it was compiled for, as positions among this process's
+            # (by default it would be every process's device, which an argument
+            # already on this process's device does not match; and all of this
+            # process's, which a one-device program does not run on).
+            payload, in_tree, out_tree, runs_on = pickle.loads(data)
+            devices = [jax.local_devices()[i] for i in runs_on]
             return serialize_executable.deserialize_and_load(
-                payload, in_tree, out_tree, execution_devices=jax.local_devices()
+                payload, in_tree, out_tree, execution_devices=devices
             )
+        payload, in_tree, out_tree = pickle.loads(data)
         backend = jax.local_devices()[0].client
         unloaded, flat, no_kwargs = _Unpickler(
             io.BytesIO(payload), backend, jax.local_devices()
