@@ -52,6 +52,7 @@ specials to ``fmt``.
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import Context, Decimal
 from typing import NamedTuple
@@ -103,7 +104,10 @@ def _decimal_pieces(value: Decimal, n: int, bits: int | None = None) -> tuple[fl
     return tuple(out)
 
 
+@functools.cache
 def _constants():
+    """The table of 2**(j/512) and the pieces of ln2/512 and ln 2, from exact decimals
+    (computed on first use: about 70 ms, which ``import fa_jax`` should not pay)."""
     ctx = Context(prec=60)
     ln2 = ctx.ln(Decimal(2))
     step = ctx.divide(ln2, Decimal(1 << _T))
@@ -115,9 +119,6 @@ def _constants():
     ln2_pieces = _decimal_pieces(ln2, 3, bits=12)  # ln 2: two 12-bit pieces and a rest
     inv_step = float(np.float32(float(ctx.divide(Decimal(1), step))))
     return table, reduction, ln2_pieces, inv_step
-
-
-_TABLE, _REDUCTION, _LN2, _INV_STEP = _constants()
 
 
 def _c(v) -> jax.Array:
@@ -141,15 +142,16 @@ class _Parts(NamedTuple):
 
 def _exp_reduce(x):
     """(N, (r_hi, r_lo)) with ``x = N ln2/512 + r_hi + r_lo`` (to the error bound)."""
-    n = jnp.round(x * _c(_INV_STEP))
-    pieces = [-n * _c(piece) for piece in _REDUCTION[:-1]]  # exact: 17 + 7 bits
+    _, reduction, _, inv_step = _constants()
+    n = jnp.round(x * _c(inv_step))
+    pieces = [-n * _c(piece) for piece in reduction[:-1]]  # exact: 17 + 7 bits
     a, e1 = two_sum(x, pieces[0])  # e1 == 0 unless |N| == 1
     a, e2 = two_sum(a, pieces[1])
     a, e3 = two_sum(a, pieces[2])
     a, e4 = two_sum(a, pieces[3])
     a, e5 = two_sum(a, pieces[4])
     a, e6 = two_sum(a, pieces[5])
-    small = ((e3 + e4) + (e5 + e6)) + (e1 + -n * _c(_REDUCTION[-1]))
+    small = ((e3 + e4) + (e5 + e6)) + (e1 + -n * _c(reduction[-1]))
     r_hi, t = two_sum(a, e2)
     return n, two_sum(r_hi, t + small)
 
@@ -159,7 +161,7 @@ def _exp2_reduce(x):
     n = jnp.round(x * _c(1 << _T))
     r = x - n * _c(1.0 / (1 << _T))  # exact
     r1, r0 = _split(r)
-    a1, a0, rest = (_c(v) for v in _LN2)
+    a1, a0, rest = (_c(v) for v in _constants()[2])
     z, e = two_sum(r1 * a1, r1 * a0)
     z, f = two_sum(z, r0 * a1)
     lo = (e + f) + (r0 * a0 + r * rest)
@@ -183,7 +185,7 @@ def _parts(n, z_hi, z_lo) -> _Parts:
     ni = n.astype(jnp.int32)
     j = ni & _I32((1 << _T) - 1)
     k = (ni - j) >> _I32(_T)
-    t_hi, t_mid, t_lo = (jnp.asarray(column)[j] for column in _TABLE)
+    t_hi, t_mid, t_lo = (jnp.asarray(column)[j] for column in _constants()[0])
     p_hi, p_lo = _expm1(z_hi, z_lo)
     g1, g0 = _split(t_hi)
     h1, h0 = _split(p_hi)

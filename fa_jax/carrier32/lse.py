@@ -51,7 +51,9 @@ the first NaN operand propagated, ``m·scale + ln l`` fused), then ``round_to``.
 from __future__ import annotations
 
 import decimal
+import functools
 from fractions import Fraction
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -109,8 +111,22 @@ def _fixed(value: decimal.Decimal) -> int:
     return int(scaled.to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
 
 
-def _tables():
-    """R_j, t_j (r_j = R_j 2**-(23 + t_j)) and the limbs of L_j, for j = 0 .. 256."""
+class _Tables(NamedTuple):
+    """R_j, t_j (r_j = R_j 2**-(23 + t_j)) and the limbs of L_j, for j = 0 .. 256; the
+    limbs of ln 2; of 1/n for the series; the Horner steps' constants."""
+
+    R: np.ndarray
+    T: np.ndarray
+    L: tuple
+    ln2: tuple
+    reciprocals: dict
+    horner: np.ndarray
+
+
+@functools.cache
+def _tables() -> _Tables:
+    """The constants, from exact decimals (computed on first use: about 25 ms, which
+    ``import fa_jax`` should not pay)."""
     ctx = decimal.Context(prec=80)
     ln2 = decimal.Decimal(2).ln(ctx)
     size = (1 << _TABLE_BITS) + 1
@@ -127,20 +143,24 @@ def _tables():
         shift.append(t)
         logs.append(_limbs_of(_fixed(minus_ln_r), _LIMBS))
     columns = tuple(np.array([row[i] for row in logs], np.uint32) for i in range(_LIMBS))
-    return np.array(sig, np.uint32), np.array(shift, np.uint32), columns, ln2
-
-
-_R, _T, _L, _LN2_DECIMAL = _tables()
-_LN2 = _limbs_of(_fixed(_LN2_DECIMAL), _LIMBS)
-_RECIPROCALS = {
-    n: _limbs_of(round(Fraction(1 << _FRACTION_BITS, n)), _UNIT_LIMBS) for n in range(2, _TERMS + 1)
-}
-# The Horner steps' constants: 1/n for n = _TERMS - 1 down to 2, then 0 twice
-# (the products w T_2 and w² T_2).
-_HORNER = np.array(
-    [_RECIPROCALS[n] for n in range(_TERMS - 1, 1, -1)] + [(U32(0),) * _UNIT_LIMBS] * 2,
-    np.uint32,
-)
+    reciprocals = {
+        n: _limbs_of(round(Fraction(1 << _FRACTION_BITS, n)), _UNIT_LIMBS)
+        for n in range(2, _TERMS + 1)
+    }
+    # The Horner steps' constants: 1/n for n = _TERMS - 1 down to 2, then 0 twice
+    # (the products w T_2 and w² T_2).
+    horner = np.array(
+        [reciprocals[n] for n in range(_TERMS - 1, 1, -1)] + [(U32(0),) * _UNIT_LIMBS] * 2,
+        np.uint32,
+    )
+    return _Tables(
+        np.array(sig, np.uint32),
+        np.array(shift, np.uint32),
+        columns,
+        _limbs_of(_fixed(ln2), _LIMBS),
+        reciprocals,
+        horner,
+    )
 
 
 # -- multi-limb integer arithmetic (16-bit limbs in uint32) ----------------------------
@@ -201,7 +221,8 @@ def _log_fixed(l):
     p = unpack(l)
     frac = p.sig - HIDDEN_BIT
     j = ((frac + U32(1 << 14)) >> U32(15)).astype(jnp.int32)  # round(256 (F - 1))
-    big, t = jnp.asarray(_R)[j], jnp.asarray(_T)[j]
+    tables = _tables()
+    big, t = jnp.asarray(tables.R)[j], jnp.asarray(tables.T)[j]
     high, low = exact_product(p.sig, big)  # F r_j = (high 2**24 + low) 2**-(46 + t)
     dh = high.astype(jnp.int32) - (I32(1 << 22) << t.astype(jnp.int32))
     z_neg = dh < I32(0)  # z = (dh 2**24 + low) 2**-(46 + t)
@@ -211,7 +232,7 @@ def _log_fixed(l):
     d = [bl & _M16, (bl >> U32(16)) | ((a & U32(0xFF)) << U32(8)), a >> U32(8)]
     b = U32(14) + t  # w = |D| 2**-(46 + t) = |D| 2**-(32 + b)
 
-    coefficients = jnp.asarray(_HORNER)
+    coefficients = jnp.asarray(tables.horner)
 
     def horner(state):  # (i, T_{n+1}) -> (i + 1, T_n), n = _TERMS - 1 - i; then w T_2, w² T_2
         i, terms = state
@@ -222,7 +243,7 @@ def _log_fixed(l):
         product = [x ^ flip for x in product]
         return i + I32(1), tuple(_add(c, product, subtract.astype(jnp.uint32)))
 
-    start = tuple(jnp.broadcast_to(c, l.shape) for c in _RECIPROCALS[_TERMS])
+    start = tuple(jnp.broadcast_to(c, l.shape) for c in tables.reciprocals[_TERMS])
     steps = I32(_TERMS)  # an int32 counter: fori_loop's is int64 under x64
     # Two steps a trip (_TERMS is even): half the loop state's trips through memory.
     _, s = jax.lax.while_loop(
@@ -240,9 +261,9 @@ def _log_fixed(l):
     z = _where(z_neg, _negate(w), w)
 
     k = p.exp + (j >= I32(_HALF_WAY)).astype(jnp.int32)
-    k_ln2 = _times_small(_LN2, jnp.abs(k).astype(jnp.uint32))
+    k_ln2 = _times_small(tables.ln2, jnp.abs(k).astype(jnp.uint32))
     k_ln2 = _where(k < I32(0), _negate(k_ln2), k_ln2)
-    table = [jnp.asarray(col)[j] for col in _L]
+    table = [jnp.asarray(col)[j] for col in tables.L]
     h = _add(_add(_add(k_ln2, table), z), _negate(s))
     negative = (h[-1] >> U32(15)) != U32(0)
     return _where(negative, _negate(h), h), negative
