@@ -23,10 +23,8 @@ Execution, in brief:
   does not follow; a grid with such an entry runs unpadded (one length per
   bucket), so that its baseline takes the model's policy at each length;
 * each program runs over a flat (format × seq_len × seed) axis, one policy per
-  call, with lengths padded within buckets, memory-bounded pieces and the axis
-  sharded over ``jax.devices()`` (:mod:`.batch`); the buckets are planned from
-  the costs measured by earlier runs on the device (:mod:`.planner`), and each
-  run's measurements are kept with the cache for the next;
+  call, lengths padded in buckets planned from measured costs (:mod:`.planner`),
+  memory-bounded pieces and the axis sharded over ``jax.devices()`` (:mod:`.batch`);
 * metrics are computed per configuration on the unpadded output, by compiled
   programs that give the public metric functions' bits
   (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
