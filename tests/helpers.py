@@ -3,6 +3,7 @@
 import importlib.util
 import pathlib
 import re
+import sys
 
 from fa_jax._x64 import float64_enabled
 
@@ -67,6 +68,7 @@ def load_experiment(path):
     spec = importlib.util.spec_from_file_location(f"experiment_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where dataclasses look their module's names up
     spec.loader.exec_module(module)
     return module
 
