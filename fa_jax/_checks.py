@@ -77,6 +77,14 @@ def positive_number(v: Any, what: str) -> float:
     return float(v)
 
 
+def non_negative_number(v: Any, what: str) -> float:
+    """``v`` as a finite float >= 0."""
+    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    if not ok or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{what}: expected a non-negative finite number, got {v!r}")
+    return float(v)
+
+
 def broadcasts_to(shape: tuple, target: tuple) -> bool:
     """Whether an array of ``shape`` broadcasts to ``target`` exactly (NumPy's rules,
     the result ``target`` itself)."""

@@ -102,7 +102,7 @@ def test_unmeasured_families_take_their_kin_then_the_prior():
         (dict(compile_s={"reference": -1.0}), r"compile_s\['reference'\].*got -1.0"),
         (dict(unit_s={"x": float("nan")}), r"unit_s\['x'\].*got nan"),
         (dict(load_s=True), "load_s.*got True"),
-        (dict(workers=0), "workers: expected a positive int, got 0"),
+        (dict(workers=0), "workers: expected a positive integer, got 0"),
     ],
 )
 def test_costs_refuse_what_is_not_seconds(fields, match):

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+
+from fa_jax._checks import non_negative_number, positive_int
 
 __all__ = [
     "COSTS_FILE",
@@ -110,10 +111,9 @@ class Costs:
     def __post_init__(self):
         for name, table in (("compile_s", self.compile_s), ("unit_s", self.unit_s)):
             for family, seconds in table.items():
-                _seconds(seconds, f"Costs.{name}[{family!r}]")
-        _seconds(self.load_s, "Costs.load_s")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"Costs.workers: expected a positive int, got {self.workers!r}")
+                non_negative_number(seconds, f"Costs.{name}[{family!r}] (seconds)")
+        non_negative_number(self.load_s, "Costs.load_s (seconds)")
+        positive_int(self.workers, "Costs.workers")
 
     @staticmethod
     def _of(table: Mapping[str, float], family: str, prior: float) -> float:
@@ -136,12 +136,6 @@ class Costs:
             "unit_s": dict(sorted(self.unit_s.items())),
             "load_s": self.load_s,
         }
-
-
-def _seconds(x, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-        raise ValueError(f"{what}: expected a finite number of seconds >= 0, got {x!r}")
-    return float(x)
 
 
 def family_of(label: str) -> str:
