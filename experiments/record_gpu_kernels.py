@@ -19,22 +19,11 @@ One run on a CUDA GPU (one ``device`` call of a few minutes) writes, compressed,
   bits (the inputs are not stored: :func:`inputs` draws them again from the case,
   and a loader checks the digest).
 
-Cases (:func:`cases`), for bf16 and fp16, causal and not, one batch and head:
-
-* ``random``: Q, K, V ~ N(0, 1) rounded to the format, head dims 64, 96, 128 and
-  256 at (N, M) = (1, 1), (1, 77), (63, 129), (128, 128), (255, 256), and (513,
-  1000) at d = 128: decode and prefill, odd and even, N below and equal to M
-  (causal cases square, N = M = the larger: fa_jax.kernels asks where N != M
-  how the mask is aligned, which these kernels do not declare);
-* ``wide``: scores over about [-40, 40] (Q and K scaled by 2): a row's maximum
-  moves across key tiles, so the rescale exp2(m_old - m_new) runs, and small
-  exponentials flush;
-* ``equal_scores``: every key the same, so every score of a row is equal and P
-  is 1 after the max: O is V's column sums over M, and V's columns hold
-  order-revealing patterns (a large 2^e at one key, -2^e at another, ones
-  elsewhere: the ones added between them are lost or kept by the kernel's
-  summation order, Xie et al. 2025, FPRev);
-* ``one_key``: M = 1 (P = 1 exactly: O is V rounded through the output path).
+The cases and the recording's layout are :mod:`fa_jax.kernels.recording`'s (120 a
+kernel: bf16 and fp16, causal and not, head dims 64–256, odd and even lengths, decode
+and prefill, wide scores, equal scores with order-revealing values, one key), and
+``fa-jax validate --kernel NAME --recording FOLDER`` judges a model against the
+recording on any machine.
 
 ``--dry-run`` runs fa_jax's models of the kernels instead (on any machine, with
 ``--quick`` on a few cases): it checks the script, the files and their sizes,
@@ -49,126 +38,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
-import hashlib
 import json
 import pathlib
 import shlex
 import sys
 import time
 
-import ml_dtypes
 import numpy as np
 
 from fa_jax import kernels
-from fa_jax.formats import get_format
-from fa_jax.rounding import round_to
+from fa_jax.kernels.recording import Case, cases, digest, inputs, to_bits
 
 KERNELS = ("torch-cuda-flash", "torch-cuda-mem-efficient", "cudnn")
-FORMATS = ("bfloat16", "float16")
-HEAD_DIMS = (64, 96, 128, 256)
-SHAPES = ((1, 1), (1, 77), (63, 129), (128, 128), (255, 256))
-LARGE = (513, 1000, 128)  # (N, M, d): one long prefill
 EX2_SAMPLE = 1 << 18
-_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One recorded call: its inputs' kind, format, shape and mask."""
-
-    kind: str
-    fmt: str
-    n: int
-    m: int
-    d: int
-    causal: bool
-    seed: int = 0
-
-    @property
-    def name(self) -> str:
-        mask = "causal" if self.causal else "full"
-        return f"{self.kind}-{self.fmt}-n{self.n}-m{self.m}-d{self.d}-{mask}-s{self.seed}"
-
-
-def _square(n: int, m: int, causal: bool) -> tuple[int, int]:
-    """A causal case's shape: N = M (fa_jax.kernels asks where N != M whether the mask is
-    aligned top-left or bottom-right, which these kernels do not declare)."""
-    return (max(n, m), max(n, m)) if causal else (n, m)
-
-
-def cases(quick: bool = False) -> list[Case]:
-    """The recorded cases (module docstring); ``quick``: a few small ones."""
-    if quick:
-        small = (("random", (63, 129)), ("equal_scores", (16, 32)))
-        return [
-            Case(kind, fmt, *_square(n, m, causal), 64, causal)
-            for kind, (n, m) in small
-            for fmt in FORMATS
-            for causal in (False, True)
-        ] + [Case("one_key", "bfloat16", 8, 1, 64, False)]
-    out = []
-    for fmt in FORMATS:
-        for causal in (False, True):
-            out += [
-                Case("random", fmt, *_square(n, m, causal), d, causal)
-                for d in HEAD_DIMS
-                for n, m in SHAPES
-            ]
-            n, m, d = LARGE
-            out.append(Case("random", fmt, *_square(n, m, causal), d, causal))
-            out += [
-                Case("wide", fmt, *_square(n, m, causal), 128, causal)
-                for n, m in ((128, 128), (255, 256))
-            ]
-            out += [
-                Case("equal_scores", fmt, *_square(n, m, causal), d, causal)
-                for d in (64, 128)
-                for n, m in ((64, 64), (63, 129), (128, 512))
-            ]
-    out += [Case("one_key", fmt, 64, 1, d, False) for fmt in FORMATS for d in (64, 128)]
-    return out
-
-
-def _rounded(x: np.ndarray, fmt: str) -> np.ndarray:
-    return np.asarray(round_to(x, get_format(fmt)), np.float64)
-
-
-@functools.cache
-def inputs(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The case's Q (1, N, d), K and V (1, M, d), float64 values exact in its format,
-    drawn from ``numpy.random.default_rng([seed, N, M, d])``."""
-    rng = np.random.default_rng([case.seed, case.n, case.m, case.d])
-    q, k, v = (rng.standard_normal((1, s, case.d)) for s in (case.n, case.m, case.m))
-    if case.kind == "wide":
-        q, k = 2.0 * q, 2.0 * k
-    if case.kind == "equal_scores":
-        k = np.broadcast_to(k[:, :1], k.shape).copy()
-        big = (
-            24.0 if case.fmt == "bfloat16" else 15.0
-        )  # 2^24 absorbs fp32's ones; fp16's max is 2^15
-        v = np.ones_like(v)
-        cols = np.arange(case.d)
-        v[0, cols % case.m, cols] = 2.0**big
-        v[0, (cols * 7 + 3) % case.m, cols] -= 2.0**big  # -2^big once rounded; 0 on one key
-    q, k, v = (_rounded(t, case.fmt) for t in (q, k, v))
-    return q, k, v
-
-
-def digest(arrays) -> str:
-    """SHA-256 of the arrays' float64 bits, in order."""
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a, np.float64).tobytes())
-    return h.hexdigest()
-
-
-def _bits(out: np.ndarray, fmt: str) -> np.ndarray:
-    """The output's values as the format's bits (it must hold them exactly)."""
-    narrow = np.asarray(out, np.float64).astype(_DTYPES[fmt])
-    if not np.array_equal(narrow.astype(np.float64), out, equal_nan=True):
-        raise ValueError(f"record: expected outputs exact in {fmt}, got values that are not")
-    return narrow.view(np.uint16)
 
 
 def record_kernel(name: str, run_cases: list[Case], call) -> dict[str, np.ndarray]:
@@ -181,7 +63,7 @@ def record_kernel(name: str, run_cases: list[Case], call) -> dict[str, np.ndarra
         except (NotImplementedError, ValueError, RuntimeError) as err:
             arrays[f"{case.name}.refused"] = np.array(f"{type(err).__name__}: {err}")
             continue
-        arrays[case.name] = _bits(out, case.fmt)
+        arrays[case.name] = to_bits(out, case.fmt)
     return arrays
 
 

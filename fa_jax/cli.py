@@ -225,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     va.add_argument("--window", help="a local window L,R (-1: unbounded side)")
     va.add_argument("--kv-len", help="keys kept per sequence (key lengths)")
+    va.add_argument(
+        "--recording",
+        help="a folder recorded by experiments/record_gpu_kernels.py: the model against the "
+        "real kernel's recorded outputs (its cases, not the shape flags), on any machine",
+    )
     va.add_argument("--json", action="store_true", help="print JSON instead of a table")
     va.add_argument(
         "--profile",

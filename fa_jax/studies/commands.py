@@ -495,6 +495,11 @@ def cmd_validate(args) -> int:
     from fa_jax.studies.profile import CallProfile
     from fa_jax.studies.validation import format_validation, validate
 
+    if args.recording is not None:  # the model against a recording: no real kernel runs
+        from fa_jax.studies.recorded import format_recorded, validate_recording
+
+        print(format_recorded(validate_recording(args.kernel, args.recording)))
+        return 0
     kernel, fmt, shape = _kernel_args(args)
     profile, start = CallProfile(), time.perf_counter()
     with timed_calls(profile.call) if args.profile else contextlib.nullcontext():
