@@ -13,7 +13,8 @@ One run on a CUDA GPU (one ``device`` call of a few minutes) writes, compressed,
   (-126, 0] (``sample_x``, fixed seed): each result as its distance in float32
   units from RN(2^x) (``binade_ulps``, ``sample_ulps``, int8; RN from the float64
   exp2 rounded once: exact unless 2^x is within 2^-52 relative of a float32
-  midpoint, which ``*_near_midpoint`` marks).
+  midpoint, which ``*_near_midpoint`` marks; a distance past int8, a flushed
+  result say, is kept as its index and result, ``*_far`` and ``*_far_y``).
 * ``recording.json``: the GPU, driver, CUDA, cuDNN, PyTorch, JAX and CuPy versions,
   the date, the command, every case's parameters and the SHA-256 of its inputs'
   bits (the inputs are not stored: :func:`inputs` draws them again from the case,
@@ -38,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import pathlib
 import shlex
 import sys
@@ -47,7 +47,11 @@ import time
 import numpy as np
 
 from fa_jax import kernels
+from fa_jax._x64 import float64_enabled
+from fa_jax.formats import FP32
 from fa_jax.kernels.recording import Case, cases, digest, inputs, to_bits
+from fa_jax.rounding import round_to
+from fa_jax.studies.results import write_json
 
 KERNELS = ("torch-cuda-flash", "torch-cuda-mem-efficient", "cudnn")
 EX2_SAMPLE = 1 << 18
@@ -87,29 +91,37 @@ def ex2_inputs() -> tuple[np.ndarray, np.ndarray]:
     return binade, sample
 
 
+def _rn32(exact: np.ndarray) -> np.ndarray:
+    """float64 values rounded to nearest float32 (fa_jax's rounding), as float32."""
+    with float64_enabled():
+        return np.asarray(round_to(exact, FP32)).astype(np.float32)  # exact: FP32 values
+
+
 def ulps_from_rounded(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(y - RN(2^x) in float32 units as int8, where 2^x is near a float32 midpoint)."""
+    """(y - RN(2^x) in float32 units, where 2^x is near a float32 midpoint)."""
     exact = np.exp2(x.astype(np.float64))
-    rn = exact.astype(np.float32)
+    rn = _rn32(exact)
     d = y.view(np.int32).astype(np.int64) - rn.view(np.int32).astype(np.int64)
-    if np.abs(d).max(initial=0) > 127:
-        raise ValueError(
-            f"ex2: expected results within 127 units of RN(2^x), got {np.abs(d).max()}"
-        )
     up = np.nextafter(rn, np.float32(np.inf)).astype(np.float64)
     down = np.nextafter(rn, np.float32(0)).astype(np.float64)
     mids = np.stack([(rn + up) / 2, (rn + down) / 2])
     near = np.asarray((np.abs(exact - mids) <= np.abs(exact) * 2.0**-52).any(axis=0))
-    return d.astype(np.int8), near
+    return d, near
 
 
 def record_ex2(device_ex2) -> dict[str, np.ndarray]:
-    """``ex2.npz``'s arrays from ``device_ex2(x) -> y`` (float32 arrays)."""
+    """``ex2.npz``'s arrays from ``device_ex2(x) -> y`` (float32 arrays): the distances
+    as int8, and where one does not fit (a flushed result, say) its index and the
+    result itself (``*_far``, ``*_far_y``), so that no result is lost."""
     binade, sample = ex2_inputs()
     out = {"sample_x": sample}
     for name, x in (("binade", binade), ("sample", sample)):
-        ulps, near = ulps_from_rounded(x, device_ex2(x))
-        out[f"{name}_ulps"], out[f"{name}_near_midpoint"] = ulps, np.flatnonzero(near)
+        y = device_ex2(x)
+        ulps, near = ulps_from_rounded(x, y)
+        far = np.flatnonzero(np.abs(ulps) > 127)
+        out[f"{name}_ulps"] = np.where(np.abs(ulps) > 127, 0, ulps).astype(np.int8)
+        out[f"{name}_far"], out[f"{name}_far_y"] = far, y[far]
+        out[f"{name}_near_midpoint"] = np.flatnonzero(near)
     return out
 
 
@@ -130,7 +142,7 @@ def _gpu_ex2():
 
 def _rounded_ex2(x: np.ndarray) -> np.ndarray:
     """The dry run's stand-in: RN(2^x), flushed below float32's normals."""
-    y = np.exp2(x.astype(np.float64)).astype(np.float32)
+    y = _rn32(np.exp2(x.astype(np.float64)))
     return np.where(np.abs(y) < np.finfo(np.float32).tiny, np.float32(0), y)
 
 
@@ -221,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["seconds"]["ex2"] = round(time.perf_counter() - start, 2)
         differ = {k: float(np.mean(arrays[k] != 0)) for k in ("binade_ulps", "sample_ulps")}
         print(f"ex2: share differing from RN(2^x): {differ}")
-    (args.out / "recording.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    write_json(args.out / "recording.json", meta)
     sizes = {p.name: p.stat().st_size for p in sorted(args.out.iterdir())}
     print(f"files: {sizes}, {sum(sizes.values()) / 2**20:.1f} MiB in all")
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from test_kernels_recording import SMALL, write
 
@@ -33,3 +35,8 @@ def test_the_model_is_judged_per_case_and_over_all(tmp_path, capsys):
     assert "1 of 2 cases judged: 95.8333% of their elements bit-identical" in report
     assert main(["validate", "--kernel", "cudnn", "--recording", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == report
+    assert main(["validate", "--kernel", "cudnn", "--recording", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["identical_share"] == 23 / 24 and data["platform"] == v.platform
+    assert data["cases"][0]["case"] == case.name and data["cases"][0]["max_ulp"] == 1
+    assert data["cases"][1] == {"case": SMALL[1].name, "not_judged": refused}

@@ -28,6 +28,7 @@ from fa_jax.studies.sweep.planner import (
     load_costs,
     measured,
     save_costs,
+    wall_seconds,
 )
 from fa_jax.studies.sweep.programs import flash_program, reference_program
 
@@ -68,7 +69,7 @@ def test_best_buckets_extremes_and_ties():
     lens = [512, 128, 1024, 256, 256]
     assert best_buckets(lens, lambda b: 1.0) == [(128, 256, 512, 1024)]  # ties: fewest
     assert best_buckets(lens, lambda b: max(b) ** 2 * len(b)) == [(128,), (256,), (512,), (1024,)]
-    with pytest.raises(ValueError, match="positive int lengths"):
+    with pytest.raises(ValueError, match="best_buckets: lengths: expected positive integers"):
         best_buckets([0, 3], lambda b: 1.0)
 
 
@@ -82,8 +83,9 @@ def test_family_and_bucket_seconds():
         Call("b", "flash fa2 Bc=64 N<=8", 1e9, cached=True),
     ]
     prepare, run = bucket_seconds(calls, costs)
-    assert prepare == pytest.approx((2.0 + 0.25) / 2)  # one compile, one load, two threads
+    assert prepare == pytest.approx(2.0 + 0.25)  # one compile, one load
     assert run == pytest.approx(1.0 + 1.0 + 3.0)
+    assert wall_seconds(calls, costs) == pytest.approx((2.0 + 0.25) / 2 + 5.0)  # two threads
 
 
 def test_unmeasured_families_take_their_kin_then_the_prior():

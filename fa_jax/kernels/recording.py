@@ -36,7 +36,6 @@ import hashlib
 import json
 import pathlib
 
-import ml_dtypes
 import numpy as np
 
 from fa_jax.formats import get_format
@@ -58,7 +57,6 @@ FORMATS = ("bfloat16", "float16")
 HEAD_DIMS = (64, 96, 128, 256)
 SHAPES = ((1, 1), (1, 77), (63, 129), (128, 128), (255, 256))
 LARGE = (513, 1000, 128)  # (N, M, d): one long prefill
-_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,9 +149,17 @@ def digest(arrays) -> str:
     return h.hexdigest()
 
 
+def _storage(fmt: str) -> np.dtype:
+    """The 16-bit numpy or ml_dtypes type that stores ``fmt`` (:attr:`Format.dtype`)."""
+    dtype = get_format(fmt).dtype
+    if dtype is None or dtype.itemsize != 2:
+        raise ValueError(f"recording: expected a format stored in 16 bits, got {fmt}")
+    return dtype
+
+
 def to_bits(out: np.ndarray, fmt: str) -> np.ndarray:
     """The output's values as the format's bits (uint16; it must hold them exactly)."""
-    narrow = np.asarray(out, np.float64).astype(_DTYPES[fmt])
+    narrow = np.asarray(out, np.float64).astype(_storage(fmt))  # exact: checked below
     if not np.array_equal(narrow.astype(np.float64), out, equal_nan=True):
         raise ValueError(f"to_bits: expected values exact in {fmt}, got values that are not")
     return narrow.view(np.uint16)
@@ -161,7 +167,7 @@ def to_bits(out: np.ndarray, fmt: str) -> np.ndarray:
 
 def from_bits(bits: np.ndarray, fmt: str) -> np.ndarray:
     """:func:`to_bits`'s values again, as float64."""
-    return np.asarray(bits, np.uint16).view(_DTYPES[fmt]).astype(np.float64)
+    return np.asarray(bits, np.uint16).view(_storage(fmt)).astype(np.float64)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -498,7 +498,8 @@ def cmd_validate(args) -> int:
     if args.recording is not None:  # the model against a recording: no real kernel runs
         from fa_jax.studies.recorded import format_recorded, validate_recording
 
-        print(format_recorded(validate_recording(args.kernel, args.recording)))
+        recorded = validate_recording(args.kernel, args.recording)
+        print(json.dumps(recorded.to_dict(), indent=1) if args.json else format_recorded(recorded))
         return 0
     kernel, fmt, shape = _kernel_args(args)
     profile, start = CallProfile(), time.perf_counter()

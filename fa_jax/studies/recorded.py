@@ -34,6 +34,22 @@ class RecordedValidation:
     platform: dict
     rows: tuple[tuple[Case, Comparison | str], ...]
 
+    def to_dict(self) -> dict:
+        """Plain data for JSON: per case its Comparison's fields, or why not judged."""
+        cases = [
+            {"case": c.name, **dataclasses.asdict(r)}
+            if isinstance(r, Comparison)
+            else {"case": c.name, "not_judged": r}
+            for c, r in self.rows
+        ]
+        return {
+            "kernel": self.kernel,
+            "recording": self.folder,
+            "platform": self.platform,
+            "identical_share": self.identical_share(),
+            "cases": cases,
+        }
+
     def identical_share(self) -> float:
         """Bit-identical elements over every judged case (NaN where none was)."""
         judged = [(c.n * c.d, r) for c, r in self.rows if isinstance(r, Comparison)]

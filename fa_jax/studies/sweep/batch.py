@@ -56,6 +56,7 @@ inputs a one-process run would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 
@@ -69,7 +70,7 @@ from fa_jax.rounding import round_to
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.features import PAPER, Features
 from fa_jax.studies.sweep.grid import Grid, kernel_name, policy_for
-from fa_jax.studies.sweep.planner import Call, Costs, best_buckets, bucket_seconds
+from fa_jax.studies.sweep.planner import Call, Costs, best_buckets, bucket_seconds, wall_seconds
 from fa_jax.studies.sweep.programs import (
     flash_program,
     golden_for,
@@ -397,12 +398,14 @@ class FormatBatch:
         plan and its predictions go to the executables' profile."""
         causal, gold = self.grid.causal, self.features.for_golden()
 
+        @functools.cache  # a bucket's calls: weighed by the plan, then predicted
         def reference_calls(bucket):
             calls = self.calls(reference_program, bucket, None, causal=causal, features=gold)
             for preset in presets:
                 calls += self.calls(reference_program, bucket, preset, causal=causal)
             return calls
 
+        @functools.cache
         def flash_calls(bucket):
             return [
                 call
@@ -410,14 +413,13 @@ class FormatBatch:
                 for call in self.calls(flash_program, bucket, preset, tile_cols=tile_cols, **static)
             ]
 
-        def seconds(bucket, calls_of):
-            return sum(bucket_seconds(calls_of(bucket), costs))
-
         lengths = sorted(set(lengths))
         if self.plannable:
-            self.buckets = best_buckets(lengths, lambda b: seconds(b, reference_calls))
+            self.buckets = best_buckets(lengths, lambda b: wall_seconds(reference_calls(b), costs))
         if self.flash_plannable and flash_runs:
-            self.flash_buckets = best_buckets(lengths, lambda b: seconds(b, flash_calls))
+            self.flash_buckets = best_buckets(
+                lengths, lambda b: wall_seconds(flash_calls(b), costs)
+            )
         profile = self.executables.profile
         if profile is None:
             return
@@ -435,9 +437,7 @@ class FormatBatch:
             for label, calls in itertools.groupby(
                 sorted(calls_of(bucket), key=lambda c: c.label), key=lambda c: c.label
             ):
-                calls = list(calls)
-                prepare, run = bucket_seconds(calls, costs)
-                profile.predict(label, prepare * costs.workers, run)
+                profile.predict(label, *bucket_seconds(list(calls), costs))
 
     def plan(self, program, bucket, preset, *, tile_cols=None, **static):
         """What :meth:`run` will call, for :meth:`Executables.prepare`:

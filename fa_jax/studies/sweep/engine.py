@@ -609,6 +609,6 @@ def _plan(batches: dict, todo: dict, executables: Executables, flash_static) -> 
 
 def _keep_costs(executables: Executables) -> None:
     """The planner's costs updated with this run's measurements, kept with the cache."""
-    if executables.profile is not None and executables.folder is not None:
-        costs = measured(executables.profile, _costs(executables))
-        save_costs(executables.folder, device_label(), costs)
+    assert executables.profile is not None  # _run gives every sweep one
+    costs = measured(executables.profile, _costs(executables))
+    save_costs(executables.folder, device_label(), costs)

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 
-from fa_jax._checks import non_negative_number, positive_int
+from fa_jax._checks import non_negative_number, positive_int, positive_ints
+from fa_jax.studies.results import write_json
 
 __all__ = [
     "COSTS_FILE",
@@ -54,6 +53,7 @@ __all__ = [
     "measured",
     "prior_of",
     "save_costs",
+    "wall_seconds",
 ]
 
 COSTS_FILE = "planner-costs.json"  # in the cache folder, beside the programs
@@ -146,24 +146,29 @@ def family_of(label: str) -> str:
 
 
 def bucket_seconds(calls: Sequence[Call], costs: Costs) -> tuple[float, float]:
-    """(prepare, run) seconds of (P) for one bucket's calls: each distinct
-    program prepared once (compiled, or loaded where cached), every call run."""
+    """(prepare, run) seconds of ``calls``: each distinct program prepared once
+    (compiled, or loaded where cached), every call run."""
     programs = {c.key: c for c in calls}
     prepare = sum(
         costs.load_s if c.cached else costs.compile_of(family_of(c.label))
         for c in programs.values()
     )
     run = sum(c.units * costs.unit_of(family_of(c.label)) for c in calls)
-    return prepare / costs.workers, run
+    return prepare, run
+
+
+def wall_seconds(calls: Sequence[Call], costs: Costs) -> float:
+    """(P) for one bucket's ``calls``: its programs prepared on ``costs.workers``
+    threads, then its calls run."""
+    prepare, run = bucket_seconds(calls, costs)
+    return prepare / costs.workers + run
 
 
 def best_buckets(lengths: Sequence[int], cost: Callable[[tuple[int, ...]], float]) -> list:
     """The partition of the sorted distinct ``lengths`` into contiguous buckets
     that minimises Σ ``cost(bucket)`` (ties: the fewer buckets, then the
     earlier split), by dynamic programming over the end of the last bucket."""
-    lens = sorted(set(lengths))
-    if any(not isinstance(n, int) or n < 1 for n in lens):
-        raise ValueError(f"best_buckets: expected positive int lengths, got {list(lengths)}")
+    lens = sorted(set(positive_ints(lengths, "best_buckets: lengths")))
     # best[j]: (total, buckets, partition) of the first j lengths
     best: list[tuple[float, int, list]] = [(0.0, 0, [])]
     for j in range(1, len(lens) + 1):
@@ -245,9 +250,6 @@ def save_costs(folder: pathlib.Path | None, device: str, costs: Costs) -> None:
     data[device] = costs.to_json()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_json(path, data)
     except OSError:
         pass
