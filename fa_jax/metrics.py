@@ -24,9 +24,9 @@ Conventions shared by every function:
   sentinel instead).
 * Sums run in one stated order, :func:`_tree_sum` (pairwise, Higham 2002
   §4.1), not XLA's reduce, whose order follows the thread count: a metric has
-  the same bits on any core count.  mean, std and rmse are each one compiled
-  program, which the sweep runs too (fused, a square may contract into the
-  first additions as an FMA: one program gives one answer).
+  the same bits on any core count, eager, jitted, vmapped or fused with the
+  others (no square is contracted into an FMA, :func:`_squares`), and over
+  padding (:func:`abs_diff_summary`'s ``length``).
 * Everything is ``jax.jit`` / ``jax.vmap`` compatible; shapes are static.
 """
 
@@ -123,22 +123,43 @@ def _tree_sum(x) -> jax.Array:
 
 
 @jax.jit
-def ordered_mean(x) -> jax.Array:
+def ordered_mean(x, length=None) -> jax.Array:
     """``(sum_i x_i) / N``, the sum by :func:`_tree_sum`, one correctly rounded
-    division (NaN for no elements, as jnp.mean).  XLA turns a division by a
-    constant, or by a scalar that vmap broadcasts, into a product with its
-    rounded reciprocal, which a later subtraction could also fuse into an FMA:
-    so the divisor is computed from the sum (N, or N + 1 where the sum is NaN
-    and the quotient NaN anyway), which XLA cannot fold."""
+    division (NaN for no elements, as jnp.mean).  ``length``: N where ``x`` is
+    padded (:func:`abs_diff_summary`), its elements from N on zeros.  XLA turns a
+    division by a constant, or by a scalar that vmap broadcasts, into a product
+    with its rounded reciprocal, which a later subtraction could also fuse into
+    an FMA: so the divisor is computed from the sum (N, or N + 1 where the sum is
+    NaN and the quotient NaN anyway), which XLA cannot fold."""
     total = _tree_sum(x)
-    n = x.shape[-1]
+    n = x.shape[-1] if length is None else length
     return total / jnp.where(jnp.isnan(total), n + 1, n).astype(total.dtype)
 
 
 @jax.jit
-def ordered_std(x) -> jax.Array:
-    """Population standard deviation of 1-D ``x``, two-pass: ``sqrt(mean((x - mean)^2))``."""
-    return jnp.sqrt(ordered_mean(jnp.square(x - ordered_mean(x))))
+def ordered_std(x, length=None) -> jax.Array:
+    """Population standard deviation of 1-D ``x``, two-pass: ``sqrt(mean((x - mean)^2))``
+    (``length`` as :func:`ordered_mean`'s: the padding is left out of the squares)."""
+    centred = _live(x - ordered_mean(x, length), length)
+    return jnp.sqrt(ordered_mean(_squares(centred), length))
+
+
+def _live(x, length):
+    """``x`` with its elements from ``length`` on (padding) zero; all of it for None."""
+    if length is None:
+        return x
+    return jnp.where(jnp.arange(x.shape[-1]) < length, x, jnp.zeros_like(x))
+
+
+def _squares(x):
+    """``x**2``, each square rounded on its own, so that the sums' bits are the stated
+    tree's wherever a metric is compiled: alone, fused with the others, padded or
+    vmapped.  Fused into a sum's first additions, a plain square may be contracted
+    with one of them into an FMA (one rounding instead of two; XLA's CPU compiler
+    does so, and removes an ``optimization_barrier`` before fusing).  ``max(x², 0)``
+    is the same value (a square is >= 0, and a NaN stays NaN) but puts a select
+    between the product and the addition, which no compiler contracts."""
+    return jnp.maximum(jnp.square(x), 0.0)
 
 
 # -- absolute-difference statistics -------------------------------------------
@@ -206,13 +227,15 @@ def rmse(a, b) -> jax.Array:
 
 
 @jax.jit
-def rmse_of_diff(d, s) -> jax.Array:
-    """rmse from ``d = |a - b|`` and ``s = max d``, one program (the sweep's too)."""
+def rmse_of_diff(d, s, length=None) -> jax.Array:
+    """rmse from ``d = |a - b|`` and ``s = max d``, one program (the sweep's too);
+    ``length`` as :func:`ordered_mean`'s."""
     scaled, safe = _rmse_scale(s)
     # Broadcast behind a barrier: XLA turns a division by a broadcast scalar into
     # a multiplication by its rounded reciprocal.
     divisor = jax.lax.optimization_barrier(jnp.broadcast_to(safe, d.shape))
-    return _rmse_finish(s, scaled, safe, ordered_mean(jnp.square(d / divisor)))
+    mean_square = ordered_mean(_squares(d / divisor), length)
+    return _rmse_finish(s, scaled, safe, mean_square)
 
 
 @jax.jit
@@ -228,24 +251,37 @@ def _rmse_finish(s, scaled, safe, mean_square):
     return jnp.where(scaled, safe * jnp.sqrt(mean_square), s)
 
 
-def abs_diff_summary(a, b) -> dict[str, jax.Array]:
+def abs_diff_summary(a, b, *, length=None) -> dict[str, jax.Array]:
     """``max_abs_diff``, ``mean_abs_diff``, ``std_abs_diff`` and ``rmse`` of ``a``
     against ``b``, each bit for bit the function of that name, from one ``|a - b|``
     (and one max) instead of four: what a sweep computes for every configuration.
 
     Args:
       a: ``[...]`` measured.  b: ``[...]`` reference, same shape.
+      length: None, or the number N of leading elements of the flattened ``a`` and
+        ``b`` that count, the rest padding (an int, or a JAX integer that may be
+        traced; a Python or numpy one must be in [1, a.size]).  The values are then bit for bit those of
+        ``a[:N]`` against ``b[:N]``, whatever the padding holds: each sum's tree
+        pads with zeros to a power of two anyway, and adding zeros is exact.  One
+        program then serves every length up to the padded size.
 
     Returns:
       A dict of ``[]`` arrays in the computation dtype.
     """
     d = _abs_diff(a, b, "abs_diff_summary")
+    if isinstance(length, (int, np.integer, np.ndarray)):  # concrete: checked here
+        if not 1 <= int(length) <= d.size:
+            raise ValueError(
+                f"abs_diff_summary: expected a length in [1, {d.size}] (the elements of "
+                f"a and b), got {length!r}"
+            )
+    d = _live(d, length)
     s = jnp.max(d)
     return {
         "max_abs_diff": s,
-        "mean_abs_diff": ordered_mean(d),
-        "std_abs_diff": ordered_std(d),
-        "rmse": rmse_of_diff(d, s),
+        "mean_abs_diff": ordered_mean(d, length),
+        "std_abs_diff": ordered_std(d, length),
+        "rmse": rmse_of_diff(d, s, length),
     }
 
 

@@ -18,7 +18,7 @@ from fa_jax.rounding import round_to
 from fa_jax.studies.profile import Profile
 from fa_jax.studies.sweep import Grid, run_sweep
 from fa_jax.studies.sweep.executables import Executables
-from fa_jax.studies.sweep.grid import METRICS
+from fa_jax.studies.sweep.grid import COMPARISONS, METRICS
 from fa_jax.studies.sweep.programs import (
     METRIC_LABEL,
     flash_program,
@@ -120,18 +120,26 @@ def test_presets_of_one_shape_share_programs(tmp_path):
 
 
 def test_metric_plans_are_the_programs_metric_values_runs(x64):
-    """The metric programs a sweep compiles ahead (metric_plans) are those that
-    metric_values then runs: nothing more is compiled, and the values are the
-    public metric functions' bit for bit."""
+    """The metric program a sweep compiles ahead (metric_plans) is the one that
+    metric_values then runs, for every output size up to the padded one: nothing
+    more is compiled, and each comparison's values are the public metric
+    functions' bit for bit."""
     from fa_jax import metrics
 
     profile = Profile()
     executables = Executables(None, profile)
     executables.prepare(metric_plans(96))
-    assert profile.programs["metrics"].compiled == 4
+    assert profile.programs[METRIC_LABEL].compiled == 1
     rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((2, 2, 3, 16))
-    got = metric_values(a, b, executables)
-    assert profile.programs["metrics"].compiled == 4
-    want = metrics.abs_diff_summary(a, b)
-    assert [float(x) for x in got] == [float(want[m]) for m in METRICS]
+    for shape in ((2, 3, 16), (1, 1, 5), (2, 2, 24)):
+        outs = dict(zip(("flash", "baseline", "golden"), rng.standard_normal((3, *shape))))
+        outs["baseline"] *= 10.0 ** rng.integers(-3, 3, shape)
+        got = metric_values(outs, 96, executables)
+        assert got.shape == (len(COMPARISONS), len(METRICS))
+        for comparison, row in zip(COMPARISONS, got):
+            a, b = comparison.split("_vs_")
+            want = metrics.abs_diff_summary(outs[a], outs[b])
+            assert row.tolist() == [float(want[m]) for m in METRICS], comparison
+    assert profile.programs[METRIC_LABEL].compiled == 1
+    with pytest.raises(ValueError, match="at most 96 elements, got 100"):
+        metric_values({k: np.zeros(100) for k in outs}, 96, executables)

@@ -83,17 +83,20 @@ from fa_jax.studies.sweep.programs import (
 __all__ = [
     "FLASH_PAD_RATIO",
     "MEMORY_BUDGET",
+    "METRIC_PAD_RATIO",
     "PAD_RATIO",
     "PIECE",
     "FormatBatch",
     "host",
     "length_buckets",
+    "metric_sizes",
     "policies_follow_length",
     "shard",
 ]
 
 PAD_RATIO = 2  # pad only within buckets whose longest length is <= 2x the shortest
 FLASH_PAD_RATIO = 8  # flash's padded work is linear in the ratio, the reference's quadratic
+METRIC_PAD_RATIO = 16  # a metric's padded work is linear, and small beside attention's
 PIECE = 2  # configurations per device in one call
 MEMORY_BUDGET = 4 * 2**30  # bytes of working memory per compiled call
 
@@ -109,6 +112,13 @@ def length_buckets(lens, ratio=PAD_RATIO):
         else:
             buckets.append([n])
     return [tuple(b) for b in buckets]
+
+
+def metric_sizes(sizes) -> dict[int, int]:
+    """Each output size's padded size, the metric program's
+    (:func:`.programs.metric_values`): sizes at most :data:`METRIC_PAD_RATIO` apart
+    share one program."""
+    return {s: max(b) for b in length_buckets(sizes, METRIC_PAD_RATIO) for s in b}
 
 
 def _placed_count(n: int) -> int:

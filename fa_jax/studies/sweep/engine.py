@@ -25,9 +25,11 @@ Execution, in brief:
 * each program runs over a flat (format × seq_len × seed) axis, one policy per
   call, lengths padded in buckets planned from measured costs (:mod:`.planner`),
   memory-bounded pieces and the axis sharded over ``jax.devices()`` (:mod:`.batch`);
-* metrics are computed per configuration on the unpadded output, by compiled
-  programs that give the public metric functions' bits
-  (:func:`.programs.metric_values`), so direct calls reproduce the CSV bitwise;
+* metrics are computed per configuration, all twelve by one compiled program
+  for every output size up to :data:`~.batch.METRIC_PAD_RATIO` times smaller
+  (the padding left out exactly), which gives the public metric functions'
+  bits (:func:`.programs.metric_values`), so direct calls reproduce the CSV
+  bitwise;
 * each program is compiled once and kept on disk (:mod:`.executables`), so a
   later run loads it instead of tracing and compiling it again.
 
@@ -97,8 +99,8 @@ from fa_jax.studies.sweep.batch import (
     FormatBatch,
     batch_key,
     chunks_of,
-    host,
     length_buckets,
+    metric_sizes,
 )
 from fa_jax.studies.sweep.cluster import Processes, ProcessFailed, processes
 from fa_jax.studies.sweep.executables import Executables, device_label, usable_cores
@@ -539,7 +541,8 @@ def _compute(
         if kernel_name(preset) is None:
             plans += kb.flash_plans(chunk, preset, tile_cols=bc, **flash_static(variant, bc))
         sizes |= kb.output_sizes(chunk)
-    for size in sorted(sizes):
+    padded = metric_sizes(sizes)
+    for size in sorted(set(padded.values())):
         plans += metric_plans(size)
     executables.prepare(plans)
 
@@ -565,10 +568,8 @@ def _compute(
                     name: a[j][:, :, :rows]
                     for name, a in (("flash", flash), ("baseline", base), ("golden", gold))
                 }
-                vals = {}
-                for comp in COMPARISONS:
-                    a, b = comp.split("_vs_")
-                    vals[comp] = host(metric_values(outs[a], outs[b], executables))
+                values = metric_values(outs, padded[outs["golden"].size], executables)
+                vals = dict(zip(COMPARISONS, values))
                 for k in ks:
                     if tuple(k.values()) in done:
                         continue

@@ -28,7 +28,9 @@ configuration's keys changes nothing, α = 1 and zeros added).
   (Golden et al. 2024, §3: the "baseline attention");
 * flash: :func:`~fa_jax.attention.flash_attention` under the same policy
   (Dao 2023, Algorithm 1), tiles ``Blocks(bc, bc)``: the query tile Br does
-  not change flash's numbers, only Bc, the number of rescalings, does.
+  not change flash's numbers, only Bc, the number of rescalings, does;
+* metrics (:func:`metric_values`): the three comparisons' statistics of one
+  configuration, one program for every output size up to its padded one.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from fa_jax.policy import STAGES, Policy
 from fa_jax.presets import golden
 from fa_jax.studies.sweep.executables import Executables
 from fa_jax.studies.sweep.features import PAPER, Features
-from fa_jax.studies.sweep.grid import METRICS
+from fa_jax.studies.sweep.grid import COMPARISONS, METRICS
 
 __all__ = [
     "METRIC_LABEL",
@@ -223,50 +225,54 @@ def flash_program(q, k, v, widths, lengths, *, shape, variant, blocks, causal, f
     return _over_configs(one, features, q, k, v, lengths)
 
 
+METRIC_LABEL = "metrics"  # the profile's name of the metric program
+_OUTPUTS = ("flash", "baseline", "golden")  # the rows of the metric program's outputs
+
+
+def _pairs() -> tuple[list[int], list[int]]:
+    """The rows of each comparison's measured and reference outputs, in
+    :data:`COMPARISONS`' order."""
+    pairs = [[_OUTPUTS.index(x) for x in comp.split("_vs_")] for comp in COMPARISONS]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
 @jax.jit
-def _abs_diff_max(a, b):
-    """``|a - b|`` and its max: elementwise and exact, so fused they equal the
-    eager calls of :func:`~fa_jax.metrics.abs_diff_summary`."""
-    d = jnp.abs(a - b)
-    return d, jnp.max(d)
+def _summaries(outputs, length):
+    """``[comparisons, metrics]``: :func:`~fa_jax.metrics.abs_diff_summary` of each
+    comparison of ``outputs`` (``[3, S]``, rows :data:`_OUTPUTS`, each holding one
+    configuration's flattened output in its first ``length`` elements)."""
+    a, b = _pairs()
+    values = jax.vmap(lambda x, y: metrics.abs_diff_summary(x, y, length=length))(
+        outputs[np.array(a)], outputs[np.array(b)]
+    )
+    return jnp.stack([values[m] for m in METRICS], axis=-1)
 
 
-# The metrics' own reductions, each its own program, the one an eager call runs.
-_mean, _std, _rmse = metrics.ordered_mean, metrics.ordered_std, metrics.rmse_of_diff
+def metric_plans(padded_size: int) -> list:
+    """The program :func:`metric_values` calls on outputs padded to
+    ``padded_size`` elements, as :meth:`~.executables.Executables.prepare` takes
+    it, so that a sweep compiles it ahead beside its other programs."""
+    outputs = jax.ShapeDtypeStruct((len(_OUTPUTS), padded_size), np.float64)
+    length = jax.ShapeDtypeStruct((), np.int64)
+    return [(_summaries, (outputs, length), {}, METRIC_LABEL)]
 
 
-METRIC_LABEL = "metrics"  # the profile's name of the metric programs
-
-
-def metric_plans(size: int) -> list:
-    """The programs :func:`metric_values` calls on outputs of ``size`` elements, as
-    :meth:`~.executables.Executables.prepare` takes them, so that a sweep compiles
-    them ahead beside its other programs (on the compile threads) rather than one
-    after another as its first configuration of each length needs them.  Their
-    arguments are what those calls pass: host arrays, then the device results of
-    ``|a - b|`` (which carry the default device's sharding)."""
-    host = jax.ShapeDtypeStruct((size,), np.float64)
-    placed = jax.device_put(np.float64(0)).sharding  # where a program's results live
-    d = jax.ShapeDtypeStruct((size,), np.float64, sharding=placed)
-    s = jax.ShapeDtypeStruct((), np.float64, sharding=placed)
-    calls = [(_abs_diff_max, (host, host)), (_mean, (d,)), (_std, (d,)), (_rmse, (d, s))]
-    return [(program, args, {}, METRIC_LABEL) for program, args in calls]
-
-
-def metric_values(a, b, executables: Executables):
-    """The four metrics of float64 ``a`` against ``b`` (:data:`METRICS`), bit for
-    bit the public metric functions' values (:func:`~fa_jax.metrics.abs_diff_summary`,
-    as a user's eager calls give them), from programs that ``executables``
-    compiles once per length and keeps on disk like the sweep's others:
-    ``|a - b|`` with its max (exact, elementwise), then each reduction of
-    :mod:`fa_jax.metrics` (its pairwise sums in a stated order, so the CSV's
-    bits do not depend on the thread count) as its own program."""
-    a, b = (np.ascontiguousarray(x, np.float64).reshape(-1) for x in (a, b))
-
-    def run(program, *args):
-        return executables.call(program, args, {}, label=METRIC_LABEL)
-
-    d, s = run(_abs_diff_max, a, b)
-    mean, std, rmse = run(_mean, d), run(_std, d), run(_rmse, d, s)
-    values = {"max_abs_diff": s, "mean_abs_diff": mean, "std_abs_diff": std, "rmse": rmse}
-    return [values[m] for m in METRICS]
+def metric_values(outs: dict, padded_size: int, executables: Executables) -> np.ndarray:
+    """``[comparisons, metrics]`` float64 (:data:`COMPARISONS` × :data:`METRICS`) of
+    one configuration's ``outs`` (float64 arrays of one shape by name: flash,
+    baseline, golden), bit for bit the public metric functions' values
+    (:func:`~fa_jax.metrics.abs_diff_summary`, as a user's eager calls give
+    them): one program, compiled once for every output size up to
+    ``padded_size`` and kept on disk like the sweep's others, since the
+    metrics' sums are exact over padding (their trees pad with zeros anyway)
+    and contract no square into an FMA, whichever program they are in."""
+    size = next(iter(outs.values())).size
+    if size > padded_size:
+        raise ValueError(
+            f"metric_values: expected outputs of at most {padded_size} elements, got {size}"
+        )
+    outputs = np.zeros((len(_OUTPUTS), padded_size), np.float64)
+    for row, name in enumerate(_OUTPUTS):
+        outputs[row, :size] = np.asarray(outs[name], np.float64).reshape(-1)
+    args = (outputs, np.array(size, np.int64))
+    return np.asarray(executables.call(_summaries, args, {}, label=METRIC_LABEL))
