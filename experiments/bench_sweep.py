@@ -47,6 +47,13 @@ Grids (``--full`` is very expensive on a small CPU)::
              128..16384; blocks 32x64, 64x32, 64x128, 128x64, 32x128, 128x32;
              seeds 0, 1, 2; d = 64  (576 configurations)
 
+``--floor`` times the same sweep once more (cold in a fresh process, then
+warm in another) with the emulated ops replaced by plain float64 arithmetic
+(no rounding, no error-free transforms, plain sums): the programs' structure
+and float64 arithmetic without any of the emulation, a lower bound for an
+exact float64 emulation of this grid (its numbers are not the emulation's, so
+no agreement is checked).
+
 ``--max-numpy-configs K`` times the numpy loop on a subset of about K
 configurations, stratified by sequence length, and extrapolates linearly (per
 sequence length: mean shared golden+baseline time x number of (format, seed)
@@ -55,6 +62,7 @@ says so.
 
     python experiments/bench_sweep.py
     python experiments/bench_sweep.py --full --max-numpy-configs 48
+    python experiments/bench_sweep.py --floor
 
 Goals on a 2-core CPU: cold at least as fast as the numpy loop, warm at least
 3x faster (on a GPU: 30x).  Results: see docs/performance.md.
@@ -72,6 +80,7 @@ import tempfile
 import time
 
 _t_import = time.perf_counter()
+import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -124,11 +133,38 @@ def timed_sweep(grid: Grid, out: pathlib.Path, cache: pathlib.Path) -> tuple[flo
     return time.perf_counter() - t0, profile
 
 
-def warm_in_fresh_process(args, cache: pathlib.Path, out: pathlib.Path) -> float:
-    """The sweep's seconds in a new Python process that finds ``cache`` filled (the
-    import of fa_jax is not counted, as in this process)."""
+def without_rounding() -> None:
+    """This process's emulated ops replaced by plain float64 arithmetic (``--floor``):
+    every rounding, error-free transform and ordered sum gone, the programs'
+    structure (loops, masks, dots, padding) kept."""
+    import fa_jax.attention_calls
+    import fa_jax.ops as ops
+
+    def identity(x, fmt, mode="nearest_even", *, key=None):
+        return x
+
+    def plain_sum(x, fmt, *, axis=-1, accumulation=None, initial=None):
+        total = jnp.sum(x, axis=axis)
+        return total if initial is None else total + initial
+
+    ops.round_to = fa_jax.attention_calls.round_to = identity
+    ops.add = lambda a, b, fmt: jnp.asarray(a) + b
+    ops.sub = lambda a, b, fmt: jnp.asarray(a) - b
+    ops.mul = lambda a, b, fmt: jnp.asarray(a) * b
+    ops.div = lambda a, b, fmt: jnp.asarray(a) / b
+    ops.fma = lambda a, b, c, fmt: jnp.asarray(a) * b + c
+    ops.sum = plain_sum
+
+
+def warm_in_fresh_process(
+    args, cache: pathlib.Path, out: pathlib.Path, *, floor: bool = False
+) -> float:
+    """The sweep's seconds in a new Python process that finds ``cache`` filled, or
+    fills it (the import of fa_jax is not counted, as in this process); ``floor``:
+    without rounding (:func:`without_rounding`)."""
     cmd = [sys.executable, __file__, "--warm-run", str(cache), str(out)]
     cmd += ["--full"] if args.full else []
+    cmd += ["--floor"] if floor else []
     cmd += ["--batch", str(args.batch), "--heads", str(args.heads)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(done.stdout.split()[-1])
@@ -284,6 +320,11 @@ def main(argv=None) -> int:
         help="numpy loop recomputes golden and baseline per configuration",
     )
     ap.add_argument("--skip-sweep", action="store_true", help="time the numpy loop only")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the sweep in plain float64 arithmetic (no emulation): a floor",
+    )
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=1)
     ap.add_argument("--warm-run", nargs=2, metavar=("CACHE", "OUT"), help=argparse.SUPPRESS)
@@ -293,6 +334,8 @@ def main(argv=None) -> int:
     grid = grid_of(spec, batch=args.batch, heads=args.heads)
     if args.warm_run:  # the child of warm_in_fresh_process: print the seconds only
         cache, out = (pathlib.Path(p) for p in args.warm_run)
+        if args.floor:
+            without_rounding()
         print(timed_sweep(grid, out, cache)[0])
         return 0
     configs = numpy_configs(grid)
@@ -320,6 +363,16 @@ def main(argv=None) -> int:
         )
         t_warm = warm_in_fresh_process(args, root / "cache", root / "warm")
         print(f"fa_jax sweep, warm (fresh process, cache kept, fresh out_dir): {t_warm:.2f} s")
+    floor = None
+    if args.floor and not args.skip_sweep:
+        floor = [
+            warm_in_fresh_process(args, root / "floor-cache", root / f"floor-{run}", floor=True)
+            for run in ("cold", "warm")
+        ]
+        print(
+            f"the same sweep in plain float64 (a floor), fresh processes: cold {floor[0]:.2f} s, "
+            f"warm {floor[1]:.2f} s"
+        )
 
     if args.max_numpy_configs is not None and args.max_numpy_configs < len(configs):
         subset = pick_subset(configs, args.max_numpy_configs)
@@ -380,6 +433,11 @@ def main(argv=None) -> int:
             f"warm {t_warm:.2f} s; speedup (numpy / sweep): cold {t_np / t_sweep:.2f} x "
             f"(goal >= 1 x), warm {t_np / t_warm:.2f} x (goal >= 3 x)"
         )
+        if floor is not None:
+            print(
+                f"plain float64, no emulation (floor): cold {t_np / floor[0]:.2f} x, "
+                f"warm {t_np / floor[1]:.2f} x"
+            )
     tmp.cleanup()
     return 0
 
