@@ -25,11 +25,8 @@ Execution, in brief:
 * each program runs over a flat (format × seq_len × seed) axis, one policy per
   call, lengths padded in buckets planned from measured costs (:mod:`.planner`),
   memory-bounded pieces and the axis sharded over ``jax.devices()`` (:mod:`.batch`);
-* metrics are computed per configuration, all twelve by one compiled program
-  for every output size up to :data:`~.batch.METRIC_PAD_RATIO` times smaller
-  (the padding left out exactly), which gives the public metric functions'
-  bits (:func:`.programs.metric_values`), so direct calls reproduce the CSV
-  bitwise;
+* a configuration's metrics come from one padded program that gives the
+  public metric functions' bits (:func:`.programs.metric_values`);
 * each program is compiled once and kept on disk (:mod:`.executables`), so a
   later run loads it instead of tracing and compiling it again.
 
