@@ -258,12 +258,13 @@ def abs_diff_summary(a, b, *, length=None) -> dict[str, jax.Array]:
 
     Args:
       a: ``[...]`` measured.  b: ``[...]`` reference, same shape.
-      length: None, or the number N of leading elements of the flattened ``a`` and
-        ``b`` that count, the rest padding (an int, or a JAX integer that may be
-        traced; a Python or numpy one must be in [1, a.size]).  The values are then bit for bit those of
-        ``a[:N]`` against ``b[:N]``, whatever the padding holds: each sum's tree
-        pads with zeros to a power of two anyway, and adding zeros is exact.  One
-        program then serves every length up to the padded size.
+      length: None, or the number N of leading elements of the flattened ``a``
+        and ``b`` that count, the rest padding (an int, or a JAX integer that
+        may be traced; a Python or numpy one must be in [1, a.size]).  The
+        values are then bit for bit those of ``a[:N]`` against ``b[:N]``,
+        whatever the padding holds: each sum's tree pads with zeros to a power
+        of two anyway, and adding zeros is exact.  One program then serves
+        every length up to the padded size.
 
     Returns:
       A dict of ``[]`` arrays in the computation dtype.
