@@ -1,4 +1,4 @@
-"""GPU attention kernels: cuDNN through JAX, PyTorch's CUDA flash and
+"""GPU attention kernels (CUDA): cuDNN through JAX, PyTorch's CUDA flash and
 memory-efficient scaled-dot-product attention.
 
 * ``cudnn``: ``jax.nn.dot_product_attention(..., implementation="cudnn")``, cuDNN's
