@@ -327,7 +327,7 @@ def _reference_forward(call: Call, q, k, v, dynamic):
     m = cast_scores(jnp.max(s, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(s, m, policy, log2_scale=_log2_scale(scale, policy))
     l = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)[..., None]
-    p = normalise(e, l, policy.p)
+    p = normalise(e, l, policy.p, divisor=policy.stats)  # l: a sum rounded to stats
     if sinks is not None:
         p = p[..., 1:]
     v = masking.zero_masked_keys(v, kv_lengths, 0)

@@ -170,10 +170,11 @@ def online_update(m, d, x_block, policy: Policy, *, axis: int = -1, log2_scale=N
     return m_new, d_new, e, alpha
 
 
-def normalise(num, den, fmt):
-    """fl_fmt(num / den), defined as 0 where den = 0 (fully masked rows)."""
+def normalise(num, den, fmt, *, divisor=None):
+    """fl_fmt(num / den), defined as 0 where den = 0 (fully masked rows); ``divisor``
+    the format of den's values where the caller knows it (:func:`fa_jax.ops.div`)."""
     safe_den = jnp.where(den == 0, 1.0, den)
-    return jnp.where(den == 0, 0.0, ops.div(num, safe_den, fmt))
+    return jnp.where(den == 0, 0.0, ops.div(num, safe_den, fmt, divisor=divisor))
 
 
 def _prepare(x, policy: Policy, axis: int):
@@ -188,7 +189,7 @@ def safe_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
     m = cast_scores(jnp.max(x, axis=-1, keepdims=True), policy.stats)
     e = shifted_exp(x, m, policy)
     d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
-    return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)
+    return jnp.moveaxis(normalise(e, d[..., None], policy.p, divisor=policy.stats), -1, axis)
 
 
 def online_softmax(x, policy: Policy, *, block: int = 1, axis: int = -1) -> jax.Array:
@@ -213,7 +214,7 @@ def _online_softmax(x, *, policy: Policy, block: int, axis: int) -> jax.Array:
     init = (jnp.full(x.shape[:-1], -jnp.inf, x.dtype), jnp.zeros(x.shape[:-1], x.dtype))
     (m, d), _ = jax.lax.scan(step, init, blocks)
     e = shifted_exp(x, m[..., None], policy)
-    return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)
+    return jnp.moveaxis(normalise(e, d[..., None], policy.p, divisor=policy.stats), -1, axis)
 
 
 @jit_config("policy", "axis")
@@ -225,4 +226,4 @@ def naive_softmax(x, policy: Policy, *, axis: int = -1) -> jax.Array:
         x = jnp.where(x == -jnp.inf, -jnp.inf, scaled)
     e = policy.exp_model.fn(x, policy.exp)
     d = ops.sum(e, policy.stats, axis=-1, accumulation=policy.accumulation)
-    return jnp.moveaxis(normalise(e, d[..., None], policy.p), -1, axis)
+    return jnp.moveaxis(normalise(e, d[..., None], policy.p, divisor=policy.stats), -1, axis)

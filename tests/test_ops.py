@@ -245,6 +245,58 @@ def test_div_by_full_float64_divisors_resolves_midpoints(fmt):
     np.testing.assert_array_equal(np.asarray(compiled["div"](a, b, fmt)), want)
 
 
+# (format, divisor format) with P_fmt + P_divisor <= 53: the last pair exactly 53.
+ROUNDS_ONCE = [(BF16, BF16), (FP16, FP32), (FP32, FP32), (custom(8, 28), FP32)]
+
+
+def _near_midpoint_quotients(rng, fmt, divisor, n):
+    """(a, b): b values of ``divisor``, a = fl64(m b) and up to 3 float64 ulps either
+    side for midpoints m of fmt, so that a / b is m or lies a hair from it."""
+    m = _midpoints(rng, fmt, n)
+    b = rng.uniform(1, 2, m.size) * rng.choice([-1.0, 1.0], m.size)
+    b = np.asarray(ops.cast(jnp.asarray(b * 2.0 ** rng.integers(-6, 7, m.size)), divisor))
+    a = m * b
+    return a + rng.integers(-3, 4, a.size) * np.spacing(a), b
+
+
+@pytest.mark.parametrize("fmt, divisor", ROUNDS_ONCE, ids=lambda f: f.name)
+def test_a_stated_divisor_format_rounds_the_quotient_once(fmt, divisor):
+    """With b's format stated and P_fmt + P_divisor <= 53, ops.div rounds the float64
+    quotient once (ops._quotient_rounds_once, proved in its docstring): exact on
+    quotients that are midpoints of fmt and on those a few ulps from one, eagerly
+    and under jit."""
+    assert ops._quotient_rounds_once(fmt, divisor)
+    rng = np.random.default_rng(14)
+    a, b = _near_midpoint_quotients(rng, fmt, divisor, 1500)
+    exact_q = [Fraction(float(x)) / Fraction(float(y)) for x, y in zip(a, b)]
+    assert sum(q == Fraction(float(x / y)) for q, x, y in zip(exact_q, a, b)) > 100
+    want = np.array([round_exact(q, fmt) for q in exact_q])
+    divide = jax.jit(lambda x, y: ops.div(x, y, fmt, divisor=divisor))
+    for got in (ops.div(a, b, fmt, divisor=divisor), divide(a, b)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize(
+    "fmt, divisor", [(BF16, FP64), (custom(8, 28), custom(8, 24)), (BF16, custom(11, 10))]
+)
+def test_a_divisor_too_wide_keeps_the_midpoint_fix(fmt, divisor):
+    """P_fmt + P_divisor > 53, or a divisor format reaching float64's subnormals: the
+    quotient may round onto a midpoint, and the fix stays (full float64 divisors
+    that give such quotients are resolved exactly)."""
+    assert not ops._quotient_rounds_once(fmt, divisor)
+    if divisor is not FP64:
+        return
+    rng = np.random.default_rng(15)
+    m = _midpoints(rng, fmt, 1500)
+    b = rng.uniform(1, 2, m.size) * rng.choice([-1.0, 1.0], m.size)
+    a = m * b + rng.integers(-3, 4, m.size) * np.spacing(m * b)
+    keep = (a / b == m) & (m != 0)
+    a, b = a[keep], b[keep]
+    want = [round_exact(Fraction(float(x)) / Fraction(float(y)), fmt) for x, y in zip(a, b)]
+    assert sum(w != r for w, r in zip(want, np.asarray(ops.cast(jnp.asarray(a / b), fmt)))) > 10
+    np.testing.assert_array_equal(np.asarray(ops.div(a, b, fmt, divisor=divisor)), want)
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_float32_carriers_go_to_ops32_with_the_same_bits(jit):
     """The elementwise ops take float32 carriers too (fa_jax.carrier32.elementwise, no float64 in
