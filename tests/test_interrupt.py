@@ -100,12 +100,13 @@ def test_a_second_sigint_exits_at_once_with_the_message():
 # -- fa-jax sweep -------------------------------------------------------------------
 
 # Three groups (one per key tile width), so a Ctrl-C during the second leaves the third.
-# Programs are compiled before the first group runs; 16 configurations a group (their
+# Programs are compiled before the first group runs; 48 configurations a group (their
 # metrics computed one by one) keep each group long enough for the signal to land
 # between groups rather than after the last one.
 SWEEP = (
-    "sweep --formats bf16 --seq-lens 8 16 --seeds 0 1 2 3 4 5 6 7 --blocks 8x8 4x4 2x2 --d 4 "
-    "--quiet --out"
+    "sweep --formats bf16 --seq-lens 8 16 --seeds "
+    + " ".join(map(str, range(24)))
+    + " --blocks 8x8 4x4 2x2 --d 4 --quiet --out"
 ).split()
 
 
