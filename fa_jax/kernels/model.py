@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,7 +45,15 @@ from fa_jax._x64 import float64_enabled
 from fa_jax.attention import VARIANTS, Blocks, flash_attention, reference_attention
 from fa_jax.policy import Policy
 
-__all__ = ["ALGORITHMS", "FEATURES", "Kernel", "KernelModel", "flat_heads", "refuse"]
+__all__ = [
+    "ALGORITHMS",
+    "FEATURES",
+    "Kernel",
+    "KernelModel",
+    "flat_heads",
+    "heads_call",
+    "refuse",
+]
 
 ALGORITHMS = ("reference", "flash")
 
@@ -188,3 +196,20 @@ def flat_heads(q, k, v):
     are exact in any format up to FP32), and q's leading shape to restore."""
     lead = np.shape(q)[:-2]
     return lead, [np.asarray(t, np.float32).reshape(-1, *np.shape(t)[-2:]) for t in (q, k, v)]
+
+
+def heads_call(dtype: str, causal: bool, scale, implementation: Literal["xla", "cudnn"]):
+    """``jax.nn.dot_product_attention`` with ``implementation`` ("xla", "cudnn") as a
+    function on (B·H, N, d) inputs (:func:`flat_heads`), not jitted: its inputs
+    rounded to ``dtype`` by the call itself, its output in float32."""
+    import jax
+    import jax.numpy as jnp
+
+    def run(q, k, v):
+        q, k, v = (jnp.swapaxes(t, -2, -3).astype(dtype) for t in (q, k, v))
+        o = jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal, implementation=implementation
+        )
+        return jnp.swapaxes(o, -2, -3).astype(jnp.float32)
+
+    return run

@@ -23,7 +23,7 @@ import numpy as np
 
 from fa_jax.attention import Blocks
 from fa_jax.formats import Format
-from fa_jax.kernels.model import Kernel, KernelModel, flat_heads
+from fa_jax.kernels.model import Kernel, KernelModel, flat_heads, heads_call
 from fa_jax.presets import fa2_kernel
 
 __all__ = ["CUDNN", "TORCH_CUDA_FLASH", "TORCH_CUDA_MEM_EFFICIENT"]
@@ -52,16 +52,8 @@ def _torch_gpu_unavailable() -> str | None:
 @functools.cache
 def _cudnn_attention(dtype: str, causal: bool, scale):
     import jax
-    import jax.numpy as jnp
 
-    def run(q, k, v):
-        q, k, v = (jnp.swapaxes(t, -2, -3).astype(dtype) for t in (q, k, v))
-        o = jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=causal, implementation="cudnn"
-        )
-        return jnp.swapaxes(o, -2, -3).astype(jnp.float32)
-
-    return jax.jit(run, device=jax.devices("gpu")[0])
+    return jax.jit(heads_call(dtype, causal, scale, "cudnn"), device=jax.devices("gpu")[0])
 
 
 def _cudnn_real(q, k, v, *, fmt: Format, causal: bool = False, scale=None) -> np.ndarray:

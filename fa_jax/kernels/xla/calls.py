@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fa_jax.formats import Format
-from fa_jax.kernels.model import flat_heads
+from fa_jax.kernels.model import flat_heads, heads_call
 
 __all__ = [
     "Layout",
@@ -75,7 +75,7 @@ def jax_attention(
     (jax adds the batch axis); else ``layout``'s 4-D call: (q, k, v) as (B, H, N, d),
     (B, H_kv, M, d), and the bias, mask and lengths it passes."""
     if layout is None:
-        return _heads_call(dtype, causal, scale)
+        return heads_call(dtype, causal, scale, "xla")
 
     def run(q, k, v, bias=None, mask=None, lengths=None):
         q, k, v = (jnp.swapaxes(t, 1, 2).astype(dtype) for t in (q, k, v))
@@ -92,19 +92,6 @@ def jax_attention(
             implementation="xla",
         )
         return jnp.swapaxes(o, 1, 2).astype(jnp.float32)
-
-    return run
-
-
-def _heads_call(dtype: str, causal: bool, scale):
-    """:func:`jax_attention`'s 3-D call on (B·H, N, d) inputs."""
-
-    def run(q, k, v):
-        q, k, v = (jnp.swapaxes(t, -2, -3).astype(dtype) for t in (q, k, v))
-        o = jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=causal, implementation="xla"
-        )
-        return jnp.swapaxes(o, -2, -3).astype(jnp.float32)
 
     return run
 
